@@ -1,0 +1,73 @@
+/**
+ * A lock backend stores leases. It is deliberately small: the service owns waiting, fairness,
+ * reentrancy and the watchdog, so a backend only needs these atomic steps. Write your own by
+ * implementing this interface and passing it as `backend` to `DistributedLockModule.forRoot`.
+ *
+ * Every method receives full keys (prefix applied, sorted, without duplicates) and the owner
+ * token of one acquisition (128 random bits). Multi-key calls are all-or-nothing.
+ */
+export interface LockBackend {
+  /** A short name for logs and errors: 'memory', 'redis', 'redlock'. */
+  readonly name: string;
+
+  /**
+   * Whether `fencingToken` is strictly increasing per key across every client of this backend.
+   * `false` means handles carry no fencing token (Redlock cannot promise one).
+   */
+  readonly fencing: boolean;
+
+  /** One attempt, no waiting: take every key or none. */
+  tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult>;
+
+  /** Reset the lease of every key to `ttlMs` if `owner` still holds all of them. */
+  extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult>;
+
+  /** Delete the keys that `owner` still holds; returns false if it held none of them. */
+  release(keys: readonly string[], owner: string): Promise<boolean>;
+
+  /** The current holder of a key, or undefined when it is free. */
+  inspect(key: string): Promise<LockState | undefined>;
+
+  /**
+   * Optional: call `onRelease` when one of `keys` may have become free. The returned promise
+   * resolves once notifications are flowing (so a release right after it cannot be missed) to a
+   * function that stops them. Without it, waiters poll.
+   */
+  watch?(keys: readonly string[], onRelease: () => void): Promise<() => void>;
+
+  /** Optional: free connections, subscriptions and timers the backend owns. */
+  close?(): Promise<void>;
+}
+
+export type AcquireResult =
+  | {
+      acquired: true;
+      /** Strictly greater than any earlier token for these keys; absent when `fencing` is false. */
+      fencingToken?: number;
+      /**
+       * How long the lease is certainly valid, counted from when the request was sent. Defaults to
+       * the ttl; quorum backends subtract acquisition time and clock drift.
+       */
+      validityMs?: number;
+    }
+  | {
+      acquired: false;
+      /** Remaining lease of the current holder, when known: the earliest a retry can succeed. */
+      retryAfterMs?: number;
+    };
+
+export type ExtendResult = { extended: true; validityMs?: number } | { extended: false };
+
+export interface LockState {
+  key: string;
+  owner: string;
+  /** Remaining lease in milliseconds. */
+  ttlMs: number;
+  fencingToken?: number;
+}
+
+/**
+ * Injection token for the backend. Inject it with `@Inject(LockBackend)`; the interface and the
+ * token share one name, so one import gives both.
+ */
+export const LockBackend = Symbol('LockBackend');

@@ -1,0 +1,95 @@
+import { performance } from 'node:perf_hooks';
+import type { AcquireResult, ExtendResult, LockBackend, LockState } from './lock-backend.interface.js';
+
+interface Lease {
+  owner: string;
+  /** performance.now() deadline: wall-clock jumps must not expire or revive a lease. */
+  expiresAt: number;
+  fencingToken: number;
+}
+
+/**
+ * Leases in this process's memory. Real semantics (TTL expiry, owner-only release, fencing,
+ * release notifications) so it can stand in for Redis in unit tests, but it excludes nothing
+ * across processes: fit for tests and single-instance apps only.
+ */
+export class MemoryLockBackend implements LockBackend {
+  readonly name = 'memory';
+  readonly fencing = true;
+
+  private readonly leases = new Map<string, Lease>();
+  private readonly watchers = new Map<string, Set<() => void>>();
+  /** One counter for all keys is still strictly increasing per key, and costs no memory per key. */
+  private lastToken = 0;
+
+  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
+    const now = performance.now();
+    let retryAfterMs: number | undefined;
+    for (const key of keys) {
+      const lease = this.live(key, now);
+      if (lease) retryAfterMs = Math.max(retryAfterMs ?? 0, lease.expiresAt - now);
+    }
+    if (retryAfterMs !== undefined) return { acquired: false, retryAfterMs: Math.ceil(retryAfterMs) };
+    const fencingToken = ++this.lastToken;
+    for (const key of keys) this.leases.set(key, { owner, expiresAt: now + ttlMs, fencingToken });
+    return { acquired: true, fencingToken };
+  }
+
+  async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
+    const now = performance.now();
+    if (!keys.every((key) => this.live(key, now)?.owner === owner)) return { extended: false };
+    for (const key of keys) this.leases.get(key)!.expiresAt = now + ttlMs;
+    return { extended: true };
+  }
+
+  async release(keys: readonly string[], owner: string): Promise<boolean> {
+    let released = false;
+    for (const key of keys) {
+      if (this.leases.get(key)?.owner !== owner) continue;
+      this.leases.delete(key);
+      released = true;
+      this.notify(key);
+    }
+    return released;
+  }
+
+  async inspect(key: string): Promise<LockState | undefined> {
+    const now = performance.now();
+    const lease = this.live(key, now);
+    return lease && { key, owner: lease.owner, ttlMs: Math.max(0, Math.ceil(lease.expiresAt - now)), fencingToken: lease.fencingToken };
+  }
+
+  async watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {
+    for (const key of keys) {
+      let set = this.watchers.get(key);
+      if (!set) this.watchers.set(key, (set = new Set()));
+      set.add(onRelease);
+    }
+    return () => {
+      for (const key of keys) {
+        const set = this.watchers.get(key);
+        if (set?.delete(onRelease) && set.size === 0) this.watchers.delete(key);
+      }
+    };
+  }
+
+  async close(): Promise<void> {
+    this.watchers.clear();
+    this.leases.clear();
+  }
+
+  /** The unexpired lease on a key; an expired one is dropped on sight. */
+  private live(key: string, now: number): Lease | undefined {
+    const lease = this.leases.get(key);
+    if (lease && lease.expiresAt <= now) {
+      this.leases.delete(key);
+      return undefined;
+    }
+    return lease;
+  }
+
+  private notify(key: string): void {
+    const set = this.watchers.get(key);
+    if (set) for (const onRelease of [...set]) onRelease();
+  }
+}

@@ -1,0 +1,151 @@
+import { InvalidLockKeyError } from './lock.errors.js';
+
+/** A key part a function may return; numbers and strings with the same text are the same key. */
+export type LockKeyValue = string | number | bigint;
+
+/** Derives the key (or keys) from the decorated method's arguments. */
+export type LockKeyFunction<A extends unknown[] = any[]> = (...args: A) => LockKeyValue | readonly LockKeyValue[];
+
+/**
+ * What @Locked accepts: a template such as `'order:<id>'` (`<name>` is a parameter, `<0>` an
+ * argument index, `<dto.items.0.sku>` a property path), a function of the arguments, or an array
+ * of these to lock several keys together.
+ */
+export type LockKeySource<A extends unknown[] = any[]> =
+  | string
+  | LockKeyFunction<A>
+  | readonly (string | LockKeyFunction<A>)[];
+
+/** Where a key came from, for error messages: `OrderService.pay`. */
+export interface KeyOrigin {
+  className: string;
+  methodName: string;
+}
+
+type Part = string | { placeholder: string; argIndex: number; path: string[] };
+
+/** A key source checked against the method's parameters once, then resolved per call cheaply. */
+export type KeyResolver = (args: readonly unknown[]) => string[];
+
+const PLACEHOLDER = /<([^<>]*)>/g;
+const SEGMENT = /^(?:[A-Za-z_$][\w$]*|\d+)$/;
+
+/**
+ * Checks every template against the method's parameter names and returns the resolver used on
+ * each call. Throws InvalidLockKeyError naming the class, method and template when a template
+ * refers to something that does not exist.
+ */
+export function compileKeySource(
+  source: LockKeySource,
+  origin: KeyOrigin,
+  paramNames: readonly (string | undefined)[] | undefined,
+): KeyResolver {
+  const items = Array.isArray(source) ? source : [source];
+  const where = `${origin.className}.${origin.methodName}`;
+  if (items.length === 0) {
+    throw new InvalidLockKeyError(`@Locked on ${where} has an empty key list. Give at least one key template, e.g. @Locked('order:<id>').`);
+  }
+  const resolvers = items.map((item): KeyResolver => {
+    if (typeof item === 'function') return (args) => fromFunction(item, args, where);
+    if (typeof item !== 'string') {
+      throw new InvalidLockKeyError(
+        `@Locked on ${where}: a key must be a template string or a function of the arguments, got ${describe(item)}.`,
+      );
+    }
+    const parts = parseTemplate(item, where, paramNames);
+    return (args) => [render(parts, item, args, where)];
+  });
+  return resolvers.length === 1 ? resolvers[0] : (args) => resolvers.flatMap((resolve) => resolve(args));
+}
+
+function parseTemplate(template: string, where: string, paramNames: readonly (string | undefined)[] | undefined): Part[] {
+  if (template.length === 0) {
+    throw new InvalidLockKeyError(`@Locked on ${where} has an empty key template. Use a template such as 'order:<id>'.`);
+  }
+  const parts: Part[] = [];
+  let last = 0;
+  for (const match of template.matchAll(PLACEHOLDER)) {
+    if (match.index > last) parts.push(template.slice(last, match.index));
+    last = match.index + match[0].length;
+    const path = match[1].split('.');
+    if (!path.every((segment) => SEGMENT.test(segment))) {
+      throw new InvalidLockKeyError(
+        `@Locked on ${where}: placeholder '${match[0]}' in template '${template}' is not a parameter name, an argument index or a dotted path such as <dto.items.0.sku>.`,
+      );
+    }
+    const head = path[0];
+    let argIndex: number;
+    if (/^\d+$/.test(head)) {
+      argIndex = Number(head);
+    } else {
+      argIndex = paramNames?.indexOf(head) ?? -1;
+      if (argIndex < 0) {
+        const known = paramNames?.filter((n) => n !== undefined) ?? [];
+        throw new InvalidLockKeyError(
+          `@Locked on ${where}: template '${template}' refers to parameter '${head}', but ` +
+            (paramNames
+              ? `the method's parameters are (${known.join(', ') || 'none'}). Fix the name, or use an index such as <0>.`
+              : `its parameter names could not be read from the source. Use an index such as <0> instead.`),
+        );
+      }
+    }
+    parts.push({ placeholder: match[0], argIndex, path: path.slice(1) });
+  }
+  if (last < template.length) parts.push(template.slice(last));
+  const literal = parts.filter((p): p is string => typeof p === 'string').join('');
+  if (literal.includes('<') || literal.includes('>')) {
+    throw new InvalidLockKeyError(
+      `@Locked on ${where}: template '${template}' has an unmatched '<' or '>'. Placeholders look like <id>; angle brackets are reserved for them.`,
+    );
+  }
+  return parts;
+}
+
+function render(parts: Part[], template: string, args: readonly unknown[], where: string): string {
+  let key = '';
+  for (const part of parts) {
+    if (typeof part === 'string') {
+      key += part;
+      continue;
+    }
+    let value: unknown = args[part.argIndex];
+    for (const segment of part.path) {
+      value = value === null || value === undefined ? undefined : (value as Record<string, unknown>)[segment];
+    }
+    key += keyText(value, () => `${part.placeholder} in template '${template}' on ${where}`);
+  }
+  return key;
+}
+
+function fromFunction(fn: LockKeyFunction, args: readonly unknown[], where: string): string[] {
+  const result = fn(...args);
+  const values = Array.isArray(result) ? result : [result];
+  if (values.length === 0) {
+    throw new InvalidLockKeyError(`The key function of @Locked on ${where} returned an empty array. Return at least one key.`);
+  }
+  return values.map((value) => keyText(value, () => `the key function of @Locked on ${where}`));
+}
+
+/** The text a value contributes to a key; refuses anything that would lock the wrong thing. */
+export function keyText(value: unknown, what: () => string): string {
+  if (typeof value === 'string') {
+    if (value.length > 0) return value;
+  } else if (typeof value === 'number') {
+    if (Number.isFinite(value)) return String(value);
+  } else if (typeof value === 'bigint' || typeof value === 'boolean') {
+    return String(value);
+  }
+  throw new InvalidLockKeyError(
+    `${what()} resolved to ${describe(value)}. A key part must be a non-empty string or a finite number; ` +
+      `check that the argument is passed and validated (for example with a ParseIntPipe or a required DTO field).`,
+  );
+}
+
+function describe(value: unknown): string {
+  if (value === '') return "an empty string ''";
+  if (value === null || value === undefined) return String(value);
+  if (typeof value === 'number') return String(value);
+  if (typeof value === 'function') return 'a function';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value === 'object' ? 'an object' : `${typeof value} ${String(value)}`;
+}

@@ -1,0 +1,77 @@
+/** Base class of every error this library throws, so callers can catch them as one family. */
+export class DistributedLockError extends Error {
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** The lock was held by someone else for the whole wait. Maps to HTTP 409 with Retry-After. */
+export class LockNotAcquiredError extends DistributedLockError {
+  constructor(
+    readonly keys: readonly string[],
+    readonly waitedMs: number,
+    /** Remaining lease of the holder when we gave up, if the backend told us. */
+    readonly retryAfterMs?: number,
+  ) {
+    super(
+      `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'were' : 'was'} held by another owner ` +
+        `for the whole wait of ${Math.round(waitedMs)} ms. Retry later, or raise the \`wait\` option.`,
+    );
+  }
+}
+
+/** Why a holder stopped holding its lock before releasing it. */
+export type LockLostReason =
+  | 'expired' // the lease's local deadline passed without a successful extension
+  | 'taken' // an extension found the key gone or owned by someone else
+  | 'backend-error'; // extensions failed (backend unreachable) until the lease ran out
+
+/** Fired on `LockHandle.signal` when the lease is lost while the holder still runs. */
+export class LockLostError extends DistributedLockError {
+  constructor(
+    readonly keys: readonly string[],
+    readonly reason: LockLostReason,
+    cause?: unknown,
+  ) {
+    super(`Lock lost on ${keys.join(', ')}: ${describeLoss(reason)}`, cause === undefined ? undefined : { cause });
+  }
+}
+
+function describeLoss(reason: LockLostReason): string {
+  switch (reason) {
+    case 'expired':
+      return 'the lease ran out before it could be extended (was the event loop blocked, or is autoExtend off?). Stop writing, or use the fencing token so storage rejects late writes.';
+    case 'taken':
+      return 'the backend no longer has this owner on the key (it expired and another owner took it, or it was deleted). Stop writing: another holder may be working.';
+    case 'backend-error':
+      return 'the backend could not be reached to extend the lease before it ran out. Stop writing: another holder may acquire it.';
+  }
+}
+
+/** The backend failed (unreachable, timed out, no quorum). Carries the backend's error as `cause`. */
+export class LockBackendError extends DistributedLockError {
+  constructor(
+    readonly backend: string,
+    message: string,
+    cause?: unknown,
+  ) {
+    super(`Lock backend '${backend}' failed: ${message}`, cause === undefined ? undefined : { cause });
+  }
+}
+
+/** A lock key (or a key template on a @Locked method) is unusable. */
+export class InvalidLockKeyError extends DistributedLockError {}
+
+/** A lock option or module option has a wrong type or value, or is unknown. */
+export class InvalidLockOptionsError extends DistributedLockError {
+  constructor(
+    readonly option: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** A @Locked method ran in an application that does not import DistributedLockModule. */
+export class LockModuleNotImportedError extends DistributedLockError {}

@@ -1,0 +1,297 @@
+import { Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import { randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import type { LockBackend } from './backends/lock-backend.interface.js';
+import { MemoryLockBackend } from './backends/memory.backend.js';
+import {
+  checkAcquireOptions,
+  checkUsingOptions,
+  resolveModuleOptions,
+  type AcquireOptions,
+  type DistributedLockModuleOptions,
+  type ResolvedModuleOptions,
+  type UsingOptions,
+} from './distributed-lock.options.js';
+import { heldLocks, runHolding } from './lock-context.js';
+import { Lease, type LeaseTracker } from './lock-lease.js';
+import { LockWaitQueue } from './lock-wait-queue.js';
+import { InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
+import { LockHandle } from './lock.handle.js';
+
+/** What `inspect()` tells about a key. */
+export interface LockInfo {
+  /** Full key, prefix included. */
+  key: string;
+  /** Remaining lease in milliseconds. */
+  ttlMs: number;
+  fencingToken?: number;
+  /** Whether this LockService (this process) holds it. */
+  heldHere: boolean;
+}
+
+type Keys = string | readonly string[];
+
+interface NotAcquired {
+  waitedMs: number;
+  retryAfterMs?: number;
+}
+
+const logger = new Logger('DistributedLock');
+
+/**
+ * Manual lock control, and the engine behind @Locked. Use it from Nest (inject it) or on its own:
+ * `new LockService(backend, options)`.
+ */
+@Injectable()
+export class LockService implements OnApplicationShutdown, LeaseTracker {
+  readonly options: ResolvedModuleOptions;
+  private readonly queue = new LockWaitQueue();
+  private readonly leases = new Set<Lease>();
+  /** Releases that run after a scope returned; shutdown waits for them. */
+  private readonly releasing = new Set<Promise<void>>();
+
+  constructor(
+    readonly backend: LockBackend = new MemoryLockBackend(),
+    options?: DistributedLockModuleOptions,
+  ) {
+    this.options = resolveModuleOptions(options);
+  }
+
+  /**
+   * Waits up to `wait` ms for every key and returns the handle. Throws LockNotAcquiredError on
+   * timeout. Inside a scope that already holds the keys (`using()`, @Locked) it re-enters.
+   * The handle does not make the calling context a holder: use `using()` for that.
+   */
+  async acquire(keys: Keys, options?: AcquireOptions): Promise<LockHandle> {
+    checkAcquireOptions(options, 'LockService.acquire');
+    const full = this.fullKeys(keys);
+    const result = await this.hold(full, options);
+    if (result instanceof LockHandle) return result;
+    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs);
+  }
+
+  /** One attempt, no waiting: the handle, or undefined if any key is held elsewhere. */
+  async tryAcquire(keys: Keys, options?: Omit<AcquireOptions, 'wait'>): Promise<LockHandle | undefined> {
+    checkAcquireOptions(options, 'LockService.tryAcquire');
+    const result = await this.hold(this.fullKeys(keys), { ...options, wait: 0 });
+    return result instanceof LockHandle ? result : undefined;
+  }
+
+  /**
+   * Runs `fn` holding the keys and releases them after, whatever `fn` does. Code that `fn` calls
+   * (in its async context) re-enters these keys without waiting. With `onBusy: 'skip'` a busy
+   * lock returns undefined instead of throwing.
+   */
+  async using<T>(keys: Keys, fn: (lock: LockHandle) => T | Promise<T>, options?: UsingOptions & { onBusy?: 'throw' }): Promise<T>;
+  async using<T>(keys: Keys, fn: (lock: LockHandle) => T | Promise<T>, options: UsingOptions): Promise<T | undefined>;
+  async using<T>(keys: Keys, fn: (lock: LockHandle) => T | Promise<T>, options?: UsingOptions): Promise<T | undefined> {
+    checkUsingOptions(options, 'LockService.using');
+    return this.run(this.fullKeys(keys), fn, options);
+  }
+
+  /** Whether anyone holds the key now. */
+  async isLocked(key: string): Promise<boolean> {
+    return (await this.inspect(key)) !== undefined;
+  }
+
+  /** The current lease on a key, or undefined when it is free. */
+  async inspect(key: string): Promise<LockInfo | undefined> {
+    const [full] = this.fullKeys(key);
+    const state = await this.backend.inspect(full);
+    if (!state) return undefined;
+    const heldHere = [...this.leases].some((lease) => lease.owner === state.owner);
+    return { key: full, ttlMs: state.ttlMs, fencingToken: state.fencingToken, heldHere };
+  }
+
+  /**
+   * The handle the current async context holds: for `key` (without prefix), or the innermost one.
+   * Inside a @Locked method this is how to reach the fencing token.
+   */
+  current(key?: string): LockHandle | undefined {
+    const held = heldLocks();
+    if (!held) return undefined;
+    if (key !== undefined) {
+      const handle = held.get(this.fullKeys(key)[0]);
+      return handle?.isHeld ? handle : undefined;
+    }
+    const handles = [...held.values()];
+    for (let i = handles.length - 1; i >= 0; i--) if (handles[i].isHeld) return handles[i];
+    return undefined;
+  }
+
+  /** @internal The body of `using()` once keys and options are checked; @Locked calls it directly. */
+  async run<T>(keys: string[], fn: (lock: LockHandle) => T | Promise<T>, options?: UsingOptions): Promise<T | undefined> {
+    const result = await this.hold(keys, options);
+    if (!(result instanceof LockHandle)) {
+      if (options?.onBusy === 'skip') return undefined;
+      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs);
+    }
+    try {
+      return await runHolding(result, () => fn(result));
+    } finally {
+      // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
+      // marked released at once (no re-entry), and the release request is sent before any later
+      // request of this process. The method's own result or error wins over a failed release.
+      const releasing = result
+        .release()
+        .catch((error: unknown) => logger.warn(`Release of ${keys.join(', ')} failed: ${String(error)}`))
+        .finally(() => this.releasing.delete(releasing));
+      this.releasing.add(releasing);
+    }
+  }
+
+  /** Prefixes, checks, de-duplicates and sorts keys: one global order means no lock-order deadlock. */
+  fullKeys(keys: Keys): string[] {
+    const list = typeof keys === 'string' ? [keys] : keys;
+    if (!Array.isArray(list) || list.length === 0) {
+      throw new InvalidLockKeyError(`Lock keys must be a non-empty string or a non-empty array of strings, got ${describeKeys(keys)}.`);
+    }
+    const { keyPrefix, maxKeyLength } = this.options;
+    const full = new Set<string>();
+    for (const key of list) {
+      if (typeof key !== 'string' || key.length === 0) {
+        throw new InvalidLockKeyError(`A lock key must be a non-empty string, got ${describeKeys(key)}. Name what you lock, e.g. 'order:42'.`);
+      }
+      const prefixed = keyPrefix + key;
+      if (prefixed.length > maxKeyLength) {
+        throw new InvalidLockKeyError(
+          `Lock key '${prefixed.slice(0, 60)}…' is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
+            `Lock an identifier rather than a payload, or raise maxKeyLength in DistributedLockModule.forRoot().`,
+        );
+      }
+      full.add(prefixed);
+    }
+    return [...full].sort();
+  }
+
+  async onApplicationShutdown(): Promise<void> {
+    // Release before closing the backend: its connections are needed to delete the keys.
+    await Promise.allSettled([...this.leases].map((lease) => lease.forceRelease()));
+    await Promise.allSettled([...this.releasing]);
+    await this.backend.close?.();
+  }
+
+  /** @internal */
+  leaseEnded(lease: Lease): void {
+    this.leases.delete(lease);
+  }
+
+  /** @internal A local release wakes the next local waiter at once, without waiting for pub/sub. */
+  leaseFreed(lease: Lease): void {
+    this.queue.wakeHead(lease.keys.join('\n'));
+  }
+
+  /** Acquires what the context does not hold yet, and re-enters what it does. */
+  private async hold(keys: string[], options: AcquireOptions | undefined): Promise<LockHandle | NotAcquired> {
+    const held = heldLocks();
+    const covering = new Set<Lease>();
+    let missing = keys;
+    if (held) {
+      missing = [];
+      for (const key of keys) {
+        const lease = held.get(key)?.leases.find((l) => l.keys.includes(key));
+        if (lease?.state === 'held') covering.add(lease);
+        else missing.push(key);
+      }
+    }
+    let fresh: Lease | undefined;
+    if (missing.length > 0) {
+      const result = await this.acquireLease(missing, options);
+      if (!(result instanceof Lease)) return result;
+      fresh = result;
+    }
+    for (const lease of covering) {
+      if (lease.state !== 'held') {
+        // The outer lock was lost while we waited for the rest: never re-enter a lost lock.
+        await fresh?.release();
+        throw lease.signal.reason;
+      }
+    }
+    for (const lease of covering) lease.holders++;
+    const leases = fresh ? [...covering, fresh] : [...covering];
+    return new LockHandle(keys, leases, covering.size > 0);
+  }
+
+  private async acquireLease(keys: string[], options: AcquireOptions | undefined): Promise<Lease | NotAcquired> {
+    const ttl = options?.ttl ?? this.options.ttl;
+    const wait = options?.wait ?? this.options.wait;
+    const autoExtend = options?.autoExtend ?? this.options.autoExtend;
+    const signal = options?.signal;
+    signal?.throwIfAborted();
+
+    const owner = randomBytes(16).toString('hex');
+    const started = performance.now();
+    const deadline = started + wait;
+    let retryAfterMs: number | undefined;
+    let lastError: unknown;
+
+    const attempt = async (): Promise<Lease | undefined> => {
+      const sentAt = performance.now();
+      try {
+        const result = await this.backend.tryAcquire(keys, owner, ttl);
+        lastError = undefined;
+        if (!result.acquired) {
+          retryAfterMs = result.retryAfterMs;
+          return undefined;
+        }
+        const lease = new Lease(this.backend, keys, owner, result.fencingToken, ttl, sentAt + (result.validityMs ?? ttl), autoExtend, this);
+        this.leases.add(lease);
+        return lease;
+      } catch (error) {
+        lastError = error;
+        return undefined;
+      }
+    };
+    const giveUp = (): NotAcquired => {
+      if (lastError !== undefined) {
+        throw lastError instanceof LockBackendError
+          ? lastError
+          : new LockBackendError(this.backend.name, `acquire of ${keys.join(', ')} failed: ${String(lastError)}`, lastError);
+      }
+      return { waitedMs: performance.now() - started, retryAfterMs };
+    };
+
+    const id = keys.join('\n');
+    // Nobody of ours is queued: try straight away. Otherwise join the queue, so a newcomer never
+    // overtakes a waiter of the same process.
+    if (wait === 0 || !this.queue.has(id)) {
+      const lease = await attempt();
+      if (lease) return lease;
+      if (wait === 0) return giveUp();
+    }
+
+    const waiter = this.queue.join(id);
+    let unwatch: (() => void) | undefined;
+    try {
+      for (;;) {
+        signal?.throwIfAborted();
+        if (performance.now() >= deadline) return giveUp();
+        if (!this.queue.isHead(id, waiter)) {
+          await waiter.sleep(deadline - performance.now(), signal);
+          continue;
+        }
+        // Subscribe before the attempt: a release after a failed attempt then cannot be missed.
+        if (!unwatch && this.backend.watch) {
+          unwatch = await this.backend.watch(keys, waiter.wake).catch(() => undefined);
+        }
+        const lease = await attempt();
+        if (lease) return lease;
+        const remaining = deadline - performance.now();
+        if (remaining <= 0) return giveUp();
+        // Polling is only the fallback for a missed wake-up; a known lease end comes first.
+        const poll = this.options.pollInterval * (0.75 + Math.random() / 2);
+        const pause = lastError === undefined && retryAfterMs !== undefined ? Math.min(retryAfterMs + 1, poll) : poll;
+        await waiter.sleep(Math.min(pause, remaining), signal);
+      }
+    } finally {
+      unwatch?.();
+      this.queue.leave(id, waiter);
+    }
+  }
+}
+
+function describeKeys(value: unknown): string {
+  if (value === '') return "''";
+  if (Array.isArray(value)) return value.length === 0 ? 'an empty array' : 'an array';
+  return typeof value === 'string' ? `'${value}'` : String(value);
+}

@@ -1,0 +1,217 @@
+import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
+import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
+import { LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
+import { LockService } from '../../lib/lock.service.js';
+import { activeTimers, eventually, until } from '../support/wait.js';
+
+export interface ConformanceTarget {
+  /**
+   * A new client of the same lock store on every call, as another process would have. (The
+   * in-memory backend returns its one instance.)
+   */
+  connect(): Promise<LockBackend>;
+  /** Runs after each test, once the suite closed its clients: empty the store. */
+  reset?(): Promise<void>;
+}
+
+/**
+ * The contract every backend keeps, written once. Each backend's spec calls this with its own
+ * target: `describeBackendConformance('redis', target)`.
+ */
+export function describeBackendConformance(name: string, target: ConformanceTarget): void {
+  describe(`${name} backend conformance`, () => {
+    const services: LockService[] = [];
+    let run = 0;
+
+    // A prefix per test, shared by the test's services, keeps tests apart even without reset().
+    beforeEach(() => void run++);
+
+    /** A LockService over a new client, as a separate process would build it. */
+    async function newService(options: ConstructorParameters<typeof LockService>[1] = {}): Promise<LockService> {
+      const service = new LockService(await target.connect(), { keyPrefix: `conf${run}:`, ...options });
+      services.push(service);
+      return service;
+    }
+
+    afterEach(async () => {
+      await Promise.all(services.splice(0).map((s) => s.onApplicationShutdown()));
+      await target.reset?.();
+    });
+
+    it('excludes: concurrent read-modify-write under the lock loses no update', async () => {
+      const [a, b] = [await newService(), await newService()];
+      let value = 0;
+      let inside = 0;
+      let maxInside = 0;
+      const callers = 40;
+      const rounds = 5;
+      await Promise.all(
+        Array.from({ length: callers }, (_, i) =>
+          (async () => {
+            const service = i % 2 ? a : b;
+            for (let r = 0; r < rounds; r++) {
+              await service.using('counter', async () => {
+                maxInside = Math.max(maxInside, ++inside);
+                const read = value;
+                await new Promise((resolve) => setImmediate(resolve));
+                value = read + 1;
+                inside--;
+              });
+            }
+          })(),
+        ),
+      );
+      expect(maxInside).toBe(1);
+      expect(value).toBe(callers * rounds);
+    });
+
+    it('expires a lease after its ttl when nobody extends it', async () => {
+      const backend = await target.connect();
+      const first = await backend.tryAcquire(['ttl:k'], 'owner-a', 300);
+      expect(first.acquired).toBe(true);
+      const blocked = await backend.tryAcquire(['ttl:k'], 'owner-b', 300);
+      expect(blocked).toMatchObject({ acquired: false });
+      if (!blocked.acquired && blocked.retryAfterMs !== undefined) {
+        expect(blocked.retryAfterMs).toBeGreaterThan(0);
+        expect(blocked.retryAfterMs).toBeLessThanOrEqual(300);
+      }
+      const started = Date.now();
+      await until(async () => (await backend.tryAcquire(['ttl:k'], 'owner-b', 300)).acquired, 5_000);
+      expect(Date.now() - started).toBeGreaterThanOrEqual(150);
+      expect((await backend.inspect('ttl:k'))?.owner).toBe('owner-b');
+      await backend.release(['ttl:k'], 'owner-b');
+      await backend.close?.();
+    });
+
+    it('releases and extends only for the owner', async () => {
+      const backend = await target.connect();
+      expect((await backend.tryAcquire(['own:k'], 'owner-a', 5_000)).acquired).toBe(true);
+      expect(await backend.release(['own:k'], 'owner-b')).toBe(false);
+      expect(await backend.extend(['own:k'], 'owner-b', 5_000)).toEqual({ extended: false });
+      expect((await backend.inspect('own:k'))?.owner).toBe('owner-a');
+      expect((await backend.extend(['own:k'], 'owner-a', 5_000)).extended).toBe(true);
+      expect(await backend.release(['own:k'], 'owner-a')).toBe(true);
+      expect(await backend.inspect('own:k')).toBeUndefined();
+      expect(await backend.release(['own:k'], 'owner-a')).toBe(false);
+      await backend.close?.();
+    });
+
+    it('hands out strictly increasing fencing tokens per key, across clients', async () => {
+      const [a, b] = [await newService(), await newService()];
+      if (!a.backend.fencing) {
+        const handle = await a.acquire('fence');
+        expect(handle.fencingToken).toBeUndefined();
+        await handle.release();
+        return;
+      }
+      const tokens: number[] = [];
+      for (let i = 0; i < 20; i++) {
+        const handle = await (i % 2 ? a : b).acquire('fence');
+        tokens.push(handle.fencingToken!);
+        await handle.release();
+      }
+      // Concurrent acquirers too: order of acquisition is order of tokens.
+      await Promise.all(
+        Array.from({ length: 10 }, (_, i) => (i % 2 ? a : b).using('fence', (lock) => void tokens.push(lock.fencingToken!))),
+      );
+      for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
+      expect(tokens.every(Number.isSafeInteger)).toBe(true);
+    });
+
+    it('gives up after the wait timeout with LockNotAcquiredError', async () => {
+      const [a, b] = [await newService(), await newService()];
+      const holder = await a.acquire('busy', { ttl: 10_000 });
+      const started = Date.now();
+      const error = await b.acquire('busy', { wait: 300 }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(LockNotAcquiredError);
+      expect((error as LockNotAcquiredError).keys).toEqual([`${b.options.keyPrefix}busy`]);
+      expect((error as LockNotAcquiredError).waitedMs).toBeGreaterThanOrEqual(290);
+      expect(Date.now() - started).toBeGreaterThanOrEqual(290);
+      await holder.release();
+      const next = await b.acquire('busy', { wait: 1_000 });
+      await next.release();
+    });
+
+    it('wakes a waiter when the holder releases, long before the holder ttl or poll', async () => {
+      const [a, b] = [await newService({ pollInterval: 60_000 }), await newService({ pollInterval: 60_000 })];
+      const holder = await a.acquire('wake', { ttl: 60_000 });
+      const waiting = b.acquire('wake', { wait: 20_000 });
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      const releasedAt = Date.now();
+      await holder.release();
+      const handle = await waiting;
+      // Neither the ttl (60 s) nor the poll (60 s) could have done it within the test timeout.
+      expect(Date.now() - releasedAt).toBeLessThan(10_000);
+      expect(handle.isHeld).toBe(true);
+      await handle.release();
+    });
+
+    it('tryAcquire takes a free lock and returns undefined for a held one', async () => {
+      const [a, b] = [await newService(), await newService()];
+      const handle = await a.tryAcquire('try');
+      expect(handle?.isHeld).toBe(true);
+      expect(await b.tryAcquire('try')).toBeUndefined();
+      expect(await b.isLocked('try')).toBe(true);
+      await handle!.release();
+      expect(await b.isLocked('try')).toBe(false);
+      const again = await b.tryAcquire('try');
+      expect(again).toBeDefined();
+      await again!.release();
+    });
+
+    it('takes several keys all-or-nothing and never deadlocks on opposite orders', async () => {
+      const [a, b] = [await newService(), await newService()];
+      const holdsB = await a.acquire('multi:b');
+      expect(await b.tryAcquire(['multi:a', 'multi:b'])).toBeUndefined();
+      expect(await b.isLocked('multi:a')).toBe(false); // nothing half-acquired
+      await holdsB.release();
+
+      let done = 0;
+      await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          (i % 2 ? a : b).using(i % 2 ? ['multi:a', 'multi:b'] : ['multi:b', 'multi:a'], async () => {
+            await new Promise((resolve) => setImmediate(resolve));
+            done++;
+          }, { wait: 20_000 }),
+        ),
+      );
+      expect(done).toBe(20);
+    });
+
+    it('fires the lost-lock signal when the lease runs out under its holder', async () => {
+      const [a, b] = [await newService(), await newService()];
+      const handle = await a.acquire('lost', { ttl: 300, autoExtend: false });
+      const lost = new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
+      const reason = await lost;
+      expect(reason).toBeInstanceOf(LockLostError);
+      expect((reason as LockLostError).reason).toBe('expired');
+      expect(handle.isHeld).toBe(false);
+      const next = await b.acquire('lost', { wait: 5_000 });
+      expect(next.isHeld).toBe(true);
+      await next.release();
+      await handle.release(); // a no-op on a lost lease, never an error
+    });
+
+    it('keeps a lease alive past its ttl while the holder runs (watchdog)', async () => {
+      const [a, b] = [await newService(), await newService()];
+      const handle = await a.acquire('watchdog', { ttl: 300 });
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+      expect(handle.signal.aborted).toBe(false);
+      expect(await b.tryAcquire('watchdog')).toBeUndefined();
+      await handle.release();
+    });
+
+    it('leaves no timer, listener or waiter behind after close', async () => {
+      const before = activeTimers();
+      const [a, b] = [await newService(), await newService()];
+      const holder = await a.acquire('leak', { ttl: 5_000 });
+      const waiters = Array.from({ length: 5 }, () => b.acquire('leak', { wait: 10_000 }).then((h) => h.release()));
+      const timedOut = b.acquire('leak', { wait: 100 }).catch((e: unknown) => e);
+      expect(await timedOut).toBeInstanceOf(LockNotAcquiredError);
+      await holder.release();
+      await Promise.all(waiters);
+      await Promise.all(services.splice(0).map((s) => s.onApplicationShutdown()));
+      await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(before), 5_000);
+    });
+  });
+}
