@@ -1,0 +1,170 @@
+import 'reflect-metadata';
+import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
+import { Injectable, Module } from '@nestjs/common';
+import { Test, type TestingModule } from '@nestjs/testing';
+import { DistributedLockModule, LockLostError, LockService, Locked, MemoryLockBackend } from '../lib/index.js';
+
+const backend = new MemoryLockBackend();
+
+@Injectable()
+class Orders {
+  constructor(readonly locks: LockService) {}
+
+  @Locked('order:<id>')
+  async pay(id: number) {
+    const token = this.locks.current()?.fencingToken;
+    return { token, charged: await this.charge(id) };
+  }
+
+  @Locked('order:<id>')
+  async charge(id: number) {
+    return this.locks.current()!;
+  }
+}
+
+@Module({ imports: [DistributedLockModule.forRoot({ backend })], providers: [Orders] })
+class AppModule {}
+
+function deferred() {
+  let open!: () => void;
+  const promise = new Promise<void>((resolve) => (open = resolve));
+  return { promise, open };
+}
+
+describe('reentrancy', () => {
+  let moduleRef: TestingModule;
+  let orders: Orders;
+  let locks: LockService;
+  let acquireCalls: jest.SpiedFunction<typeof backend.tryAcquire>;
+
+  beforeEach(async () => {
+    moduleRef = await Test.createTestingModule({ imports: [AppModule] }).compile();
+    await moduleRef.init();
+    orders = moduleRef.get(Orders);
+    locks = moduleRef.get(LockService);
+    acquireCalls = jest.spyOn(backend, 'tryAcquire');
+  });
+  afterEach(async () => {
+    acquireCalls.mockRestore();
+    await moduleRef.close();
+  });
+
+  it('enters a lock its caller holds without a second acquisition', async () => {
+    const { token, charged } = await orders.pay(1);
+    expect(acquireCalls).toHaveBeenCalledTimes(1);
+    expect(charged.reentrant).toBe(true);
+    expect(charged.fencingToken).toBe(token);
+  });
+
+  it('releases when the outermost holder exits, not when an inner one does', async () => {
+    await locks.using('order:2', async () => {
+      await locks.using('order:2', async (inner) => expect(inner.reentrant).toBe(true));
+      expect(await locks.isLocked('order:2')).toBe(true);
+    });
+    expect(await locks.isLocked('order:2')).toBe(false);
+  });
+
+  it('lets Promise.all children of a holder in at once, together, and keeps others out until all are done', async () => {
+    const gate = deferred();
+    let inside = 0;
+    let most = 0;
+    let outsiderRanWhileChildren = false;
+    const outsider = deferred();
+    const holder = locks.using('order:3', async (outer) => {
+      await Promise.all(
+        [1, 2, 3].map(() =>
+          locks.using('order:3', async (child) => {
+            expect(child.fencingToken).toBe(outer.fencingToken);
+            most = Math.max(most, ++inside);
+            await gate.promise;
+            inside--;
+          }),
+        ),
+      );
+    });
+    // A caller outside the holder's async context: it must wait for the children too.
+    const outside = (async () => {
+      outsider.open();
+      await locks.using('order:3', async () => {
+        outsiderRanWhileChildren = inside > 0;
+      });
+    })();
+    await outsider.promise;
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(most).toBe(3);
+    gate.open();
+    await Promise.all([holder, outside]);
+    expect(outsiderRanWhileChildren).toBe(false);
+    expect(acquireCalls.mock.calls.length).toBeGreaterThanOrEqual(2);
+  });
+
+  it('keeps the lock for a child still inside when its holder exits, and gives it up when the child exits', async () => {
+    const gate = deferred();
+    const entered = deferred();
+    let child!: Promise<void>;
+    await locks.using('order:4', async () => {
+      child = locks.using('order:4', async () => {
+        entered.open();
+        await gate.promise;
+      });
+      await entered.promise;
+    });
+    expect(await locks.isLocked('order:4')).toBe(true);
+    gate.open();
+    await child;
+    expect(await locks.isLocked('order:4')).toBe(false);
+  });
+
+  it('never re-enters a released lock: a task that outlives its holder acquires anew', async () => {
+    const gate = deferred();
+    let late!: Promise<{ reentrant: boolean; token?: number }>;
+    let outerToken: number | undefined;
+    await locks.using('order:5', async (outer) => {
+      outerToken = outer.fencingToken;
+      late = (async () => {
+        await gate.promise;
+        return locks.using('order:5', async (h) => ({ reentrant: h.reentrant, token: h.fencingToken }));
+      })();
+    });
+    gate.open();
+    const result = await late;
+    expect(result.reentrant).toBe(false);
+    expect(result.token).toBeGreaterThan(outerToken!);
+  });
+
+  it('never re-enters a lost lock', async () => {
+    await locks.using(
+      'order:6',
+      async (outer) => {
+        await new Promise((resolve) => outer.signal.addEventListener('abort', resolve));
+        expect(outer.signal.reason).toBeInstanceOf(LockLostError);
+        const inner = await locks.using('order:6', async (h) => ({ reentrant: h.reentrant, token: h.fencingToken }));
+        expect(inner.reentrant).toBe(false);
+        expect(inner.token).toBeGreaterThan(outer.fencingToken!);
+      },
+      { ttl: 150, autoExtend: false },
+    );
+  });
+
+  it('acquires only the keys it lacks when a nested scope asks for more', async () => {
+    await locks.using('a', async (outer) => {
+      await locks.using(['a', 'b'], async (both) => {
+        expect(both.reentrant).toBe(true);
+        expect(both.fencingTokenFor('lock:a')).toBe(outer.fencingToken);
+        expect(both.fencingTokenFor('lock:b')).toBeGreaterThan(outer.fencingToken!);
+        expect(await locks.isLocked('b')).toBe(true);
+      });
+      expect(await locks.isLocked('b')).toBe(false);
+      expect(await locks.isLocked('a')).toBe(true);
+    });
+  });
+
+  it('sees no holder outside a scope, and the scope\'s handle inside it', async () => {
+    expect(locks.current()).toBeUndefined();
+    await locks.using('order:7', async (handle) => {
+      expect(locks.current('order:7')).toBe(handle);
+      expect(locks.current('order:8')).toBeUndefined();
+    });
+    expect(locks.current('order:7')).toBeUndefined();
+  });
+});
