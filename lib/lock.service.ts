@@ -134,7 +134,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
       // request of this process. The method's own result or error wins over a failed release.
       const releasing = result
         .release()
-        .catch((error: unknown) => logger.warn(`Release of ${keys.join(', ')} failed: ${String(error)}`))
+        .catch((error: unknown) => logger.warn(`Release of ${keys.join(', ')} failed; the lease will expire on its own. ${describeError(error)}`))
         .finally(() => this.releasing.delete(releasing));
       this.releasing.add(releasing);
     }
@@ -288,6 +288,11 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
       this.queue.leave(id, waiter);
     }
   }
+}
+
+function describeError(error: unknown): string {
+  const cause = error instanceof Error && error.cause !== undefined ? ` (cause: ${String(error.cause)})` : '';
+  return `${String(error)}${cause}`;
 }
 
 function describeKeys(value: unknown): string {

@@ -1,0 +1,154 @@
+import { afterEach, describe, expect, it } from '@jest/globals';
+import { LockBackendError, LockLostError, LockNotAcquiredError, LockService, MemoryLockBackend, type LockBackend } from '../lib/index.js';
+
+describe('LockService and LockHandle', () => {
+  let locks: LockService;
+  afterEach(async () => {
+    await locks?.onApplicationShutdown();
+  });
+
+  it('exposes keys, fencing token, expiry and a live signal on the handle', async () => {
+    locks = new LockService();
+    const before = Date.now();
+    const handle = await locks.acquire(['b', 'a'], { ttl: 5_000 });
+    expect(handle.keys).toEqual(['lock:a', 'lock:b']);
+    expect(handle.fencingToken).toEqual(expect.any(Number));
+    expect(handle.expiresAt.getTime()).toBeGreaterThanOrEqual(before + 4_900);
+    expect(handle.expiresAt.getTime()).toBeLessThanOrEqual(Date.now() + 5_000);
+    expect(handle.signal.aborted).toBe(false);
+    expect(handle.isHeld).toBe(true);
+    await handle.release();
+    expect(handle.isHeld).toBe(false);
+    await handle.release(); // twice is harmless
+  });
+
+  it('extend() pushes the expiry out', async () => {
+    locks = new LockService();
+    const handle = await locks.acquire('ext', { ttl: 1_000, autoExtend: false });
+    await handle.extend(60_000);
+    expect(handle.expiresAt.getTime()).toBeGreaterThan(Date.now() + 50_000);
+    expect((await locks.inspect('ext'))?.ttlMs).toBeGreaterThan(50_000);
+    await handle.release();
+  });
+
+  it('releases at the end of an `await using` block', async () => {
+    locks = new LockService();
+    {
+      await using handle = await locks.acquire('scoped');
+      expect(handle.isHeld).toBe(true);
+      expect(await locks.isLocked('scoped')).toBe(true);
+    }
+    expect(await locks.isLocked('scoped')).toBe(false);
+  });
+
+  it('inspect() tells the token, the remaining lease and whether this process holds it', async () => {
+    locks = new LockService();
+    const other = new LockService(locks.backend);
+    expect(await locks.inspect('i')).toBeUndefined();
+    const handle = await locks.acquire('i', { ttl: 8_000 });
+    expect(await locks.inspect('i')).toEqual({ key: 'lock:i', ttlMs: expect.any(Number), fencingToken: handle.fencingToken, heldHere: true });
+    expect((await other.inspect('i'))?.heldHere).toBe(false);
+    await handle.release();
+  });
+
+  it('wakes waiters in FIFO order, without polling', async () => {
+    locks = new LockService(new MemoryLockBackend(), { pollInterval: 60_000 });
+    const order: number[] = [];
+    const holder = await locks.acquire('fifo');
+    const waiters = Array.from({ length: 6 }, (_, i) =>
+      locks.using('fifo', async () => {
+        order.push(i);
+        await new Promise((resolve) => setImmediate(resolve));
+      }),
+    );
+    // Newcomers after the queue formed must not overtake it.
+    await new Promise((resolve) => setImmediate(resolve));
+    const late = locks.using('fifo', () => void order.push(99));
+    await holder.release();
+    await Promise.all([...waiters, late]);
+    expect(order).toEqual([0, 1, 2, 3, 4, 5, 99]);
+  });
+
+  it('stops waiting when the caller aborts, leaving nothing queued', async () => {
+    locks = new LockService();
+    const holder = await locks.acquire('abort');
+    const controller = new AbortController();
+    const waiting = locks.acquire('abort', { signal: controller.signal });
+    controller.abort(new Error('client went away'));
+    await expect(waiting).rejects.toThrow('client went away');
+    await holder.release();
+    const next = await locks.acquire('abort', { wait: 0 });
+    await next.release();
+  });
+
+  it('onBusy: skip returns undefined without running; throw raises LockNotAcquiredError', async () => {
+    locks = new LockService();
+    const holder = await locks.acquire('busy');
+    let ran = false;
+    expect(await locks.using('busy', () => (ran = true), { wait: 0, onBusy: 'skip' })).toBeUndefined();
+    await expect(locks.using('busy', () => (ran = true), { wait: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    expect(ran).toBe(false);
+    await holder.release();
+  });
+
+  it("passes the method's own error through and releases the lock", async () => {
+    locks = new LockService();
+    const failure = new Error('card declined');
+    await expect(locks.using('pay', () => Promise.reject(failure))).rejects.toBe(failure);
+    expect(await locks.isLocked('pay')).toBe(false);
+  });
+
+  it("keeps the method's result when the release fails", async () => {
+    const backend = new MemoryLockBackend();
+    backend.release = async () => {
+      throw new Error('connection reset');
+    };
+    locks = new LockService(backend);
+    expect(await locks.using('r', () => 'result')).toBe('result');
+  });
+
+  it('fires the signal with reason "taken" when an extension finds another owner', async () => {
+    const backend = new MemoryLockBackend();
+    locks = new LockService(backend);
+    const handle = await locks.acquire('stolen', { ttl: 300 });
+    // Someone deletes the key behind our back (an operator, a failover without the key).
+    const owner = (await backend.inspect('lock:stolen'))!.owner;
+    await backend.release(['lock:stolen'], owner);
+    await new Promise((resolve) => handle.signal.addEventListener('abort', resolve));
+    expect(handle.signal.reason).toBeInstanceOf(LockLostError);
+    expect((handle.signal.reason as LockLostError).reason).toBe('taken');
+    await expect(handle.extend()).rejects.toBeInstanceOf(LockLostError);
+  });
+
+  it('fires the signal when the event loop stalls past the deadline, even though the key is still there', async () => {
+    locks = new LockService();
+    const handle = await locks.acquire('stall', { ttl: 200 });
+    const until = performance.now() + 400;
+    while (performance.now() < until) {
+      // A synchronous stall: the watchdog cannot run.
+    }
+    await new Promise((resolve) => handle.signal.addEventListener('abort', resolve));
+    expect((handle.signal.reason as LockLostError).reason).toBe('expired');
+  });
+
+  it('turns a failing backend into LockBackendError within the wait, never a hang', async () => {
+    const down: LockBackend = {
+      name: 'down',
+      fencing: true,
+      tryAcquire: async () => {
+        throw new Error('ECONNREFUSED');
+      },
+      extend: async () => ({ extended: false }),
+      release: async () => false,
+      inspect: async () => undefined,
+    };
+    locks = new LockService(down, { pollInterval: 20 });
+    const started = Date.now();
+    const error = await locks.acquire('k', { wait: 200 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toContain("'down'");
+    expect((error as Error).cause).toEqual(new Error('ECONNREFUSED'));
+    expect(Date.now() - started).toBeLessThan(5_000);
+    await expect(locks.acquire('k', { wait: 0 })).rejects.toBeInstanceOf(LockBackendError);
+  });
+});
