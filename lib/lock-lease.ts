@@ -26,7 +26,8 @@ const logger = new Logger('DistributedLock');
 export class Lease {
   state: LeaseState = 'held';
   holders = 1;
-  private readonly controller = new AbortController();
+  /** Created on first use: most leases end without anyone reading their signal. */
+  private controller: AbortController | undefined;
   private timer: NodeJS.Timeout | undefined;
   private extending = false;
   private nextExtendAt: number;
@@ -47,6 +48,7 @@ export class Lease {
   }
 
   get signal(): AbortSignal {
+    this.controller ??= new AbortController();
     return this.controller.signal;
   }
 
@@ -151,6 +153,7 @@ export class Lease {
     this.end('lost');
     const error = new LockLostError(this.keys, reason, cause);
     logger.warn(error.message);
+    this.controller ??= new AbortController();
     this.controller.abort(error);
     // Frees the keys at once if they are still ours (after a stall), so waiters need not sit out
     // the rest of the TTL. Compare-and-delete: it never touches another owner's lock.

@@ -9,7 +9,7 @@ import type { Lease } from './lock-lease.js';
  */
 export class LockHandle implements AsyncDisposable {
   private released = false;
-  private readonly combinedSignal: AbortSignal;
+  private combinedSignal: AbortSignal | undefined;
 
   /** @internal Created by LockService. */
   constructor(
@@ -19,9 +19,7 @@ export class LockHandle implements AsyncDisposable {
     readonly leases: readonly Lease[],
     /** True when this handle entered a lock its async context already held. */
     readonly reentrant: boolean,
-  ) {
-    this.combinedSignal = leases.length === 1 ? leases[0].signal : AbortSignal.any(leases.map((l) => l.signal));
-  }
+  ) {}
 
   /**
    * Strictly greater than the token of every earlier acquisition of these keys, so storage can
@@ -39,6 +37,7 @@ export class LockHandle implements AsyncDisposable {
 
   /** Aborts with a LockLostError when the lease is lost while held. */
   get signal(): AbortSignal {
+    this.combinedSignal ??= this.leases.length === 1 ? this.leases[0].signal : AbortSignal.any(this.leases.map((l) => l.signal));
     return this.combinedSignal;
   }
 
