@@ -80,12 +80,15 @@ export class Lease {
   async release(): Promise<void> {
     if (--this.holders > 0 || this.state !== 'held') return;
     this.end('released');
+    const releasing = this.backend.release(this.keys, this.owner);
+    // The release request is on its way; a local waiter's acquire now goes out behind it (on one
+    // connection: in order), saving the wait for the pub/sub message. Were it to arrive first, it
+    // fails and the waiter sleeps until that message: slower, never unsafe.
+    this.tracker.leaseFreed(this);
     try {
-      await this.backend.release(this.keys, this.owner);
+      await releasing;
     } catch (error) {
       throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'release failed', error);
-    } finally {
-      this.tracker.leaseFreed(this);
     }
   }
 
