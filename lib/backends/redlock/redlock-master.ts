@@ -70,6 +70,8 @@ export class RedlockMaster {
     }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new MasterRequestError(this.name, `no answer within ${this.timeoutMs} ms`)), this.timeoutMs);
+      // A request to a dead master must not keep a finished process alive.
+      timer.unref();
       send().then(
         (value) => {
           clearTimeout(timer);

@@ -79,6 +79,7 @@ export class RedlockReleaseSubscriber {
         resolve();
       };
       const timer = setTimeout(done, this.timeoutMs);
+      timer.unref();
       this.masters.forEach((_, i) => {
         void Promise.all(watched.map((channel) => channel.subscribed[i])).then((results) => {
           settled++;

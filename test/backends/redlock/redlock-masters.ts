@@ -1,4 +1,4 @@
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import { RedlockLockBackend } from '../../../lib/backends/redlock/redlock.backend.js';
 import type { RedlockLockBackendOptions } from '../../../lib/backends/redlock/redlock.options.js';
 import { RedisServer } from '../../support/redis-server.js';
@@ -17,21 +17,22 @@ export class RedlockMasters {
   }
 
   /** A client per master, as another process would open them. */
-  connect(): Redis[] {
-    return this.servers.map((server) => this.client(server));
+  connect(options: RedisOptions = {}): Redis[] {
+    return this.servers.map((server) => this.client(server, options));
   }
 
   /** A client to one master, closed with the others. */
-  client(server: RedisServer): Redis {
+  client(server: RedisServer, options: RedisOptions = {}): Redis {
     // Fail fast while a killed master is down, and keep reconnecting quickly for restart tests.
-    const client = new Redis(server.port, '127.0.0.1', { maxRetriesPerRequest: 1, retryStrategy: () => 50, lazyConnect: false });
+    const client = new Redis(server.port, '127.0.0.1', { maxRetriesPerRequest: 1, retryStrategy: () => 50, ...options });
     client.on('error', () => undefined);
     this.clients.add(client);
     return client;
   }
 
   backend(options: Omit<RedlockLockBackendOptions, 'clients'> = {}): RedlockLockBackend {
-    return new RedlockLockBackend({ clients: this.connect(), ...options });
+    // Generous per-master timeout: on a loaded test machine 250 ms can pass without a dead master.
+    return new RedlockLockBackend({ clients: this.connect(), masterTimeout: 2_000, ...options });
   }
 
   /** Number of keys on each master (a killed one reports -1). */
