@@ -4,7 +4,7 @@ import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult, ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
 import { RedlockMaster, type RedlockMasterClient } from './redlock-master.js';
 import { describeMaster, resolveRedlockOptions, type RedlockLockBackendOptions, type ResolvedRedlockOptions } from './redlock.options.js';
-import { loadRedlock, type LoadedScript, type QuorumStats, type RedlockQuorum } from './redlock.package.js';
+import { loadRedlock, openClient, type LoadedScript, type OwnedClient, type QuorumStats, type RedlockQuorum } from './redlock.package.js';
 import { RedlockReleaseSubscriber } from './redlock-release.subscriber.js';
 import { RedlockQuorumError, type MasterFailure } from './redlock.errors.js';
 import { ACQUIRE_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT } from './redlock.scripts.js';
@@ -23,7 +23,8 @@ interface Tally {
  * hands out no fencing tokens (`fencing = false`): see the README's Redlock section.
  *
  * ```ts
- * new RedlockLockBackend([new Redis(url1), new Redis(url2), new Redis(url3)])
+ * new RedlockLockBackend(['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', 'redis://10.0.0.3:6379'])
+ * new RedlockLockBackend({ clients: [new Redis(url1), new Redis(url2), new Redis(url3)], quorum: 3 })
  * ```
  */
 export class RedlockLockBackend implements LockBackend {
@@ -41,8 +42,8 @@ export class RedlockLockBackend implements LockBackend {
   /** The package's own rule: it settles a round as soon as a majority voted one way. */
   private readonly majority: number;
 
-  constructor(clients: readonly RedlockMasterClient[] | RedlockLockBackendOptions) {
-    this.options = resolveRedlockOptions(clients);
+  constructor(clients: readonly (RedlockMasterClient | string)[] | RedlockLockBackendOptions) {
+    this.options = resolveRedlockOptions(clients, openClient);
     this.quorum = this.options.quorum;
     const pkg = loadRedlock();
     const patient = new Set([RELEASE_SCRIPT, sha1(RELEASE_SCRIPT)]);
@@ -140,9 +141,15 @@ export class RedlockLockBackend implements LockBackend {
     );
   }
 
-  /** Closes the subscriber connections this backend opened; the clients you passed stay open. */
+  /**
+   * Closes the connections this backend opened (subscribers, and clients it created from URLs);
+   * the clients you passed stay open.
+   */
   async close(): Promise<void> {
     await this.subscriber.close();
+    await Promise.allSettled(
+      (this.options.owned as OwnedClient[]).map((client) => (client.status === 'ready' ? client.quit() : Promise.resolve(client.disconnect()))),
+    );
   }
 
   /** One quorum round; with a quorum above the majority, it waits for every vote to count. */

@@ -5,10 +5,11 @@ import type { RedlockMasterClient } from './redlock-master.js';
 /** Options of `new RedlockLockBackend(...)`; every field but `clients` has a default. */
 export interface RedlockLockBackendOptions {
   /**
-   * One ioredis client per independent Redis master (3 or 5; not replicas of each other, not a
-   * Cluster). They stay yours: the backend never closes them.
+   * One entry per independent Redis master (3 or 5; not replicas of each other, not a Cluster):
+   * an ioredis client, which stays yours (never closed by the backend), or a `redis://` URL, for
+   * which the backend opens a client and closes it on application shutdown.
    */
-  clients: readonly RedlockMasterClient[];
+  clients: readonly (RedlockMasterClient | string)[];
   /**
    * Masters that must agree for a lock, extension or release to count. Default: a majority,
    * `floor(n / 2) + 1`. Raising it (n/2 + 2) trades availability for safety against masters
@@ -37,6 +38,8 @@ export interface RedlockLockBackendOptions {
 
 export interface ResolvedRedlockOptions {
   clients: readonly RedlockMasterClient[];
+  /** The clients opened here from URLs: closed with the backend. */
+  owned: readonly RedlockMasterClient[];
   quorum: number;
   driftFactor: number;
   masterTimeout: number;
@@ -68,8 +71,14 @@ export function describeMaster(client: RedlockMasterClient): string {
   return `${host ?? 'localhost'}:${port ?? 6379}`;
 }
 
-/** Checks the options (or a bare client array) and fills in the defaults. */
-export function resolveRedlockOptions(input: readonly RedlockMasterClient[] | RedlockLockBackendOptions): ResolvedRedlockOptions {
+/**
+ * Checks the options (or a bare client array) and fills in the defaults. URLs become clients
+ * through `open`, lazily connected, so a failed check leaves no connection behind.
+ */
+export function resolveRedlockOptions(
+  input: readonly (RedlockMasterClient | string)[] | RedlockLockBackendOptions,
+  open: (url: string) => RedlockMasterClient,
+): ResolvedRedlockOptions {
   const options: RedlockLockBackendOptions = Array.isArray(input) ? { clients: input } : (input as RedlockLockBackendOptions);
   if (typeof options !== 'object' || options === null) {
     fail('(options)', `pass an array of ioredis clients (one per master) or { clients, quorum?, driftFactor?, ... }, got ${String(input)}.`);
@@ -78,19 +87,28 @@ export function resolveRedlockOptions(input: readonly RedlockMasterClient[] | Re
     if (!KNOWN.includes(name)) fail(name, `unknown option '${name}'. Accepted options: ${KNOWN.join(', ')}.`);
   }
 
-  const { clients } = options;
-  if (!Array.isArray(clients)) fail('clients', 'option `clients` must be an array of ioredis clients, one per independent Redis master.');
-  clients.forEach((client, i) => {
-    if (!isClient(client)) fail('clients', `clients[${i}] is not an ioredis client (it needs evalsha, eval and duplicate). Pass \`new Redis(url)\` for each master.`);
+  const entries = options.clients;
+  if (!Array.isArray(entries)) fail('clients', 'option `clients` must be an array of ioredis clients or redis:// URLs, one per independent Redis master.');
+  entries.forEach((entry, i) => {
+    if (typeof entry === 'string' ? !/^rediss?:\/\//.test(entry) : !isClient(entry)) {
+      fail('clients', `clients[${i}] is neither an ioredis client (it needs evalsha, eval and duplicate) nor a redis:// URL. Pass \`new Redis(url)\` or the URL for each master.`);
+    }
   });
-  if (clients.length < 3) {
+  if (entries.length < 3) {
     fail(
       'clients',
-      `Redlock needs at least 3 independent masters, got ${clients.length}. With fewer, losing one master stops every lock ` +
+      `Redlock needs at least 3 independent masters, got ${entries.length}. With fewer, losing one master stops every lock ` +
         `(2 masters need both) or loses them all (1 master), and a single Redis gains nothing from a quorum: ` +
         `use 3 or 5 masters, or the Redis backend for one instance (it also gives fencing tokens).`,
     );
   }
+  const owned: RedlockMasterClient[] = [];
+  const clients = entries.map((entry) => {
+    if (typeof entry !== 'string') return entry;
+    const client = open(entry);
+    owned.push(client);
+    return client;
+  });
   const seen = new Map<unknown, number>();
   const addresses = new Map<string, number>();
   clients.forEach((client, i) => {
@@ -131,5 +149,5 @@ export function resolveRedlockOptions(input: readonly RedlockMasterClient[] | Re
   const channelPrefix = options.channelPrefix ?? 'lock-released:';
   if (typeof channelPrefix !== 'string') fail('channelPrefix', `option 'channelPrefix' must be a string, got ${String(channelPrefix)}.`);
 
-  return { clients: [...clients], quorum, driftFactor, masterTimeout, subscribeTimeout, channelPrefix };
+  return { clients, owned, quorum, driftFactor, masterTimeout, subscribeTimeout, channelPrefix };
 }

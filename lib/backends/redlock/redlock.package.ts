@@ -1,6 +1,6 @@
 import { createRequire } from 'node:module';
 import { InvalidLockOptionsError } from '../../lock.errors.js';
-import type { RedlockMaster } from './redlock-master.js';
+import type { RedlockMaster, RedlockMasterClient } from './redlock-master.js';
 
 /** The part of redlock 5.0.0-beta.2 this backend drives. */
 export interface QuorumStats {
@@ -71,4 +71,28 @@ export function loadRedlock(): RedlockPackage {
   }
   loaded = pkg;
   return pkg;
+}
+
+/** A client the backend opened from a URL, and therefore closes. */
+export interface OwnedClient extends RedlockMasterClient {
+  quit(): Promise<unknown>;
+  disconnect(): void;
+}
+
+/** Opens an ioredis client for a URL, lazily connected; ioredis is loaded on first use only. */
+export function openClient(url: string): OwnedClient {
+  const require = createRequire(import.meta.url);
+  let ioredis: { Redis: new (url: string, options: object) => OwnedClient };
+  try {
+    ioredis = require('ioredis') as typeof ioredis;
+  } catch (error) {
+    throw new InvalidLockOptionsError(
+      'clients',
+      `RedlockLockBackend needs the 'ioredis' package to connect to ${url}: npm install ioredis (${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+  const client = new ioredis.Redis(url, { lazyConnect: true });
+  // Failures surface as failed votes and RedlockQuorumError; ioredis would also log each one.
+  (client as unknown as { on(event: 'error', listener: () => void): void }).on('error', () => undefined);
+  return client;
 }

@@ -16,6 +16,10 @@ export class RedlockMasters {
     return new RedlockMasters(await Promise.all(Array.from({ length: count }, () => RedisServer.start())));
   }
 
+  urls(): string[] {
+    return this.servers.map((server) => server.url);
+  }
+
   /** A client per master, as another process would open them. */
   connect(options: RedisOptions = {}): Redis[] {
     return this.servers.map((server) => this.client(server, options));

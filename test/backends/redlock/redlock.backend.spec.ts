@@ -1,7 +1,13 @@
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
+import { Injectable, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
-import type { RedlockLockBackend } from '../../../lib/backends/redlock/redlock.backend.js';
+import 'reflect-metadata';
+import { RedlockLockBackend } from '../../../lib/backends/redlock/redlock.backend.js';
+import { DistributedLockModule } from '../../../lib/distributed-lock.module.js';
 import { LockService } from '../../../lib/lock.service.js';
+import { Locked } from '../../../lib/locked.decorator.js';
+import { until } from '../../support/wait.js';
 import { RedlockMasters } from './redlock-masters.js';
 
 /** How the backend drives the redlock package: one quorum round per call, ours the rest. */
@@ -91,5 +97,32 @@ describe('redlock backend', () => {
     expect(await backend.release(['partly', 'gone'], 'me')).toBe(true);
     expect(await masters.keyCounts()).toEqual([0, 0, 0]);
     expect(await backend.release(['partly', 'gone'], 'me')).toBe(false);
+  });
+
+  it('runs @Locked in a Nest app built from URLs, and closes the connections it opened on shutdown', async () => {
+    @Injectable()
+    class Jobs {
+      constructor(readonly locks: LockService) {}
+
+      @Locked('job:<name>', { wait: 0 })
+      async run(name: string) {
+        return { name, held: await this.locks.isLocked(`job:${name}`), token: this.locks.current()!.fencingToken };
+      }
+    }
+    @Module({
+      imports: [DistributedLockModule.forRoot({ backend: new RedlockLockBackend({ clients: masters.urls(), masterTimeout: 2_000 }) })],
+      providers: [Jobs],
+    })
+    class AppModule {}
+
+    const connections = async () => Number(/connected_clients:(\d+)/.exec(await direct[0].info('clients'))![1]);
+    const before = await connections();
+    const app = await Test.createTestingModule({ imports: [AppModule] }).compile();
+    await app.init();
+    expect(await app.get(Jobs).run('nightly')).toEqual({ name: 'nightly', held: true, token: undefined });
+    expect(await connections()).toBeGreaterThan(before);
+    await app.close();
+    await until(async () => (await connections()) === before, 5_000, 'the connections the backend opened to close');
+    expect(await masters.keyCounts()).toEqual([0, 0, 0]);
   });
 });

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe } from '@jest/globals';
 import { describeBackendConformance } from '../../conformance/lock-backend.conformance.js';
+import { RedlockLockBackend } from '../../../lib/backends/redlock/redlock.backend.js';
 import { RedlockMasters } from './redlock-masters.js';
 
 for (const count of [3, 5]) {
@@ -13,8 +14,9 @@ for (const count of [3, 5]) {
     afterAll(() => masters.stop());
 
     describeBackendConformance(`redlock (${count} masters)`, {
-      // Every call opens its own clients, as another process would.
-      connect: async () => masters.backend(),
+      // Every call opens its own clients, as another process would: with 3 masters clients we
+      // pass in, with 5 URLs the backend connects (and closes) itself.
+      connect: async () => (count === 3 ? masters.backend() : new RedlockLockBackend({ clients: masters.urls(), masterTimeout: 2_000 })),
       reset: async () => {
         masters.disconnect();
         await masters.flush();

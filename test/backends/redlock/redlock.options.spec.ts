@@ -37,6 +37,13 @@ describe('RedlockLockBackend options', () => {
     expect(backend.fencing).toBe(false);
   });
 
+  it('opens clients for redis:// URLs and still refuses one server listed twice', () => {
+    const backend = new RedlockLockBackend(['redis://127.0.0.1:7101', 'redis://127.0.0.1:7102', 'rediss://127.0.0.1:7103']);
+    expect(backend.quorum).toBe(2);
+    void backend.close();
+    rejects(['redis://127.0.0.1:7101', 'redis://127.0.0.1:7102', 'redis://127.0.0.1:7101'], 'clients', /clients\[2\] and clients\[0\] both point at 127.0.0.1:7101/);
+  });
+
   it('refuses fewer than three masters and says what to use instead', () => {
     rejects(clients(1), 'clients', /at least 3 independent masters, got 1.*Redis backend/);
     rejects({ clients: clients(2) }, 'clients', /at least 3 independent masters, got 2/);
@@ -56,8 +63,9 @@ describe('RedlockLockBackend options', () => {
     rejects({ clients: clients(3), driftFactor: -0.1 }, 'driftFactor', /from 0 to below 0.5/);
     rejects({ clients: clients(3), masterTimeout: 0 }, 'masterTimeout', /positive number/);
     rejects({ clients: clients(3), retryCount: 3 }, 'retryCount', /unknown option 'retryCount'/);
-    rejects({ clients: 'redis://a' }, 'clients', /must be an array of ioredis clients/);
-    rejects([{ get: () => 1 }, client(7010), client(7011)], 'clients', /clients\[0\] is not an ioredis client/);
+    rejects({ clients: 'redis://a' }, 'clients', /must be an array of ioredis clients or redis:\/\/ URLs/);
+    rejects([{ get: () => 1 }, client(7010), client(7011)], 'clients', /clients\[0\] is neither an ioredis client .* nor a redis:\/\/ URL/);
+    rejects(['localhost:6379', client(7010), client(7011)], 'clients', /clients\[0\] is neither/);
   });
 
   it('warns about an even number of masters, which buys no extra fault tolerance', () => {
