@@ -27,7 +27,7 @@ export const SHOP_PAGE = /* html */ `<!doctype html>
   .cards { display: grid; grid-template-columns: repeat(3, 1fr); gap: 14px; margin-top: 18px; }
   .card { background: #fff; border: 1px solid var(--line); border-radius: 10px; padding: 16px; }
   .card h3 { margin: 0; font-size: 16px; }
-  .card .what { color: var(--muted); font-size: 13px; margin: 2px 0 12px; min-height: 40px; }
+  .card .what { color: var(--muted); font-size: 13px; margin: 2px 0 12px; min-height: 60px; }
   .bar { height: 8px; background: #eceef3; border-radius: 4px; overflow: hidden; margin-bottom: 12px; }
   .bar > div { height: 100%; width: 0; background: var(--accent); transition: width .1s linear; }
   dl { display: grid; grid-template-columns: 1fr auto; gap: 4px 10px; margin: 0; }
