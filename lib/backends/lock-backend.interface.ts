@@ -46,7 +46,8 @@ export type AcquireResult =
       fencingToken?: number;
       /**
        * How long the lease is certainly valid, counted from when the request was sent. Defaults to
-       * the ttl; quorum backends subtract acquisition time and clock drift.
+       * the ttl; quorum backends subtract clock drift. (Redlock's "ttl minus acquisition time minus
+       * drift" is counted from the answer; from the request, the acquisition time is already spent.)
        */
       validityMs?: number;
     }
