@@ -1,13 +1,17 @@
 import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError } from '../../lock.errors.js';
-import type { AcquireResult, ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
+import type { ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
 import { RedlockMaster, type RedlockMasterClient } from './redlock-master.js';
 import { describeMaster, resolveRedlockOptions, type RedlockLockBackendOptions, type ResolvedRedlockOptions } from './redlock.options.js';
 import { loadRedlock, openClient, type LoadedScript, type OwnedClient, type QuorumStats, type RedlockQuorum } from './redlock.package.js';
 import { RedlockReleaseSubscriber } from './redlock-release.subscriber.js';
 import { RedlockQuorumError, type MasterFailure } from './redlock.errors.js';
 import { ACQUIRE_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT } from './redlock.scripts.js';
+
+/** What Redlock answers: a lease shortened by drift, and never a fencing token. */
+export type RedlockAcquireResult = { acquired: true; validityMs: number; fencingToken?: never } | { acquired: false; retryAfterMs?: never };
+export type RedlockLockState = LockState & { fencingToken?: never };
 
 /** A master's votes against, split into "someone else holds it" and "no answer". */
 interface Tally {
@@ -30,7 +34,7 @@ interface Tally {
 export class RedlockLockBackend implements LockBackend {
   readonly name = 'redlock';
   /** No token from Redlock is strictly increasing across clients: handles carry none. */
-  readonly fencing = false;
+  readonly fencing = false as const;
   /** Masters that must agree. */
   readonly quorum: number;
 
@@ -61,7 +65,7 @@ export class RedlockLockBackend implements LockBackend {
     this.subscriber = new RedlockReleaseSubscriber(this.masters, this.quorum, this.options.subscribeTimeout);
   }
 
-  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
+  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<RedlockAcquireResult> {
     const started = performance.now();
     const { won, stats } = await this.vote(this.redlock.scripts.acquireScript, keys, [owner, Math.ceil(ttlMs)]);
     if (won) {
@@ -107,7 +111,7 @@ export class RedlockLockBackend implements LockBackend {
     throw new RedlockQuorumError('release', keys, this.quorum, this.masters.length, tally.failures);
   }
 
-  async inspect(key: string): Promise<LockState | undefined> {
+  async inspect(key: string): Promise<RedlockLockState | undefined> {
     const answers = await Promise.allSettled(this.masters.map((master) => master.eval(INSPECT_SCRIPT, 1, [key])));
     const failures: MasterFailure[] = [];
     const leases = new Map<string, number[]>();
