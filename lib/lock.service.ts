@@ -1,5 +1,4 @@
 import { Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
-import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import { MemoryLockBackend } from './backends/memory.backend.js';
@@ -17,6 +16,7 @@ import { Lease, type LeaseTracker } from './lock-lease.js';
 import { LockWaitQueue } from './lock-wait-queue.js';
 import { DistributedLockError, InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
 import { LockHandle } from './lock.handle.js';
+import { newOwnerToken } from './owner-token.js';
 
 /** What `inspect()` tells about a key. */
 export interface LockInfo {
@@ -217,7 +217,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     const signal = options?.signal;
     signal?.throwIfAborted();
 
-    const owner = randomBytes(16).toString('hex');
+    const owner = newOwnerToken();
     const started = performance.now();
     const deadline = started + wait;
     let retryAfterMs: number | undefined;

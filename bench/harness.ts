@@ -1,0 +1,109 @@
+import { performance } from 'node:perf_hooks';
+
+/** One measured line: what ran, which implementation, and its figures. */
+export interface Row {
+  scenario: string;
+  impl: string;
+  [figure: string]: string | number | undefined;
+}
+
+/** Collects rows; prints each as it comes (JSON lines) or all at the end as tables (people). */
+export class Report {
+  private readonly rows: Row[] = [];
+
+  constructor(private readonly json: boolean) {}
+
+  add(row: Row): void {
+    this.rows.push(row);
+    if (this.json) console.log(JSON.stringify(row));
+    else process.stderr.write(`  ${row.scenario} / ${row.impl} done\n`);
+  }
+
+  /** Human progress that must not pollute the JSON lines. */
+  note(text: string): void {
+    process.stderr.write(`${text}\n`);
+  }
+
+  printTables(): void {
+    if (this.json) return;
+    const scenarios = [...new Set(this.rows.map((row) => row.scenario))];
+    for (const scenario of scenarios) {
+      const rows = this.rows.filter((row) => row.scenario === scenario);
+      const columns = ['impl', ...new Set(rows.flatMap((row) => Object.keys(row).filter((k) => k !== 'scenario' && k !== 'impl')))];
+      const cells = rows.map((row) => columns.map((column) => format(row[column])));
+      const widths = columns.map((column, i) => Math.max(column.length, ...cells.map((line) => line[i].length)));
+      const line = (values: string[]) => '| ' + values.map((v, i) => (i === 0 ? v.padEnd(widths[i]) : v.padStart(widths[i]))).join(' | ') + ' |';
+      console.log(`\n${scenario}`);
+      console.log(line(columns));
+      console.log('|' + widths.map((w, i) => (i === 0 ? '-'.repeat(w + 2) : '-'.repeat(w + 1) + ':')).join('|') + '|');
+      for (const values of cells) console.log(line(values));
+    }
+  }
+}
+
+function format(value: string | number | undefined): string {
+  if (value === undefined) return '-';
+  if (typeof value === 'string') return value;
+  if (Number.isInteger(value)) return value.toLocaleString('en-US');
+  return Math.abs(value) >= 100 ? Math.round(value).toLocaleString('en-US') : value.toFixed(2);
+}
+
+/**
+ * Runs `op` back to back for `ms` and returns operations per second. Each implementation gets the
+ * same number of rounds, interleaved, and the median round counts, so a noisy neighbour on the
+ * machine hits every implementation alike.
+ */
+export async function compareRates(
+  impls: Record<string, () => Promise<unknown>>,
+  { rounds = 5, ms = 400, warmupMs = 200 } = {},
+): Promise<Record<string, number>> {
+  for (const op of Object.values(impls)) await loopFor(op, warmupMs);
+  const samples: Record<string, number[]> = Object.fromEntries(Object.keys(impls).map((name) => [name, []]));
+  for (let round = 0; round < rounds; round++) {
+    for (const [name, op] of Object.entries(impls)) samples[name].push(await loopFor(op, ms));
+  }
+  return Object.fromEntries(Object.entries(samples).map(([name, rates]) => [name, median(rates)]));
+}
+
+async function loopFor(op: () => Promise<unknown>, ms: number): Promise<number> {
+  const started = performance.now();
+  const until = started + ms;
+  let count = 0;
+  // Check the clock every 64 calls: reading it every call would dominate a sub-microsecond op.
+  do {
+    for (let i = 0; i < 64; i++) await op();
+    count += 64;
+  } while (performance.now() < until);
+  return (count / (performance.now() - started)) * 1000;
+}
+
+export function median(values: readonly number[]): number {
+  return percentile([...values].sort((a, b) => a - b), 50);
+}
+
+/** Nearest-rank percentile of an ascending array. */
+export function percentile(sorted: readonly number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))];
+}
+
+/** Latencies in ms of `count` sequential calls of `op`, ascending. */
+export async function latencies(op: () => Promise<unknown>, count: number): Promise<number[]> {
+  const times: number[] = [];
+  for (let i = 0; i < count; i++) {
+    const started = performance.now();
+    await op();
+    times.push(performance.now() - started);
+  }
+  return times.sort((a, b) => a - b);
+}
+
+/** Heap in use after a full collection; needs `node --expose-gc`. */
+export function settledHeap(): number {
+  const gc = (globalThis as { gc?: () => void }).gc;
+  if (!gc) throw new Error('Run the bench with node --expose-gc (npm run bench does).');
+  for (let i = 0; i < 3; i++) gc();
+  return process.memoryUsage().heapUsed;
+}
+
+export const round = (value: number, digits = 2): number => Number(value.toFixed(digits));

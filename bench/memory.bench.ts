@@ -1,0 +1,66 @@
+import 'reflect-metadata';
+import { Injectable, Module } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { Mutex } from 'async-mutex';
+import { DistributedLockModule, LockService, Locked } from '../lib/index.js';
+import { compareRates, round, settledHeap, type Report } from './harness.js';
+
+@Injectable()
+class Orders {
+  async plain(id: number): Promise<number> {
+    return id;
+  }
+
+  @Locked('order:<id>')
+  async locked(id: number): Promise<number> {
+    return id;
+  }
+}
+
+@Module({ imports: [DistributedLockModule.forRoot()], providers: [Orders] })
+class BenchModule {}
+
+/** In-memory backend: our cost per lock next to async-mutex, the usual in-process choice. */
+export async function memoryBench(report: Report): Promise<void> {
+  report.note('memory: acquire+release, @Locked overhead, heap after 1,000,000 cycles');
+  const locks = new LockService();
+  const mutex = new Mutex();
+
+  const pairs = await compareRates({
+    ours: async () => (await locks.acquire('k')).release(),
+    'async-mutex': async () => (await mutex.acquire())(),
+  });
+  for (const [impl, opsPerSec] of Object.entries(pairs)) {
+    report.add({ scenario: 'memory: uncontended acquire+release', impl, opsPerSec: Math.round(opsPerSec), vsAsyncMutex: round(opsPerSec / pairs['async-mutex']) });
+  }
+
+  const app = await NestFactory.createApplicationContext(BenchModule, { logger: false });
+  const orders = app.get(Orders);
+  const calls = await compareRates({
+    plain: () => orders.plain(1),
+    '@Locked': () => orders.locked(1),
+    'async-mutex runExclusive': () => mutex.runExclusive(() => orders.plain(1)),
+  });
+  const usPerCall = (impl: string) => 1e6 / calls[impl];
+  for (const impl of Object.keys(calls)) {
+    report.add({
+      scenario: 'memory: method call overhead',
+      impl,
+      usPerCall: round(usPerCall(impl), 3),
+      overheadUs: round(usPerCall(impl) - usPerCall('plain'), 3),
+    });
+  }
+  await app.close();
+
+  const cycles = 1_000_000;
+  const heap = async (impl: string, op: () => Promise<unknown>) => {
+    for (let i = 0; i < 10_000; i++) await op(); // let JIT and pools settle first
+    const before = settledHeap();
+    for (let i = 0; i < cycles; i++) await op();
+    const after = settledHeap();
+    report.add({ scenario: 'memory: heap growth after 1,000,000 cycles', impl, cycles, heapBeforeMB: round(before / 2 ** 20), growthKB: round((after - before) / 1024, 1) });
+  };
+  await heap('ours', async () => (await locks.acquire('k')).release());
+  await heap('async-mutex', async () => (await mutex.acquire())());
+  await locks.onApplicationShutdown();
+}

@@ -1,0 +1,23 @@
+import { Report } from './harness.js';
+import { memoryBench } from './memory.bench.js';
+
+/**
+ * `npm run bench [-- --json] [-- --only <name>]`: every scenario next to its peers in the same run.
+ * Tables for people; with --json one object per line, {"scenario", "impl", ...figures}.
+ */
+const groups: Record<string, (report: Report) => Promise<void>> = {
+  memory: memoryBench,
+};
+
+const args = process.argv.slice(2);
+const only = args.includes('--only') ? args[args.indexOf('--only') + 1]?.split(',') : undefined;
+const unknown = only?.filter((name) => !(name in groups));
+if (unknown?.length) {
+  console.error(`Unknown bench group(s): ${unknown.join(', ')}. Known: ${Object.keys(groups).join(', ')}.`);
+  process.exit(2);
+}
+const report = new Report(args.includes('--json'));
+for (const [name, run] of Object.entries(groups)) {
+  if (!only || only.includes(name)) await run(report);
+}
+report.printTables();

@@ -1,0 +1,14 @@
+import { Logger } from '@nestjs/common';
+import { baseUrl, createShopApp } from './shop.app.js';
+import { configFromEnv, describeConfig } from './shop.config.js';
+
+/**
+ * One shop process. PORT (default 3000; 0 picks a free one), DATABASE_URL, REDIS_URL,
+ * REDLOCK_URLS, LOCK_TTL_MS. Prints `listening on <url>` once it accepts requests: the demo
+ * and the tests wait for that line.
+ */
+const config = configFromEnv();
+const app = await createShopApp(config, ['log', 'error', 'warn']);
+await app.listen(Number(process.env.PORT ?? 3000), '127.0.0.1');
+new Logger('Shop').log(describeConfig(config));
+console.log(`listening on ${baseUrl(app)} (pid ${process.pid})`);

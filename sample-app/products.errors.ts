@@ -1,0 +1,50 @@
+import { ConflictException, NotFoundException } from '@nestjs/common';
+
+export class ProductNotFoundException extends NotFoundException {
+  constructor(readonly productId: number) {
+    super({ statusCode: 404, error: 'Not Found', message: `Product ${productId} does not exist.`, productId });
+  }
+}
+
+/** 409: a business answer, not a busy lock (that one has `keys` and a Retry-After header). */
+export class OutOfStockException extends ConflictException {
+  constructor(
+    readonly productId: number,
+    readonly stock: number,
+    readonly requested: number,
+  ) {
+    super({
+      statusCode: 409,
+      error: 'Conflict',
+      code: 'OUT_OF_STOCK',
+      message: `Out of stock: product ${productId} has ${stock} left, ${requested} requested.`,
+      productId,
+      stock,
+      requested,
+    });
+  }
+}
+
+/**
+ * 409: this request's lock was lost before its write reached the database (the process paused
+ * past its lease, say), and a newer holder has written since. Nothing was sold; retrying is safe.
+ */
+export class StaleFencingTokenException extends ConflictException {
+  constructor(
+    readonly productId: number,
+    readonly fencingToken: number,
+    readonly lastToken: number | undefined,
+  ) {
+    super({
+      statusCode: 409,
+      error: 'Conflict',
+      code: 'STALE_FENCING_TOKEN',
+      message:
+        `Write to product ${productId} refused: fencing token ${fencingToken} is not newer than the last one written` +
+        `${lastToken === undefined ? '' : ` (${lastToken})`}. This request lost its lock before writing; nothing was sold.`,
+      productId,
+      fencingToken,
+      lastToken,
+    });
+  }
+}

@@ -1,0 +1,104 @@
+import { Inject, Injectable } from '@nestjs/common';
+import { DATABASE, type Database } from './database.provider.js';
+
+export interface Product {
+  id: number;
+  name: string;
+  stock: number;
+  /** The fencing token of the last locked write (0: none yet). */
+  lastToken: number;
+}
+
+export type Endpoint = 'unsafe' | 'locked' | 'atomic';
+
+interface ProductRow {
+  id: number;
+  name: string;
+  stock: number;
+  last_token: string | number | bigint;
+}
+
+const toProduct = (row: ProductRow): Product => ({ id: row.id, name: row.name, stock: row.stock, lastToken: Number(row.last_token) });
+
+/**
+ * All SQL of the shop. Each write that sells also records the order in the same statement (a
+ * data-modifying CTE), so a sale and its order exist together or not at all, on either driver.
+ */
+@Injectable()
+export class ProductsRepository {
+  constructor(@Inject(DATABASE) private readonly db: Database) {}
+
+  async list(): Promise<Product[]> {
+    const { rows } = await this.db.query<ProductRow>('SELECT id, name, stock, last_token FROM products ORDER BY id DESC LIMIT 50');
+    return rows.map(toProduct);
+  }
+
+  async find(id: number): Promise<Product | undefined> {
+    const { rows } = await this.db.query<ProductRow>('SELECT id, name, stock, last_token FROM products WHERE id = $1', [id]);
+    return rows[0] && toProduct(rows[0]);
+  }
+
+  async create(name: string, stock: number): Promise<Product> {
+    const { rows } = await this.db.query<ProductRow>('INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock, last_token', [name, stock]);
+    return toProduct(rows[0]);
+  }
+
+  /** Case 1, step 1: read the stock into the program. */
+  async readStock(id: number): Promise<number | undefined> {
+    const { rows } = await this.db.query<{ stock: number }>('SELECT stock FROM products WHERE id = $1', [id]);
+    return rows[0]?.stock;
+  }
+
+  /** Case 1, step 3: write the count the program computed, whatever happened since the read. */
+  async writeStock(id: number, stock: number, quantity: number, endpoint: Endpoint): Promise<number> {
+    const { rows } = await this.db.query<{ id: number }>(
+      `WITH sold AS (UPDATE products SET stock = $2 WHERE id = $1 RETURNING id)
+       INSERT INTO orders (product_id, quantity, endpoint) SELECT id, $3, $4 FROM sold RETURNING id`,
+      [id, stock, quantity, endpoint],
+    );
+    return rows[0].id;
+  }
+
+  /**
+   * Case 1, step 3, fenced: the write only lands if `token` is newer than the last token that
+   * wrote this row. A holder that lost its lock (paused past its lease) carries an older token
+   * than the holder after it, so its write is refused: undefined.
+   */
+  async writeStockFenced(id: number, stock: number, quantity: number, token: number): Promise<number | undefined> {
+    const { rows } = await this.db.query<{ id: number }>(
+      `WITH sold AS (UPDATE products SET stock = $2, last_token = $3 WHERE id = $1 AND last_token < $3 RETURNING id)
+       INSERT INTO orders (product_id, quantity, endpoint, fencing_token) SELECT id, $4, 'locked', $3 FROM sold RETURNING id`,
+      [id, stock, token, quantity],
+    );
+    return rows[0]?.id;
+  }
+
+  /**
+   * Case 2: the database decrements, refusing to go below zero. Row locking inside PostgreSQL
+   * serialises concurrent decrements and re-checks `stock >= $2` after waiting.
+   */
+  async decrementStock(id: number, quantity: number): Promise<{ orderId: number; stock: number } | undefined> {
+    const { rows } = await this.db.query<{ id: number; stock: number }>(
+      `WITH sold AS (UPDATE products SET stock = stock - $2 WHERE id = $1 AND stock >= $2 RETURNING id, stock)
+       INSERT INTO orders (product_id, quantity, endpoint) SELECT id, $2, 'atomic' FROM sold RETURNING id, (SELECT stock FROM sold)`,
+      [id, quantity],
+    );
+    return rows[0] && { orderId: rows[0].id, stock: rows[0].stock };
+  }
+
+  /** Adds stock under the product's lock, fenced like a locked sale. */
+  async addStockFenced(id: number, quantity: number, token: number | undefined): Promise<Product | undefined> {
+    const { rows } = await this.db.query<ProductRow>(
+      token === undefined
+        ? 'UPDATE products SET stock = stock + $2 WHERE id = $1 RETURNING id, name, stock, last_token'
+        : 'UPDATE products SET stock = stock + $2, last_token = $3 WHERE id = $1 AND last_token < $3 RETURNING id, name, stock, last_token',
+      token === undefined ? [id, quantity] : [id, quantity, token],
+    );
+    return rows[0] && toProduct(rows[0]);
+  }
+
+  async orderCount(id: number): Promise<number> {
+    const { rows } = await this.db.query<{ n: number }>('SELECT count(*)::int AS n FROM orders WHERE product_id = $1', [id]);
+    return rows[0].n;
+  }
+}

@@ -1,0 +1,104 @@
+import { Injectable } from '@nestjs/common';
+import { Locked, LockService } from 'nest-distributed-lock';
+import { OutOfStockException, ProductNotFoundException, StaleFencingTokenException } from './products.errors.js';
+import { ProductsRepository, type Endpoint, type Product } from './products.repository.js';
+
+export interface Purchase {
+  orderId: number;
+  productId: number;
+  quantity: number;
+  endpoint: Endpoint;
+  /** Stock right after this sale, as this request saw it. */
+  stockLeft: number;
+  /** The lock's fencing token that wrote the sale (locked endpoint only). */
+  fencingToken?: number;
+}
+
+/**
+ * Lock waits are long on purpose: in the demo 500 buyers queue for one product, and a buyer that
+ * gives up waiting would be a 409 "busy", not a sale, which would hide what the demo shows.
+ */
+const PRODUCT_LOCK_WAIT_MS = 30_000;
+
+@Injectable()
+export class ProductsService {
+  constructor(
+    private readonly products: ProductsRepository,
+    private readonly locks: LockService,
+  ) {}
+
+  list(): Promise<Product[]> {
+    return this.products.list();
+  }
+
+  async get(id: number): Promise<Product> {
+    const product = await this.products.find(id);
+    if (!product) throw new ProductNotFoundException(id);
+    return product;
+  }
+
+  create(name: string, stock: number): Promise<Product> {
+    return this.products.create(name, stock);
+  }
+
+  /**
+   * The seeds' Case 1 without a lock: read the stock, subtract in the program, write the result
+   * back. Between the read and the write, other buyers read the same stock; each writes
+   * "stock - 1" over the others, and every one of them gets an order. That is overselling.
+   */
+  async purchaseUnsafe(id: number, quantity: number): Promise<Purchase> {
+    const stock = await this.readStock(id, quantity);
+    const orderId = await this.products.writeStock(id, stock - quantity, quantity, 'unsafe');
+    return { orderId, productId: id, quantity, endpoint: 'unsafe', stockLeft: stock - quantity };
+  }
+
+  /**
+   * The same read-subtract-write, one buyer of this product at a time in every process. The
+   * write carries the lock's fencing token, and the database refuses it when a newer holder has
+   * written since: a holder paused past its lease cannot overwrite the next holder's sale.
+   * (A check of `lock.signal` before writing would only narrow that window; the fence closes it.)
+   */
+  @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
+  async purchase(id: number, quantity: number): Promise<Purchase> {
+    const token = this.locks.current(`product:${id}`)?.fencingToken;
+    const stock = await this.readStock(id, quantity);
+    if (token === undefined) {
+      // A backend without fencing tokens (Redlock): the lock alone has to be enough.
+      const orderId = await this.products.writeStock(id, stock - quantity, quantity, 'locked');
+      return { orderId, productId: id, quantity, endpoint: 'locked', stockLeft: stock - quantity };
+    }
+    const orderId = await this.products.writeStockFenced(id, stock - quantity, quantity, token);
+    if (orderId === undefined) throw new StaleFencingTokenException(id, token, (await this.products.find(id))?.lastToken);
+    return { orderId, productId: id, quantity, endpoint: 'locked', stockLeft: stock - quantity, fencingToken: token };
+  }
+
+  /** The seeds' Case 2: no lock, one statement; the database decrements and refuses below zero. */
+  async purchaseAtomic(id: number, quantity: number): Promise<Purchase> {
+    const sold = await this.products.decrementStock(id, quantity);
+    if (!sold) {
+      const product = await this.get(id);
+      throw new OutOfStockException(id, product.stock, quantity);
+    }
+    return { orderId: sold.orderId, productId: id, quantity, endpoint: 'atomic', stockLeft: sold.stock };
+  }
+
+  /**
+   * Under the same lock as locked sales: a locked sale writes back a count it read, so any other
+   * writer of `stock` that skipped the lock would be overwritten by it.
+   */
+  @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
+  async restock(id: number, quantity: number): Promise<Product> {
+    const token = this.locks.current(`product:${id}`)?.fencingToken;
+    const product = await this.products.addStockFenced(id, quantity, token);
+    if (product) return product;
+    const current = await this.get(id);
+    throw new StaleFencingTokenException(id, token!, current.lastToken);
+  }
+
+  private async readStock(id: number, quantity: number): Promise<number> {
+    const stock = await this.products.readStock(id);
+    if (stock === undefined) throw new ProductNotFoundException(id);
+    if (stock < quantity) throw new OutOfStockException(id, stock, quantity);
+    return stock;
+  }
+}

@@ -1,0 +1,82 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+
+const root = resolve(import.meta.dirname, '../..');
+
+/**
+ * The shop compiled as users run it (`npm test` builds it first, in pretest): plain JS that
+ * loads the library through its package entry, dist/.
+ */
+export function compiledShop(file: 'main.js' | 'demo.js'): string {
+  const path = join(root, 'dist-dev/sample-app', file);
+  if (!existsSync(path)) throw new Error(`${path} is missing: run \`npm run build:sample\` (npm test does it in pretest).`);
+  return path;
+}
+
+/** Whether the built package exports a backend by this name (the one a shop process will load). */
+export function builtPackageExports(name: string): boolean {
+  const entry = join(root, 'dist/index.js');
+  return existsSync(entry) && new RegExp(`\\b${name}\\b`).test(readFileSync(entry, 'utf8'));
+}
+
+/** One `node dist-dev/sample-app/main.js` on a free port. */
+export class ShopProcess {
+  private output = '';
+
+  private constructor(
+    readonly child: ChildProcess,
+    readonly url: string,
+  ) {}
+
+  static start(env: Record<string, string>): Promise<ShopProcess> {
+    const child = spawn(process.execPath, [compiledShop('main.js')], {
+      env: { ...process.env, DATABASE_URL: '', REDIS_URL: '', REDLOCK_URLS: '', ...env, PORT: '0' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    return new Promise((resolvePromise, reject) => {
+      let output = '';
+      const collect = (chunk: Buffer) => {
+        output += chunk.toString();
+        const match = /listening on (http:\/\/\S+)/.exec(output);
+        if (match && !shop) {
+          shop = new ShopProcess(child, match[1]);
+          shop.output = output;
+          resolvePromise(shop);
+        } else if (shop) shop.output += chunk.toString();
+      };
+      let shop: ShopProcess | undefined;
+      child.stdout!.on('data', collect);
+      child.stderr!.on('data', collect);
+      child.once('exit', (code) => {
+        if (!shop) reject(new Error(`The shop exited (${code}) before it was listening:\n${output}`));
+      });
+    });
+  }
+
+  get pid(): number {
+    return this.child.pid!;
+  }
+
+  /** Everything it printed so far (logs: lost leases and the like). */
+  get log(): string {
+    return this.output;
+  }
+
+  pause(): void {
+    this.child.kill('SIGSTOP');
+  }
+
+  resume(): void {
+    this.child.kill('SIGCONT');
+  }
+
+  async stop(): Promise<void> {
+    const child = this.child;
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    child.kill('SIGCONT');
+    const exited = new Promise<void>((resolveExit) => child.once('exit', () => resolveExit()));
+    child.kill('SIGTERM');
+    await exited;
+  }
+}

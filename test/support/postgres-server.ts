@@ -1,0 +1,149 @@
+import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pg from 'pg';
+import { freePort } from './redis-server.js';
+
+/**
+ * A PostgreSQL cluster of the test's own: a fresh `initdb` in a temp dir, a `postgres` on a free
+ * port of 127.0.0.1, trust auth, nothing shared with the machine's own server on 5432.
+ * Durability is switched off (fsync, synchronous_commit): the cluster is thrown away after.
+ */
+export class PostgresServer {
+  private child: ChildProcess | undefined;
+  private databases = 0;
+
+  private constructor(
+    readonly port: number,
+    private readonly dir: string,
+    private readonly bin: string,
+    private readonly user: { uid: number; gid: number } | undefined,
+  ) {}
+
+  static async start(): Promise<PostgresServer> {
+    const bin = postgresBinDir();
+    // initdb and postgres refuse to run as root: run them as the `postgres` system user, in a
+    // temp dir that user owns.
+    const user = process.getuid?.() === 0 ? systemUser('postgres') : undefined;
+    const dir = mkdtempSync(join(tmpdir(), 'ndl-postgres-'));
+    if (user) chownSync(dir, user.uid, user.gid);
+    const server = new PostgresServer(await freePort(), dir, bin, user);
+    try {
+      execFileSync(join(bin, 'initdb'), ['-D', server.dataDir, '-U', 'postgres', '-A', 'trust', '-E', 'UTF8', '--no-sync', '--no-instructions'], {
+        stdio: 'pipe',
+        uid: user?.uid,
+        gid: user?.gid,
+      });
+      await server.launch();
+    } catch (error) {
+      await server.stop();
+      throw error;
+    }
+    return server;
+  }
+
+  private get dataDir(): string {
+    return join(this.dir, 'data');
+  }
+
+  /** The server's own maintenance database; use `createDatabase()` for a test's data. */
+  get url(): string {
+    return `postgres://postgres@127.0.0.1:${this.port}/postgres`;
+  }
+
+  get pid(): number | undefined {
+    return this.child?.pid;
+  }
+
+  /** A new, empty database on this server, and its URL. */
+  async createDatabase(prefix = 'shop'): Promise<string> {
+    const name = `${prefix}_${process.pid}_${++this.databases}`;
+    const client = new pg.Client({ connectionString: this.url });
+    await client.connect();
+    try {
+      await client.query(`CREATE DATABASE ${name}`);
+    } finally {
+      await client.end();
+    }
+    return `postgres://postgres@127.0.0.1:${this.port}/${name}`;
+  }
+
+  async stop(): Promise<void> {
+    const child = this.child;
+    this.child = undefined;
+    if (child && child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+      // SIGQUIT: immediate shutdown, no checkpoint; the data dir is deleted next anyway.
+      child.kill('SIGQUIT');
+      await exited;
+    }
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  private async launch(): Promise<void> {
+    const child = spawn(
+      join(this.bin, 'postgres'),
+      [
+        '-D', this.dataDir,
+        '-p', String(this.port),
+        '-c', 'listen_addresses=127.0.0.1',
+        '-c', `unix_socket_directories=${this.dir}`,
+        '-c', 'fsync=off',
+        '-c', 'synchronous_commit=off',
+        '-c', 'full_page_writes=off',
+        '-c', 'max_connections=200',
+      ],
+      { stdio: ['ignore', 'pipe', 'pipe'], uid: this.user?.uid, gid: this.user?.gid },
+    );
+    this.child = child;
+    let output = '';
+    child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    const exited = new Promise<never>((_, reject) =>
+      child.once('exit', (code) => reject(new Error(`postgres on port ${this.port} exited (${code}) before it was ready:\n${output}`))),
+    );
+    await Promise.race([waitForConnection(this.url, 20_000), exited]);
+    child.stdout!.removeAllListeners('data').destroy();
+    child.stderr!.removeAllListeners('data').destroy();
+    exited.catch(() => undefined);
+  }
+}
+
+/** Debian keeps server binaries out of PATH, one folder per major version; the newest wins. */
+function postgresBinDir(): string {
+  if (process.env.PG_BIN) return process.env.PG_BIN;
+  const root = '/usr/lib/postgresql';
+  const versions = existsSync(root) ? readdirSync(root).filter((v) => existsSync(join(root, v, 'bin', 'initdb'))) : [];
+  if (versions.length === 0) {
+    throw new Error('No PostgreSQL server binaries in /usr/lib/postgresql/<version>/bin: apt-get install postgresql (or set PG_BIN).');
+  }
+  versions.sort((a, b) => Number(b) - Number(a));
+  return join(root, versions[0], 'bin');
+}
+
+function systemUser(name: string): { uid: number; gid: number } {
+  const line = readFileSync('/etc/passwd', 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith(`${name}:`));
+  if (!line) throw new Error(`Running as root, and there is no '${name}' system user to run PostgreSQL as.`);
+  const [, , uid, gid] = line.split(':');
+  return { uid: Number(uid), gid: Number(gid) };
+}
+
+async function waitForConnection(url: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 1_000 });
+    try {
+      await client.connect();
+      await client.query('SELECT 1');
+      await client.end();
+      return;
+    } catch (error) {
+      await client.end().catch(() => undefined);
+      if (Date.now() > deadline) throw new Error(`postgres at ${url} did not accept connections within ${timeoutMs} ms: ${String(error)}`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+}
