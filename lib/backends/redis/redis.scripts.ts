@@ -128,7 +128,8 @@ return 1
  * calls it too, to leave the line. Either way the lock's channel (the lock key itself, so it is in
  * the lock's slot) tells waiters to try again; only waiters in line can be asleep on it (a waiter
  * joins the line with its first failed attempt, before it subscribes), so without a line there is
- * nobody to wake and nothing is published.
+ * nobody to wake and nothing is published. The message is the owner first in line (a process
+ * whose waiter it is not stays asleep: one attempt per handoff instead of one per process).
  */
 export const RELEASE = script(
   'release',
@@ -147,7 +148,8 @@ for i = 1, n do
       redis.call('ZREM', KEYS[2 * n + i], ARGV[1])
       freed = true
     end
-    if freed then redis.call(ARGV[2], KEYS[i], '') end
+    -- Names the waiter whose turn it is, so only its process wakes up and tries.
+    if freed then redis.call(ARGV[2], KEYS[i], redis.call('ZRANGE', KEYS[n + i], 0, 0)[1] or '') end
   end
 end
 return released
