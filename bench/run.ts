@@ -1,5 +1,6 @@
 import { Report } from './harness.js';
 import { memoryBench } from './memory.bench.js';
+import { redisBench } from './redis.bench.js';
 import { redlockBench } from './redlock.bench.js';
 
 /**
@@ -8,6 +9,7 @@ import { redlockBench } from './redlock.bench.js';
  */
 const groups: Record<string, (report: Report) => Promise<void>> = {
   memory: memoryBench,
+  redis: redisBench,
   redlock: redlockBench,
 };
 

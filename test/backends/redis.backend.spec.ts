@@ -216,9 +216,11 @@ describe('RedisLockBackend', () => {
       return { channels: channels.sort(), subscribers: clients.length };
     }
 
-    it('watch resolves once the subscription is active, and the release script publishes', async () => {
+    it('watch resolves once the subscription is active, and a release wakes the waiters in line', async () => {
       const [watcher, holder] = [backend(), backend()];
       expect((await holder.tryAcquire(['w'], 'h', 5_000)).acquired).toBe(true);
+      // A failed attempt puts the waiter in line: releases publish only when someone is in it.
+      expect((await watcher.tryAcquire(['w'], 'waiter', 5_000)).acquired).toBe(false);
       let woken = 0;
       const stop = await watcher.watch(['w'], () => woken++);
       expect(await subscriptions()).toEqual({ channels: ['w'], subscribers: 1 });

@@ -1,7 +1,7 @@
 import type { Cluster, Redis } from 'ioredis';
 
 interface Channel {
-  listeners: Set<() => void>;
+  listeners: Set<(message: string) => void>;
   /** Resolves once Redis confirmed the subscription. */
   active: Promise<void>;
 }
@@ -30,7 +30,7 @@ export class RedisReleaseSubscriber {
    * Calls `onMessage` whenever one of `channels` gets a message. Resolves once every subscription
    * is active, to the function that stops it; rejects (subscribing nothing) if one fails.
    */
-  async watch(channels: readonly string[], onMessage: () => void): Promise<() => void> {
+  async watch(channels: readonly string[], onMessage: (message: string) => void): Promise<() => void> {
     let watching = true;
     const stop = () => {
       if (!watching) return;
@@ -53,7 +53,7 @@ export class RedisReleaseSubscriber {
     (await client?.catch(() => undefined))?.disconnect();
   }
 
-  private add(name: string, listener: () => void): Promise<void> {
+  private add(name: string, listener: (message: string) => void): Promise<void> {
     let channel = this.channels.get(name);
     if (!channel) {
       const active = this.subscriber().then(async (client) => {
@@ -71,7 +71,7 @@ export class RedisReleaseSubscriber {
     return channel.active;
   }
 
-  private remove(name: string, listener: () => void): void {
+  private remove(name: string, listener: (message: string) => void): void {
     const channel = this.channels.get(name);
     if (!channel?.listeners.delete(listener) || channel.listeners.size > 0) return;
     this.channels.delete(name);
@@ -82,9 +82,9 @@ export class RedisReleaseSubscriber {
 
   private subscriber(): Promise<Redis | Cluster> {
     this.client ??= this.connect().then((client) => {
-      client.on(this.sharded ? 'smessage' : 'message', (channel: string) => {
+      client.on(this.sharded ? 'smessage' : 'message', (channel: string, message: string) => {
         const listeners = this.channels.get(channel)?.listeners;
-        if (listeners) for (const listener of [...listeners]) listener();
+        if (listeners) for (const listener of [...listeners]) listener(message);
       });
       return client;
     });

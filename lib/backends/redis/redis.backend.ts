@@ -46,6 +46,8 @@ export class RedisLockBackend implements LockBackend {
   private creating: Promise<Redis | Cluster> | undefined;
   private readonly subscriber: RedisReleaseSubscriber;
   private closed = false;
+  /** Owners of this backend that failed an attempt and may be in a line in Redis. */
+  private readonly inLine = new Set<string>();
   /** The last connection error of a client we created, to say why an operation failed. */
   private connectionError: Error | undefined;
 
@@ -77,7 +79,12 @@ export class RedisLockBackend implements LockBackend {
       // It answered after we gave up on it: nobody uses this lease, so free it for the others.
       if ((late as number[])[0] === 1) this.release(keys, owner).catch(() => undefined);
     })) as [number, number];
-    return acquired === 1 ? { acquired: true, fencingToken: value } : { acquired: false, retryAfterMs: value >= 0 ? value : undefined };
+    if (acquired === 1) {
+      this.inLine.delete(owner);
+      return { acquired: true, fencingToken: value };
+    }
+    this.inLine.add(owner);
+    return { acquired: false, retryAfterMs: value >= 0 ? value : undefined };
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
@@ -90,6 +97,7 @@ export class RedisLockBackend implements LockBackend {
   }
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
+    this.inLine.delete(owner);
     const client = await this.connected('release', keys);
     const layouts = this.layouts(keys, client);
     const redisKeys = [...layouts.map((l) => l.lock), ...layouts.map((l) => l.queue), ...layouts.map((l) => l.queueDeadlines)];
@@ -109,9 +117,12 @@ export class RedisLockBackend implements LockBackend {
     if (this.closed) throw this.closedError('watch', keys);
     const prefix = keyPrefixOf(await this.connected('watch', keys));
     // The release script publishes on the lock key as Redis sees it, client key prefix included.
+    // A release names the waiter first in line: only the process it belongs to needs to try.
     return this.subscriber.watch(
       keys.map((key) => prefix + key),
-      onRelease,
+      (next) => {
+        if (next === '' || this.inLine.has(next)) onRelease();
+      },
     );
   }
 

@@ -26,44 +26,54 @@ function script(name: string, lua: string): RedisScript {
  * waiter in line first: the line is what keeps a process that releases and re-acquires at once
  * from starving the others. Waiters that stopped asking lose their place after the timeout.
  *
- * The token is the Redis server time in µs, or one more than the key's last token if that is not
- * smaller: strictly greater than every earlier token of each key while the counter lives, and
- * still increasing after it expires or Redis restarts empty, as long as the server clock does.
+ * The token is one more than the largest last token of the keys; a key without a counter (never
+ * locked, expired, or Redis restarted empty) counts the server time in µs instead. Strictly
+ * greater than every earlier token of each key while its counter lives, and after that as long as
+ * the server clock has not gone back: tokens grow by one per acquisition, far slower than the clock.
+ * The uncontended path is five calls: GET, EXISTS, GET, SET, SET (plus TIME for a new key).
  */
 export const ACQUIRE = script(
   'acquire',
   `
 local n = #KEYS / 4
 local owner = ARGV[1]
-local time = redis.call('TIME')
-local now = time[1] * 1000000 + time[2]
+local now = nil
+local function clock()
+  if not now then
+    local time = redis.call('TIME')
+    now = time[1] * 1000000 + time[2]
+  end
+  return now
+end
 local wait = nil
 for i = 1, n do
-  local pttl = redis.call('PTTL', KEYS[i])
-  if pttl ~= -2 and redis.call('GET', KEYS[i]) ~= owner then
-    wait = math.max(wait or -1, pttl)
+  local holder = redis.call('GET', KEYS[i])
+  if holder and holder ~= owner then
+    wait = math.max(wait or -1, redis.call('PTTL', KEYS[i]))
   end
 end
+local queued = {}
 if not wait then
   for i = 1, n do
     local queue, deadlines = KEYS[2 * n + i], KEYS[3 * n + i]
     if redis.call('EXISTS', queue) == 1 then
-      local gone = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now)
+      queued[i] = true
+      local gone = redis.call('ZRANGEBYSCORE', deadlines, '-inf', clock())
       for _, waiter in ipairs(gone) do
         redis.call('ZREM', queue, waiter)
         redis.call('ZREM', deadlines, waiter)
       end
       local head = redis.call('ZRANGE', queue, 0, 0)[1]
       if head and head ~= owner then
-        local headDeadline = tonumber(redis.call('ZSCORE', deadlines, head)) or now
-        wait = math.max(wait or -1, math.ceil((headDeadline - now) / 1000))
+        local headDeadline = tonumber(redis.call('ZSCORE', deadlines, head)) or clock()
+        wait = math.max(wait or -1, math.ceil((headDeadline - clock()) / 1000))
       end
     end
   end
 end
 if wait then
-  local stamp = string.format('%.0f', now)
-  local deadline = string.format('%.0f', now + ARGV[3] * 1000)
+  local stamp = string.format('%.0f', clock())
+  local deadline = string.format('%.0f', clock() + ARGV[3] * 1000)
   for i = 1, n do
     local queue, deadlines = KEYS[2 * n + i], KEYS[3 * n + i]
     redis.call('ZADD', queue, 'NX', stamp, owner)
@@ -73,16 +83,16 @@ if wait then
   end
   return {0, wait}
 end
-local token = now
+local token = 0
 for i = n + 1, 2 * n do
   local last = tonumber(redis.call('GET', KEYS[i]))
-  if last and last >= token then token = last + 1 end
+  token = math.max(token, last and last + 1 or clock())
 end
 local fence = string.format('%.0f', token)
 for i = 1, n do
   redis.call('SET', KEYS[i], owner, 'PX', ARGV[2])
   redis.call('SET', KEYS[n + i], fence, 'PX', ARGV[4])
-  if redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then
+  if queued[i] and redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then
     redis.call('ZREM', KEYS[3 * n + i], owner)
   end
 end
@@ -115,8 +125,11 @@ return 1
  * 'SPUBLISH' (sharded, on Cluster). Returns how many locks the owner still held; those are deleted.
  *
  * Compare-and-delete, so a late release never frees another owner's lock. A waiter that gives up
- * calls it too, to leave the line. Either way the lock's channel (the lock key itself, so it is
- * in the lock's slot) tells waiters to try again.
+ * calls it too, to leave the line. Either way the lock's channel (the lock key itself, so it is in
+ * the lock's slot) tells waiters to try again; only waiters in line can be asleep on it (a waiter
+ * joins the line with its first failed attempt, before it subscribes), so without a line there is
+ * nobody to wake and nothing is published. The message is the owner first in line (a process
+ * whose waiter it is not stays asleep: one attempt per handoff instead of one per process).
  */
 export const RELEASE = script(
   'release',
@@ -124,17 +137,20 @@ export const RELEASE = script(
 local n = #KEYS / 3
 local released = 0
 for i = 1, n do
-  local changed = false
+  local freed = false
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     released = released + 1
-    changed = true
+    freed = true
   end
-  if redis.call('ZREM', KEYS[n + i], ARGV[1]) == 1 then
-    redis.call('ZREM', KEYS[2 * n + i], ARGV[1])
-    changed = true
+  if redis.call('EXISTS', KEYS[n + i]) == 1 then
+    if redis.call('ZREM', KEYS[n + i], ARGV[1]) == 1 then
+      redis.call('ZREM', KEYS[2 * n + i], ARGV[1])
+      freed = true
+    end
+    -- Names the waiter whose turn it is, so only its process wakes up and tries.
+    if freed then redis.call(ARGV[2], KEYS[i], redis.call('ZRANGE', KEYS[n + i], 0, 0)[1] or '') end
   end
-  if changed then redis.call(ARGV[2], KEYS[i], '') end
 end
 return released
 `,

@@ -1,0 +1,208 @@
+import 'reflect-metadata';
+import { Injectable, Module } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
+// @ts-expect-error redlock 5.0.0-beta.2 lists no "types" in its exports map, so nodenext cannot see its typings.
+import RedlockPackage from 'redlock';
+import { Mutex } from 'redis-semaphore';
+import { createLock, IoredisAdapter } from 'redlock-universal';
+import { DistributedLockModule, LockService, Locked, RedisLockBackend } from '../lib/index.js';
+import { RedisServer } from '../test/support/redis-server.js';
+import { compareRates, latencies, percentile, round, type Report } from './harness.js';
+
+/** The part of the redlock package's public API the bench uses. */
+interface Redlock {
+  acquire(resources: string[], duration: number): Promise<{ release(): Promise<unknown> }>;
+}
+const Redlock = RedlockPackage as new (clients: Redis[], settings?: { retryCount?: number }) => Redlock;
+
+/** Releases only if the value is ours: the usual compare-and-delete, the floor's release. */
+const CAS_DELETE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/** One acquire+release pair, or a hot-key worker's lock, per implementation under test. */
+type LockOnce = (key: string) => Promise<() => Promise<unknown>>;
+
+/**
+ * Redis backend next to the raw floor and the Redis lock packages people use, on a redis-server
+ * of the bench's own: uncontended pairs, @Locked overhead, and a hot key.
+ */
+export async function redisBench(report: Report): Promise<void> {
+  report.note('redis: uncontended pairs, @Locked overhead, hot key (starts its own redis-server)');
+  const server = await RedisServer.start();
+  const clients: Redis[] = [];
+  const client = () => {
+    const created = new Redis(server.port, '127.0.0.1');
+    clients.push(created);
+    return created;
+  };
+  const services: LockService[] = [];
+  const service = (redis: Redis) => {
+    const created = new LockService(new RedisLockBackend(redis));
+    services.push(created);
+    return created;
+  };
+  try {
+    await uncontended(report, client, service);
+    await lockedOverhead(report, client);
+    await hotKey(report, client, service);
+  } finally {
+    await Promise.all(services.map((s) => s.onApplicationShutdown()));
+    for (const c of clients) c.disconnect();
+    await server.stop();
+  }
+}
+
+/** Each implementation's way to take a lock and get its release, over a client of its own. */
+function peers(client: () => Redis, service: (redis: Redis) => LockService, waiting: boolean): Record<string, LockOnce> {
+  const floor = client();
+  let floorToken = 0;
+  const ours = service(client());
+  const redlock = new Redlock([client()], waiting ? { retryCount: 100_000 } : { retryCount: 0 });
+  const semaphoreClient = client();
+  const universalAdapter = new IoredisAdapter(client());
+  return {
+    'raw-floor': async (key) => {
+      const token = String(++floorToken);
+      if ((await floor.set(key, token, 'PX', 30_000, 'NX')) !== 'OK') throw new Error('raw floor: busy');
+      return () => floor.eval(CAS_DELETE, 1, key, token);
+    },
+    ours: async (key) => {
+      const handle = await ours.acquire(key, { wait: 60_000 });
+      return () => handle.release();
+    },
+    redlock: async (key) => {
+      const lock = await redlock.acquire([key], 30_000);
+      return () => lock.release();
+    },
+    'redis-semaphore': async (key) => {
+      const mutex = new Mutex(semaphoreClient, key, { lockTimeout: 30_000, acquireTimeout: 60_000 });
+      await mutex.acquire();
+      return () => mutex.release();
+    },
+    'redlock-universal': async (key) => {
+      const lock = createLock({ adapter: universalAdapter, key, ttl: 30_000, retryAttempts: waiting ? 100_000 : 0 });
+      const handle = await lock.acquire();
+      return () => lock.release(handle);
+    },
+  };
+}
+
+async function uncontended(report: Report, client: () => Redis, service: (redis: Redis) => LockService): Promise<void> {
+  const impls = peers(client, service, false);
+  // The floor's script is loaded once, like every peer's, so EVAL vs EVALSHA does not count.
+  const floorClient = client();
+  floorClient.defineCommand('casDelete', { numberOfKeys: 1, lua: CAS_DELETE });
+  let token = 0;
+  impls['raw-floor'] = async (key) => {
+    const mine = String(++token);
+    if ((await floorClient.set(key, mine, 'PX', 30_000, 'NX')) !== 'OK') throw new Error('raw floor: busy');
+    return () => (floorClient as Redis & { casDelete(key: string, token: string): Promise<number> }).casDelete(key, mine);
+  };
+  const rates = await compareRates(
+    Object.fromEntries(Object.entries(impls).map(([impl, lock]) => [impl, async () => (await lock(`pair:${impl}`))()])),
+    { rounds: 5, ms: 600, warmupMs: 300 },
+  );
+  for (const [impl, opsPerSec] of Object.entries(rates)) {
+    report.add({
+      scenario: 'redis: uncontended acquire+release (serial, one connection)',
+      impl,
+      opsPerSec: Math.round(opsPerSec),
+      usPerPair: round(1e6 / opsPerSec, 1),
+      vsFloor: round(rates['raw-floor'] / opsPerSec),
+    });
+  }
+}
+
+async function lockedOverhead(report: Report, client: () => Redis): Promise<void> {
+  const redis = client();
+  @Injectable()
+  class Orders {
+    async plain(id: number): Promise<number> {
+      return id;
+    }
+
+    @Locked('order:<id>')
+    async locked(id: number): Promise<number> {
+      return id;
+    }
+  }
+  @Module({ imports: [DistributedLockModule.forRoot({ backend: new RedisLockBackend(redis) })], providers: [Orders] })
+  class BenchModule {}
+
+  const app = await NestFactory.createApplicationContext(BenchModule, { logger: false });
+  try {
+    const orders = app.get(Orders);
+    const calls = 3_000;
+    await latencies(() => orders.locked(1), 500); // warm-up: connection, script, JIT
+    const ping = percentile(await latencies(() => redis.ping(), calls), 50);
+    const plain = percentile(await latencies(() => orders.plain(1), calls), 50);
+    const locked = percentile(await latencies(() => orders.locked(1), calls), 50);
+    for (const [impl, p50] of [['plain', plain], ['@Locked', locked]] as const) {
+      report.add({
+        scenario: 'redis: @Locked method call overhead (p50)',
+        impl,
+        p50Us: round(p50 * 1000, 1),
+        overheadUs: round((p50 - plain) * 1000, 1),
+        // Release is sent after the method returns, off the caller's path: one round trip (acquire).
+        roundTrips: round((p50 - plain) / ping, 2),
+        pingUs: round(ping * 1000, 1),
+      });
+    }
+  } finally {
+    await app.close();
+  }
+}
+
+async function hotKey(report: Report, client: () => Redis, service: (redis: Redis) => LockService): Promise<void> {
+  const workers = 8;
+  const sections = 50;
+  const sectionMs = 1;
+  const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
+    const key = `hot:${impl}`;
+    const waits: number[] = [];
+    const inside: number[] = [];
+    const started = performance.now();
+    await Promise.all(
+      Array.from({ length: workers }, async (_, worker) => {
+        const lock = lockFor(worker);
+        for (let i = 0; i < sections; i++) {
+          const asked = performance.now();
+          const release = await lock(key);
+          const entered = performance.now();
+          waits.push(entered - asked);
+          await sleep(sectionMs);
+          inside.push(performance.now() - entered);
+          await release();
+        }
+      }),
+    );
+    const elapsed = performance.now() - started;
+    waits.sort((a, b) => a - b);
+    const rate = (workers * sections * 1000) / elapsed;
+    // A 1 ms timer sleeps a little longer than 1 ms: the ideal rate is that of the real sections.
+    const ideal = 1000 / (inside.reduce((sum, ms) => sum + ms, 0) / inside.length);
+    report.add({
+      scenario: `redis: hot key, ${workers} workers x ${sections} sections of ${sectionMs} ms`,
+      impl,
+      sectionsPerSec: Math.round(rate),
+      vsIdeal: round(rate / ideal),
+      waitP50Ms: round(waits[Math.floor(waits.length / 2)], 1),
+      waitP99Ms: round(percentile(waits, 99), 1),
+      waitMaxMs: round(waits[waits.length - 1], 1),
+      fifoBoundMs: Math.round(workers * (1000 / ideal)),
+    });
+  };
+
+  // Every worker is its own "instance": a client and a lock object of its own, as in production.
+  const perWorker = Array.from({ length: workers }, () => peers(client, service, true));
+  await run('ours', (worker) => perWorker[worker].ours);
+  // Eight callers of one app instance: they queue in-process and hand over without pub/sub.
+  const shared = service(client());
+  await run('ours (one instance, 8 callers)', () => async (key) => {
+    const handle = await shared.acquire(key, { wait: 60_000 });
+    return () => handle.release();
+  });
+  for (const impl of ['redlock', 'redis-semaphore', 'redlock-universal']) await run(impl, (worker) => perWorker[worker][impl]);
+}
