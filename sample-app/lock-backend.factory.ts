@@ -36,7 +36,8 @@ function construct(exportName: string, variable: string, arg: unknown): LockBack
   if (typeof Backend !== 'function') {
     throw new Error(
       `${variable} is set, but this build of nest-distributed-lock has no ${exportName} yet. ` +
-        `Unset ${variable} to use in-process locks (one process only).`,
+        (variable === 'REDLOCK_URLS' ? 'Set REDIS_URL instead for one Redis, or unset both' : `Unset ${variable}`) +
+        ' for in-process locks (one process only).',
     );
   }
   return new Backend(arg);
