@@ -1,5 +1,6 @@
 import { Report } from './harness.js';
 import { memoryBench } from './memory.bench.js';
+import { redlockBench } from './redlock.bench.js';
 
 /**
  * `npm run bench [-- --json] [-- --only <name>]`: every scenario next to its peers in the same run.
@@ -7,6 +8,7 @@ import { memoryBench } from './memory.bench.js';
  */
 const groups: Record<string, (report: Report) => Promise<void>> = {
   memory: memoryBench,
+  redlock: redlockBench,
 };
 
 const args = process.argv.slice(2);

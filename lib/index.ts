@@ -18,3 +18,9 @@ export {
 } from './lock.errors.js';
 export { LockBackend, type AcquireResult, type ExtendResult, type LockState } from './backends/lock-backend.interface.js';
 export { MemoryLockBackend } from './backends/memory.backend.js';
+export { RedisLockBackend } from './backends/redis/redis.backend.js';
+export type { RedisClusterConnectionOptions, RedisLockBackendOptions, RedisLockConnection } from './backends/redis/redis.options.js';
+export { RedlockLockBackend, type RedlockAcquireResult, type RedlockLockState } from './backends/redlock/redlock.backend.js';
+export type { RedlockLockBackendOptions } from './backends/redlock/redlock.options.js';
+export type { RedlockMasterClient, RedlockSubscriberClient } from './backends/redlock/redlock-master.js';
+export { RedlockQuorumError, type MasterFailure } from './backends/redlock/redlock.errors.js';

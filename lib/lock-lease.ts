@@ -124,7 +124,10 @@ export class Lease {
     if (this.state !== 'held') return;
     // Timers may fire a fraction of a millisecond early: the deadline timer ends the lease as is.
     if (!extendNow || performance.now() >= this.deadline) {
-      this.lose(this.lastError ? 'backend-error' : 'expired', this.lastError);
+      // An extension still waiting for its answer is a backend that stopped answering (a paused
+      // or partitioned Redis), not a holder that forgot to extend.
+      const cause = this.lastError ?? (this.extending ? new LockBackendError(this.backend.name, 'the extension got no answer before the lease ran out') : undefined);
+      this.lose(cause ? 'backend-error' : 'expired', cause);
       return;
     }
     this.extending = true;

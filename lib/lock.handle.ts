@@ -23,8 +23,9 @@ export class LockHandle implements AsyncDisposable {
 
   /**
    * Strictly greater than the token of every earlier acquisition of these keys, so storage can
-   * refuse writes from a stale holder. `undefined` when the backend cannot promise that (Redlock)
-   * or when a reentrant handle spans locks acquired separately (use `fencingTokenFor(key)`).
+   * refuse writes from a stale holder. Always `undefined` on a backend that cannot promise that
+   * (`backend.fencing === false`: the Redlock backend), never a number that only looks safe; also
+   * `undefined` when a reentrant handle spans locks acquired separately (use `fencingTokenFor`).
    */
   get fencingToken(): number | undefined {
     return this.leases.length === 1 ? this.leases[0].fencingToken : undefined;

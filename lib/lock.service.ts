@@ -14,7 +14,7 @@ import {
 import { heldLocks, runHolding } from './lock-context.js';
 import { Lease, type LeaseTracker } from './lock-lease.js';
 import { LockWaitQueue } from './lock-wait-queue.js';
-import { InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
+import { DistributedLockError, InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
 import { LockHandle } from './lock.handle.js';
 import { newOwnerToken } from './owner-token.js';
 
@@ -132,11 +132,9 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
       // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
       // marked released at once (no re-entry), and the release request is sent before any later
       // request of this process. The method's own result or error wins over a failed release.
-      const releasing = result
-        .release()
-        .catch((error: unknown) => logger.warn(`Release of ${keys.join(', ')} failed; the lease will expire on its own. ${describeError(error)}`))
-        .finally(() => this.releasing.delete(releasing));
-      this.releasing.add(releasing);
+      this.track(
+        result.release().catch((error: unknown) => logger.warn(`Release of ${keys.join(', ')} failed; the lease will expire on its own. ${describeError(error)}`)),
+      );
     }
   }
 
@@ -224,6 +222,9 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     const deadline = started + wait;
     let retryAfterMs: number | undefined;
     let lastError: unknown;
+    /** An attempt failed, so a backend that keeps a line of waiters may have us in it. */
+    let inLine = false;
+    let acquired = false;
 
     const attempt = async (): Promise<Lease | undefined> => {
       const sentAt = performance.now();
@@ -231,18 +232,32 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
         const result = await this.backend.tryAcquire(keys, owner, ttl);
         lastError = undefined;
         if (!result.acquired) {
+          inLine = true;
           retryAfterMs = result.retryAfterMs;
           return undefined;
         }
         const lease = new Lease(this.backend, keys, owner, result.fencingToken, ttl, sentAt + (result.validityMs ?? ttl), autoExtend, this);
         this.leases.add(lease);
+        acquired = true;
         return lease;
       } catch (error) {
+        // A caller's mistake the backend found (keys a Redis Cluster cannot lock together): no
+        // retry can fix it, so it is not a backend failure to wait out.
+        if (error instanceof DistributedLockError && !(error instanceof LockBackendError)) throw error;
+        inLine = true;
         lastError = error;
         return undefined;
       }
     };
+    const leaveLine = (): void => {
+      if (!inLine || acquired) return;
+      inLine = false;
+      // Release by an owner that holds nothing only takes it out of the backend's line, so a
+      // waiter that gave up does not hold up the others. Not awaited; shutdown waits for it.
+      this.track(this.backend.release(keys, owner).then(() => undefined, () => undefined));
+    };
     const giveUp = (): NotAcquired => {
+      leaveLine();
       if (lastError !== undefined) {
         throw lastError instanceof LockBackendError
           ? lastError
@@ -286,7 +301,14 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     } finally {
       unwatch?.();
       this.queue.leave(id, waiter);
+      leaveLine();
     }
+  }
+
+  /** Keeps a background request (a release) in the set that shutdown waits for. */
+  private track(request: Promise<void>): void {
+    const tracked = request.finally(() => this.releasing.delete(tracked));
+    this.releasing.add(tracked);
   }
 }
 

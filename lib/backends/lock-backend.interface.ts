@@ -22,7 +22,11 @@ export interface LockBackend {
   /** Reset the lease of every key to `ttlMs` if `owner` still holds all of them. */
   extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult>;
 
-  /** Delete the keys that `owner` still holds; returns false if it held none of them. */
+  /**
+   * Delete the keys that `owner` still holds; returns false if it held none of them. The service
+   * also calls it for an owner whose attempts failed and that stopped waiting, so a backend that
+   * keeps waiters in line (Redis does, for fairness) can drop it.
+   */
   release(keys: readonly string[], owner: string): Promise<boolean>;
 
   /** The current holder of a key, or undefined when it is free. */
@@ -46,7 +50,8 @@ export type AcquireResult =
       fencingToken?: number;
       /**
        * How long the lease is certainly valid, counted from when the request was sent. Defaults to
-       * the ttl; quorum backends subtract acquisition time and clock drift.
+       * the ttl; quorum backends subtract clock drift. (Redlock's "ttl minus acquisition time minus
+       * drift" is counted from the answer; from the request, the acquisition time is already spent.)
        */
       validityMs?: number;
     }

@@ -1,0 +1,218 @@
+import 'reflect-metadata';
+import { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+// @ts-expect-error redlock 5.0.0-beta.2 lists no "types" in its exports map, so nodenext cannot see its typings.
+import RedlockPackage from 'redlock';
+import { LockService, RedlockLockBackend } from '../lib/index.js';
+import { RedisServer } from '../test/support/redis-server.js';
+import { DelayProxy } from './delay-proxy.js';
+import { percentile, round, type Report } from './harness.js';
+
+/** The part of the package's public API the bench uses. */
+interface Redlock {
+  acquire(resources: string[], duration: number): Promise<{ release(): Promise<unknown> }>;
+}
+const Redlock = RedlockPackage as new (clients: Redis[], settings?: { retryCount?: number }) => Redlock;
+
+const WORKERS = 8;
+const SECTIONS = 50;
+const SECTION_MS = 1;
+
+/**
+ * Redlock over 3 and 5 masters next to a single Redis: acquisition latency on localhost and with
+ * masters at different network distances (the quorum round goes out to every master at once, so
+ * it should cost about one round trip, not one per master), and the hot-key handoff next to the
+ * redlock package used directly with its defaults.
+ */
+export async function redlockBench(report: Report): Promise<void> {
+  report.note('redlock: starting 5 redis-servers');
+  const servers = await Promise.all(Array.from({ length: 5 }, () => RedisServer.start()));
+  const proxies: DelayProxy[] = [];
+  const opened: Redis[] = [];
+  const closers: (() => Promise<unknown>)[] = [];
+  const connect = (ports: readonly number[]) =>
+    ports.map((port) => {
+      const client = new Redis(port, '127.0.0.1');
+      opened.push(client);
+      return client;
+    });
+  const service = (ports: readonly number[]) => {
+    const locks = new LockService(new RedlockLockBackend(connect(ports)), { keyPrefix: 'bench:' });
+    closers.push(() => locks.onApplicationShutdown());
+    return locks;
+  };
+
+  try {
+    const local = servers.map((server) => server.port);
+    report.note('redlock: acquisition latency by number of masters, on localhost');
+    await acquisitionLatency(report, 'redlock: acquisition latency, localhost', local, 2_000, connect, service);
+
+    // Masters 1, 2, 3, 4 and 5 ms away: a quorum round should cost the quorum-th nearest
+    // master's round trip (2 ms of 3, 3 ms of 5), a sequential one the sum (6 ms, 15 ms).
+    report.note('redlock: acquisition latency with masters 1, 2, 3, 4, 5 ms away');
+    for (const [i, server] of servers.entries()) proxies.push(await DelayProxy.start(server.port, i + 1));
+    await acquisitionLatency(report, 'redlock: acquisition latency, masters 1-5 ms away', proxies.map((proxy) => proxy.port), 300, connect, service);
+
+    report.note(`redlock: hot key, ${WORKERS} workers x ${SECTIONS} sections x ${SECTION_MS} ms, localhost`);
+    for (const count of [3, 5]) {
+      const workers = Array.from({ length: WORKERS }, () => service(local.slice(0, count)));
+      const figures = await hotKey(async (worker) => {
+        const handle = await workers[worker].acquire('hot', { wait: 60_000 });
+        return () => handle.release();
+      });
+      report.add({ scenario: 'redlock: hot key', impl: `ours, ${count} masters, a service per worker`, ...figures });
+    }
+    {
+      // The same workers in one process share a LockService: its local FIFO queue hands over.
+      const shared = service(local.slice(0, 3));
+      const figures = await hotKey(async () => {
+        const handle = await shared.acquire('hot-shared', { wait: 60_000 });
+        return () => handle.release();
+      });
+      report.add({ scenario: 'redlock: hot key', impl: 'ours, 3 masters, one service for all workers', ...figures });
+    }
+    {
+      // Defaults: retryCount 10, retryDelay 200 ms, retryJitter 100 ms. A worker whose retries
+      // run out starts again (counted as a failure), so every section still runs.
+      const workers = Array.from({ length: WORKERS }, () => new Redlock(connect(local.slice(0, 3))));
+      const figures = await hotKey(async (worker, failed) => {
+        for (;;) {
+          try {
+            const lock = await workers[worker].acquire(['bench:hot-pkg'], 30_000);
+            return () => lock.release();
+          } catch {
+            failed();
+          }
+        }
+      });
+      report.add({ scenario: 'redlock: hot key', impl: 'redlock pkg defaults, 3 masters', ...figures });
+    }
+  } finally {
+    await Promise.allSettled(closers.map((close) => close()));
+    for (const client of opened) client.disconnect();
+    await Promise.all(proxies.map((proxy) => proxy.close()));
+    await Promise.all(servers.map((server) => server.stop()));
+  }
+}
+
+/** Acquire latency (release untimed) for one master, 3 and 5 masters, ours and the package's. */
+async function acquisitionLatency(
+  report: Report,
+  scenario: string,
+  ports: readonly number[],
+  count: number,
+  connect: (ports: readonly number[]) => Redis[],
+  service: (ports: readonly number[]) => LockService,
+): Promise<void> {
+  const [single] = connect(ports.slice(0, 1));
+  const sequential = connect(ports.slice(0, 3));
+  let n = 0;
+  const impls: Record<string, () => Promise<number>> = {
+    'single redis (nearest): SET NX PX': async () => {
+      const key = `bench:raw:${n++}`;
+      const sample = await timed(() => single.set(key, 'x', 'PX', 30_000, 'NX'));
+      await single.del(key);
+      return sample;
+    },
+    'ours, 3 masters': acquireWith(service(ports.slice(0, 3))),
+    'ours, 5 masters': acquireWith(service(ports)),
+    'redlock pkg, 3 masters (retryCount 0)': redlockAcquire(new Redlock(connect(ports.slice(0, 3)), { retryCount: 0 })),
+    'redlock pkg, 5 masters (retryCount 0)': redlockAcquire(new Redlock(connect(ports), { retryCount: 0 })),
+    '3 masters one after another (a sum)': async () => {
+      const key = `bench:seq:${n++}`;
+      const sample = await timed(async () => {
+        for (const client of sequential) await client.set(key, 'x', 'PX', 30_000, 'NX');
+      });
+      await Promise.all(sequential.map((client) => client.del(key)));
+      return sample;
+    },
+  };
+  const samples: Record<string, number[]> = Object.fromEntries(Object.keys(impls).map((name) => [name, []]));
+  for (const op of Object.values(impls)) for (let i = 0; i < Math.min(200, count / 4); i++) await op(); // JIT, script cache
+  // Interleaved rounds: a noisy neighbour hits every implementation alike.
+  for (let r = 0; r < 10; r++) {
+    for (const [name, op] of Object.entries(impls)) {
+      for (let i = 0; i < count / 10; i++) samples[name].push(await op());
+    }
+  }
+  const p50Single = percentile(sorted(samples['single redis (nearest): SET NX PX']), 50);
+  for (const [impl, values] of Object.entries(samples)) {
+    const s = sorted(values);
+    const p50 = percentile(s, 50);
+    report.add({ scenario, impl, samples: s.length, p50Ms: round(p50, 3), p99Ms: round(percentile(s, 99), 3), vsSingleP50: round(p50 / p50Single) });
+  }
+}
+
+/** ms one call takes; the clean-up after it is not timed. */
+async function timed(op: () => Promise<unknown>): Promise<number> {
+  const started = performance.now();
+  await op();
+  return performance.now() - started;
+}
+
+function acquireWith(locks: LockService): () => Promise<number> {
+  let n = 0;
+  return async () => {
+    let handle: Awaited<ReturnType<LockService['acquire']>> | undefined;
+    const sample = await timed(async () => {
+      handle = await locks.acquire(`lat:${n++}`, { wait: 0 });
+    });
+    await handle!.release();
+    return sample;
+  };
+}
+
+function redlockAcquire(redlock: Redlock): () => Promise<number> {
+  let n = 0;
+  return async () => {
+    let lock: { release(): Promise<unknown> } | undefined;
+    const sample = await timed(async () => {
+      lock = await redlock.acquire([`bench:pkg:${n++}`], 30_000);
+    });
+    await lock!.release();
+    return sample;
+  };
+}
+
+function sorted(values: readonly number[]): number[] {
+  return [...values].sort((a, b) => a - b);
+}
+
+/**
+ * WORKERS workers each run SECTIONS critical sections of SECTION_MS on one key. The ideal rate is
+ * one section per SECTION_MS; the FIFO bound on a wait is about WORKERS x SECTION_MS.
+ */
+async function hotKey(
+  acquire: (worker: number, failed: () => void) => Promise<() => Promise<unknown>>,
+): Promise<Record<string, number>> {
+  const waits: number[] = [];
+  let failures = 0;
+  let inside = 0;
+  let violations = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: WORKERS }, async (_, worker) => {
+      for (let i = 0; i < SECTIONS; i++) {
+        const asked = performance.now();
+        const release = await acquire(worker, () => failures++);
+        waits.push(performance.now() - asked);
+        if (++inside > 1) violations++;
+        await new Promise((resolve) => setTimeout(resolve, SECTION_MS));
+        inside--;
+        await release();
+      }
+    }),
+  );
+  const seconds = (performance.now() - started) / 1000;
+  const s = sorted(waits);
+  const rate = (WORKERS * SECTIONS) / seconds;
+  return {
+    sectionsPerSec: Math.round(rate),
+    vsIdeal: round(rate / (1000 / SECTION_MS)),
+    waitP50Ms: round(percentile(s, 50), 1),
+    waitP99Ms: round(percentile(s, 99), 1),
+    waitMaxMs: round(s[s.length - 1], 1),
+    failures,
+    violations,
+  };
+}

@@ -1,0 +1,102 @@
+import type { Cluster, Redis } from 'ioredis';
+
+interface Channel {
+  listeners: Set<() => void>;
+  /** Resolves once Redis confirmed the subscription. */
+  active: Promise<void>;
+}
+
+/**
+ * One subscriber connection per backend, shared by every waiter of the process: each channel is
+ * subscribed once, however many waiters watch it, and unsubscribed when the last one leaves.
+ * (Clients in subscriber mode cannot send other commands, hence a connection of its own.)
+ *
+ * SUBSCRIBE and UNSUBSCRIBE go out in call order on that one connection, so an unsubscribe
+ * followed by a new subscribe of the same channel always ends subscribed.
+ */
+export class RedisReleaseSubscriber {
+  private readonly channels = new Map<string, Channel>();
+  /** Created on the first watch. Every (un)subscribe chains on it, so they go out in call order. */
+  private client: Promise<Redis | Cluster> | undefined;
+
+  constructor(
+    private readonly connect: () => Promise<Redis | Cluster>,
+    /** Sharded pub/sub (SSUBSCRIBE) on Cluster: a plain PUBLISH would go to every node. */
+    private readonly sharded: boolean,
+    private readonly timeoutMs: number,
+  ) {}
+
+  /**
+   * Calls `onMessage` whenever one of `channels` gets a message. Resolves once every subscription
+   * is active, to the function that stops it; rejects (subscribing nothing) if one fails.
+   */
+  async watch(channels: readonly string[], onMessage: () => void): Promise<() => void> {
+    let watching = true;
+    const stop = () => {
+      if (!watching) return;
+      watching = false;
+      for (const channel of channels) this.remove(channel, onMessage);
+    };
+    try {
+      await this.within(Promise.all(channels.map((channel) => this.add(channel, onMessage))));
+    } catch (error) {
+      stop();
+      throw error;
+    }
+    return stop;
+  }
+
+  async close(): Promise<void> {
+    this.channels.clear();
+    const client = this.client;
+    this.client = undefined;
+    (await client?.catch(() => undefined))?.disconnect();
+  }
+
+  private add(name: string, listener: () => void): Promise<void> {
+    let channel = this.channels.get(name);
+    if (!channel) {
+      const active = this.subscriber().then(async (client) => {
+        await (this.sharded ? client.ssubscribe(name) : client.subscribe(name));
+      });
+      channel = { listeners: new Set(), active };
+      this.channels.set(name, channel);
+      const added = channel;
+      active.catch(() => {
+        // A failed subscription must not stay cached as if active: the next watcher tries anew.
+        if (this.channels.get(name) === added) this.channels.delete(name);
+      });
+    }
+    channel.listeners.add(listener);
+    return channel.active;
+  }
+
+  private remove(name: string, listener: () => void): void {
+    const channel = this.channels.get(name);
+    if (!channel?.listeners.delete(listener) || channel.listeners.size > 0) return;
+    this.channels.delete(name);
+    this.client
+      ?.then((client) => (this.sharded ? client.sunsubscribe(name) : client.unsubscribe(name)))
+      .catch(() => undefined);
+  }
+
+  private subscriber(): Promise<Redis | Cluster> {
+    this.client ??= this.connect().then((client) => {
+      client.on(this.sharded ? 'smessage' : 'message', (channel: string) => {
+        const listeners = this.channels.get(channel)?.listeners;
+        if (listeners) for (const listener of [...listeners]) listener();
+      });
+      return client;
+    });
+    return this.client;
+  }
+
+  /** A subscription that Redis does not confirm in time fails: the waiter then polls instead. */
+  private within<T>(promise: Promise<T>): Promise<T> {
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`Redis did not confirm the subscription within ${this.timeoutMs} ms`)), this.timeoutMs);
+    });
+    return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+  }
+}

@@ -1,0 +1,77 @@
+/**
+ * Where a lock lives in Redis. The lock itself is stored under its own key, unchanged, so
+ * `GET lock:order:42` and `PTTL lock:order:42` show the owner and the lease. Its companions (the
+ * fencing counter and the wait queue) must sit in the same Redis Cluster slot, so one script can
+ * touch them all; their names always start with a hash tag of ours that pins them there:
+ *
+ * - a key with a hash tag of its own (`lock:order:{42}`, the user's choice, left alone): the slot
+ *   is the tag's, so companions are `{42}:lock:order:{42}:fence`, ...;
+ * - a key without one and without `}` (`lock:order:42`, the usual case): the whole key decides the
+ *   slot, and `{lock:order:42}:fence` has the whole key as its tag;
+ * - a key without a hash tag that still contains `}` (a user value like `a}b`, or `{}x`): no tag
+ *   can hold it, so companions use a short stand-in tag that hashes to the same slot.
+ *
+ * Companion names start with `{`, so they never collide with lock names unless keyPrefix does.
+ */
+export interface LockKeyLayout {
+  lock: string;
+  fence: string;
+  /** Sorted set: waiting owner -> arrival (server time, µs). */
+  queue: string;
+  /** Sorted set: waiting owner -> when it loses its place unless it asks again (µs). */
+  queueDeadlines: string;
+}
+
+/**
+ * `clientPrefix` is the ioredis client's keyPrefix: ioredis prepends it to every name we send, so
+ * the slot is that of the prefixed key (a prefix must not contain braces itself).
+ */
+export function lockKeyLayout(key: string, clientPrefix = ''): LockKeyLayout {
+  const base = slotPinnedBase(clientPrefix + key);
+  return { lock: key, fence: `${base}:fence`, queue: `${base}:queue`, queueDeadlines: `${base}:queue-deadlines` };
+}
+
+function slotPinnedBase(key: string): string {
+  const tag = hashTag(key);
+  if (tag !== undefined) return `{${tag}}:${key}`;
+  if (!key.includes('}')) return `{${key}}`;
+  return `{${slotStandIn(keySlot(key))}}:${key}`;
+}
+
+/** The hash tag Redis Cluster hashes instead of the whole key, by Redis's own rule; else undefined. */
+export function hashTag(key: string): string | undefined {
+  const open = key.indexOf('{');
+  if (open < 0) return undefined;
+  const close = key.indexOf('}', open + 1);
+  return close > open + 1 ? key.slice(open + 1, close) : undefined;
+}
+
+/** The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag or of the whole key, mod 16384. */
+export function keySlot(key: string): number {
+  return crc16(Buffer.from(hashTag(key) ?? key, 'utf8')) & 0x3fff;
+}
+
+const CRC16_TABLE = Array.from({ length: 256 }, (_, byte) => {
+  let crc = byte << 8;
+  for (let bit = 0; bit < 8; bit++) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  return crc;
+});
+
+function crc16(bytes: Uint8Array): number {
+  let crc = 0;
+  for (const byte of bytes) crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ byte) & 0xff];
+  return crc;
+}
+
+const standIns = new Map<number, string>();
+
+/** A short brace-free string in `slot`: about 16 000 tries, once per slot, only for odd keys. */
+function slotStandIn(slot: number): string {
+  let found = standIns.get(slot);
+  for (let i = 0; found === undefined; i++) {
+    const candidate = `s${i.toString(36)}`;
+    if (keySlot(candidate) === slot) found = candidate;
+  }
+  standIns.set(slot, found);
+  return found;
+}

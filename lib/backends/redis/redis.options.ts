@@ -1,0 +1,126 @@
+import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from 'ioredis';
+import { InvalidLockOptionsError } from '../../lock.errors.js';
+
+/** Cluster nodes for a Cluster client the backend creates: `{ clusterNodes: [{ host, port }] }`. */
+export interface RedisClusterConnectionOptions {
+  clusterNodes: ClusterNode[];
+  clusterOptions?: ClusterOptions;
+}
+
+/**
+ * How the backend reaches Redis:
+ * - an ioredis client (`new Redis(...)`, Sentinel through `new Redis({ sentinels, name })`, or
+ *   `new Cluster(...)`): used as is and left open on shutdown, since it is yours;
+ * - a URL (`'redis://:password@host:6379/0'`, `'rediss://...'`), ioredis options
+ *   (`{ host, port }`, `{ sentinels, name }`), or `{ clusterNodes, clusterOptions }`: the backend
+ *   creates the client, with the fail-fast defaults below, and closes it on shutdown.
+ */
+export type RedisLockConnection = Redis | Cluster | string | RedisOptions | RedisClusterConnectionOptions;
+
+export interface RedisLockBackendOptions {
+  /**
+   * Longest wait for Redis to answer one lock operation before it counts as failed, in ms. Keeps a
+   * paused or unreachable Redis from hanging an acquire; the service retries within its wait.
+   * Default 2 000.
+   */
+  commandTimeout?: number;
+  /**
+   * How long a waiter keeps its place in the line of a busy lock without asking again, in ms.
+   * Waiters ask on every release and at least every `pollInterval`, so keep it well above that;
+   * a waiter that crashed holds up the others for at most this long. Default 3 000.
+   */
+  waiterTimeout?: number;
+}
+
+export type ResolvedRedisLockBackendOptions = Required<RedisLockBackendOptions>;
+
+/**
+ * For clients the backend creates: a lock request must fail quickly while Redis is down (the
+ * service retries within the caller's wait) rather than sit in ioredis's offline queue through
+ * 20 reconnections, and reconnection keeps trying, often, for as long as the app runs.
+ */
+export const CREATED_CLIENT_DEFAULTS = {
+  maxRetriesPerRequest: 1,
+  connectTimeout: 2_000,
+  retryStrategy: (attempt: number) => Math.min(attempt * 100, 1_000),
+} satisfies RedisOptions;
+
+const HOW_TO = "Pass an ioredis client (new Redis(...) or new Cluster(...)), a URL ('redis://host:6379'), ioredis options ({ host, port }) or { clusterNodes: [{ host, port }] }.";
+
+export type CheckedConnection =
+  | { kind: 'client'; client: Redis | Cluster }
+  | { kind: 'url'; url: string }
+  | { kind: 'options'; options: RedisOptions }
+  | { kind: 'cluster'; nodes: ClusterNode[]; options: ClusterOptions | undefined };
+
+/** Checks what the constructor got, with a message that says what to pass instead. */
+export function checkConnection(connection: unknown): CheckedConnection {
+  const fail = (what: string): never => {
+    throw new InvalidLockOptionsError('connection', `RedisLockBackend: ${what}. ${HOW_TO}`);
+  };
+  if (typeof connection === 'string') {
+    let url: URL | undefined;
+    try {
+      url = new URL(connection);
+    } catch {
+      fail(`'${connection}' is not a URL`);
+    }
+    if (url!.protocol !== 'redis:' && url!.protocol !== 'rediss:') fail(`the URL must start with redis:// or rediss://, got '${url!.protocol}//'`);
+    return { kind: 'url', url: connection };
+  }
+  if (typeof connection !== 'object' || connection === null || Array.isArray(connection)) {
+    return fail(`expected a connection, got ${connection === null ? 'null' : Array.isArray(connection) ? 'an array' : String(connection)}`);
+  }
+  const candidate = connection as Record<string, unknown>;
+  if (typeof candidate.evalsha === 'function' && typeof candidate.duplicate === 'function') {
+    if (candidate.status === 'end') fail('the ioredis client given is closed (quit() or disconnect() was called on it)');
+    return { kind: 'client', client: connection as Redis | Cluster };
+  }
+  if (Object.getPrototypeOf(connection) !== Object.prototype && Object.getPrototypeOf(connection) !== null) {
+    fail(`got an instance of ${(connection as object).constructor?.name ?? 'an unknown class'}, which is not an ioredis client`);
+  }
+  if ('clusterNodes' in candidate) {
+    const nodes = candidate.clusterNodes;
+    if (!Array.isArray(nodes) || nodes.length === 0) fail('clusterNodes must be a non-empty array of { host, port } or URLs');
+    if (candidate.clusterOptions !== undefined && (typeof candidate.clusterOptions !== 'object' || candidate.clusterOptions === null)) {
+      fail('clusterOptions must be an object of ioredis Cluster options');
+    }
+    return { kind: 'cluster', nodes: nodes as ClusterNode[], options: candidate.clusterOptions as ClusterOptions | undefined };
+  }
+  const { host, port, sentinels, name } = candidate;
+  if (host !== undefined && (typeof host !== 'string' || host === '')) fail(`option 'host' must be a non-empty string, got ${show(host)}`);
+  if (port !== undefined && !(Number.isInteger(port) && (port as number) > 0 && (port as number) < 65_536)) {
+    fail(`option 'port' must be an integer from 1 to 65535, got ${show(port)}`);
+  }
+  if (sentinels !== undefined) {
+    if (!Array.isArray(sentinels) || sentinels.length === 0) fail("option 'sentinels' must be a non-empty array of { host, port }");
+    if (typeof name !== 'string' || name === '') fail("Sentinel needs option 'name', the master group name (e.g. 'mymaster')");
+  }
+  return { kind: 'options', options: connection as RedisOptions };
+}
+
+export function resolveBackendOptions(options: unknown): ResolvedRedisLockBackendOptions {
+  const resolved: ResolvedRedisLockBackendOptions = { commandTimeout: 2_000, waiterTimeout: 3_000 };
+  if (options === undefined) return resolved;
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+    throw new InvalidLockOptionsError('(options)', `RedisLockBackend: options must be an object like { commandTimeout: 2000 }, got ${show(options)}.`);
+  }
+  for (const [name, value] of Object.entries(options)) {
+    if (!(name in resolved)) {
+      throw new InvalidLockOptionsError(name, `RedisLockBackend: unknown option '${name}'. Accepted options: ${Object.keys(resolved).join(', ')}.`);
+    }
+    if (value === undefined) continue;
+    if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) {
+      throw new InvalidLockOptionsError(name, `RedisLockBackend: option '${name}' must be a positive finite number of milliseconds, got ${show(value)}.`);
+    }
+    resolved[name as keyof ResolvedRedisLockBackendOptions] = value;
+  }
+  return resolved;
+}
+
+function show(value: unknown): string {
+  if (typeof value === 'string') return `'${value}'`;
+  if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'object' && value !== null) return 'an object';
+  return String(value);
+}

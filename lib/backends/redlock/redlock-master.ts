@@ -1,0 +1,87 @@
+/**
+ * What the Redlock backend needs of an ioredis client. Structural, so the published types do not
+ * import ioredis for users of the other backends; an ioredis `Redis` instance fits.
+ */
+export interface RedlockMasterClient {
+  readonly status: string;
+  readonly options: { host?: string; port?: number; path?: string | null };
+  evalsha(sha: string, numKeys: number, ...args: (string | number)[]): Promise<unknown>;
+  eval(script: string, numKeys: number, ...args: (string | number)[]): Promise<unknown>;
+  duplicate(): RedlockSubscriberClient;
+}
+
+/** The connection `duplicate()` returns, used only for SUBSCRIBE. */
+export interface RedlockSubscriberClient {
+  readonly status: string;
+  subscribe(...channels: string[]): Promise<unknown>;
+  unsubscribe(...channels: string[]): Promise<unknown>;
+  on(event: 'message', listener: (channel: string, message: string) => void): unknown;
+  on(event: 'error', listener: (error: Error) => void): unknown;
+  disconnect(): void;
+}
+
+/** ioredis states in which a command would sit in the offline queue until a reconnect. */
+const DOWN = new Set(['reconnecting', 'close', 'end']);
+
+/** A master's request failed or timed out: a vote that is neither for nor against the lock. */
+export class MasterRequestError extends Error {
+  constructor(
+    readonly master: string,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(`master ${master}: ${message}`, options);
+    this.name = 'MasterRequestError';
+  }
+}
+
+/**
+ * One master as the redlock package sees it (it only calls `evalsha` and `eval`). The package
+ * waits for every vote without a timeout, and ioredis queues commands for a dead master until it
+ * gives up (seconds); here every request gets `timeoutMs`, and a master known to be down fails at
+ * once, so a lost master costs an attempt one timeout at most, never a hang.
+ *
+ * Scripts in `patient` (release; by hash and by text) are queued even while the master is down: ioredis resends an
+ * unanswered acquire after reconnecting, and a release queued behind it then still removes it.
+ */
+export class RedlockMaster {
+  constructor(
+    readonly client: RedlockMasterClient,
+    readonly name: string,
+    private readonly timeoutMs: number,
+    private readonly patient: ReadonlySet<string>,
+  ) {}
+
+  get up(): boolean {
+    return !DOWN.has(this.client.status);
+  }
+
+  evalsha(sha: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
+    return this.request(this.patient.has(sha), () => this.client.evalsha(sha, numKeys, ...args));
+  }
+
+  eval(script: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
+    return this.request(this.patient.has(script), () => this.client.eval(script, numKeys, ...args));
+  }
+
+  private request(patient: boolean, send: () => Promise<unknown>): Promise<unknown> {
+    if (!patient && !this.up) {
+      return Promise.reject(new MasterRequestError(this.name, `not connected (${this.client.status})`));
+    }
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new MasterRequestError(this.name, `no answer within ${this.timeoutMs} ms`)), this.timeoutMs);
+      // A request to a dead master must not keep a finished process alive.
+      timer.unref();
+      send().then(
+        (value) => {
+          clearTimeout(timer);
+          resolve(value);
+        },
+        (error: unknown) => {
+          clearTimeout(timer);
+          reject(error instanceof Error && error.message.startsWith('NOSCRIPT') ? error : new MasterRequestError(this.name, String(error instanceof Error ? error.message : error), { cause: error }));
+        },
+      );
+    });
+  }
+}

@@ -1,0 +1,121 @@
+import type { RedlockMaster, RedlockSubscriberClient } from './redlock-master.js';
+
+/**
+ * Release notifications from every master, for every waiter of one backend: one subscriber
+ * connection per master, one SUBSCRIBE per watched key (counted, unsubscribed when its last
+ * waiter leaves).
+ *
+ * A release deletes the key on at least a quorum of masters and publishes on each of them, and a
+ * watch counts as live once a quorum of masters confirmed its subscription: two quorums share a
+ * master, so at least one copy of the message reaches us. The other copies carry the same owner
+ * token and are dropped, so a release wakes a waiter once, not once per master.
+ */
+export class RedlockReleaseSubscriber {
+  private readonly connections: (RedlockSubscriberClient | undefined)[];
+  private readonly channels = new Map<string, Channel>();
+  private closed = false;
+
+  constructor(
+    private readonly masters: readonly RedlockMaster[],
+    private readonly quorum: number,
+    private readonly timeoutMs: number,
+  ) {
+    this.connections = masters.map(() => undefined);
+  }
+
+  /** Resolves when a quorum of masters confirmed, or after the timeout (the waiter then polls). */
+  async watch(channelNames: readonly string[], onRelease: () => void): Promise<() => void> {
+    if (this.closed) return () => undefined;
+    const watched = channelNames.map((name) => this.join(name, onRelease));
+    let stopped = false;
+    const stop = () => {
+      if (stopped) return;
+      stopped = true;
+      for (const channel of watched) this.leave(channel, onRelease);
+    };
+    await this.confirmed(watched);
+    return stop;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.channels.clear();
+    for (const connection of this.connections) connection?.disconnect();
+    this.connections.fill(undefined);
+  }
+
+  private join(name: string, onRelease: () => void): Channel {
+    let channel = this.channels.get(name);
+    if (!channel) {
+      channel = {
+        name,
+        listeners: new Set(),
+        lastOwner: undefined,
+        subscribed: this.masters.map((_, i) =>
+          this.connection(i)
+            .subscribe(name)
+            .then(() => true, () => false),
+        ),
+      };
+      this.channels.set(name, channel);
+    }
+    channel.listeners.add(onRelease);
+    return channel;
+  }
+
+  private leave(channel: Channel, onRelease: () => void): void {
+    channel.listeners.delete(onRelease);
+    if (channel.listeners.size > 0 || this.channels.get(channel.name) !== channel) return;
+    this.channels.delete(channel.name);
+    for (const connection of this.connections) connection?.unsubscribe(channel.name).catch(() => undefined);
+  }
+
+  private confirmed(watched: readonly Channel[]): Promise<void> {
+    return new Promise((resolve) => {
+      let yes = 0;
+      let settled = 0;
+      const done = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      const timer = setTimeout(done, this.timeoutMs);
+      timer.unref();
+      this.masters.forEach((_, i) => {
+        void Promise.all(watched.map((channel) => channel.subscribed[i])).then((results) => {
+          settled++;
+          if (results.every(Boolean)) yes++;
+          if (yes >= this.quorum || settled === this.masters.length) done();
+        });
+      });
+    });
+  }
+
+  private connection(i: number): RedlockSubscriberClient {
+    let connection = this.connections[i];
+    if (!connection) {
+      connection = this.masters[i].client.duplicate();
+      // Its errors show up as failed subscriptions and as polling; ioredis reconnects and
+      // resubscribes by itself.
+      connection.on('error', () => undefined);
+      connection.on('message', (name, owner) => this.dispatch(name, owner));
+      this.connections[i] = connection;
+    }
+    return connection;
+  }
+
+  private dispatch(name: string, owner: string): void {
+    const channel = this.channels.get(name);
+    if (!channel || channel.lastOwner === owner) return;
+    channel.lastOwner = owner;
+    for (const onRelease of [...channel.listeners]) onRelease();
+  }
+}
+
+interface Channel {
+  name: string;
+  listeners: Set<() => void>;
+  /** Owner token of the last release announced here: the same release arrives once per master. */
+  lastOwner: string | undefined;
+  /** Per master: whether SUBSCRIBE was confirmed. */
+  subscribed: Promise<boolean>[];
+}

@@ -1,0 +1,98 @@
+import { createRequire } from 'node:module';
+import { InvalidLockOptionsError } from '../../lock.errors.js';
+import type { RedlockMaster, RedlockMasterClient } from './redlock-master.js';
+
+/** The part of redlock 5.0.0-beta.2 this backend drives. */
+export interface QuorumStats {
+  readonly membershipSize: number;
+  readonly quorumSize: number;
+  readonly votesFor: Set<RedlockMaster>;
+  readonly votesAgainst: Map<RedlockMaster, Error>;
+}
+
+export interface QuorumRound {
+  vote: 'for' | 'against';
+  /** Resolves once every master has voted (each bounded by the master's timeout). */
+  stats: Promise<QuorumStats>;
+}
+
+export interface LoadedScript {
+  readonly value: string;
+  readonly hash: string;
+}
+
+/**
+ * One Redlock instance. `_attemptOperation` is the package's quorum round: the script goes to
+ * every master in parallel, and the promise settles as soon as a quorum voted one way. It is
+ * private in the typings but stable in the exactly pinned version; everything around it (retries,
+ * expiry arithmetic, extension, errors) is ours, because that is where 5.0.0-beta.2 goes wrong.
+ */
+export interface RedlockQuorum {
+  readonly scripts: { acquireScript: LoadedScript; extendScript: LoadedScript; releaseScript: LoadedScript };
+  on(event: 'error', listener: (error: Error) => void): unknown;
+  _attemptOperation(script: LoadedScript, keys: readonly string[], args: readonly (string | number)[]): Promise<QuorumRound>;
+}
+
+interface RedlockPackage {
+  default: new (
+    clients: Iterable<RedlockMaster>,
+    settings: { retryCount: number },
+    scripts: { acquireScript?: string; releaseScript?: string },
+  ) => RedlockQuorum;
+  ResourceLockedError: new (message: string) => Error;
+}
+
+let loaded: RedlockPackage | undefined;
+
+/**
+ * Loads `redlock` on first use, synchronously (its CommonJS build), so `lib/index.ts` does not
+ * make users of the other backends install it, and a missing or different version fails at
+ * construction with a message that says what to install.
+ */
+export function loadRedlock(): RedlockPackage {
+  if (loaded) return loaded;
+  const require = createRequire(import.meta.url);
+  let pkg: RedlockPackage;
+  try {
+    pkg = require('redlock') as RedlockPackage;
+  } catch (error) {
+    throw new InvalidLockOptionsError(
+      'redlock',
+      `RedlockLockBackend needs the 'redlock' package: npm install redlock@5.0.0-beta.2 ioredis (${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+  const quorumRound = (pkg.default?.prototype as Partial<RedlockQuorum> | undefined)?._attemptOperation;
+  if (typeof quorumRound !== 'function' || typeof pkg.ResourceLockedError !== 'function') {
+    throw new InvalidLockOptionsError(
+      'redlock',
+      `RedlockLockBackend is built on redlock 5.0.0-beta.2 and found a version without its quorum primitive. ` +
+        `Install the pinned version: npm install redlock@5.0.0-beta.2.`,
+    );
+  }
+  loaded = pkg;
+  return pkg;
+}
+
+/** A client the backend opened from a URL, and therefore closes. */
+export interface OwnedClient extends RedlockMasterClient {
+  quit(): Promise<unknown>;
+  disconnect(): void;
+}
+
+/** Opens an ioredis client for a URL, lazily connected; ioredis is loaded on first use only. */
+export function openClient(url: string): OwnedClient {
+  const require = createRequire(import.meta.url);
+  let ioredis: { Redis: new (url: string, options: object) => OwnedClient };
+  try {
+    ioredis = require('ioredis') as typeof ioredis;
+  } catch (error) {
+    throw new InvalidLockOptionsError(
+      'clients',
+      `RedlockLockBackend needs the 'ioredis' package to connect to ${url}: npm install ioredis (${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+  const client = new ioredis.Redis(url, { lazyConnect: true });
+  // Failures surface as failed votes and RedlockQuorumError; ioredis would also log each one.
+  (client as unknown as { on(event: 'error', listener: () => void): void }).on('error', () => undefined);
+  return client;
+}

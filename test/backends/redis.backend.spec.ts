@@ -1,0 +1,314 @@
+import 'reflect-metadata';
+import { afterAll, afterEach, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Logger, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
+import { DistributedLockModule, InvalidLockKeyError, InvalidLockOptionsError, LockBackendError, LockLostError, LockService } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { activeTimers, until } from '../support/wait.js';
+
+let server: RedisServer;
+let admin: Redis;
+const closing: { close(): Promise<void> }[] = [];
+
+beforeAll(async () => {
+  server = await RedisServer.start();
+  admin = new Redis(server.port, '127.0.0.1');
+});
+afterEach(async () => {
+  await Promise.all(closing.splice(0).map((c) => c.close()));
+  await admin.flushall();
+});
+afterAll(async () => {
+  admin.disconnect();
+  await server.stop();
+});
+
+function backend(...args: Partial<ConstructorParameters<typeof RedisLockBackend>>): RedisLockBackend {
+  const created = new RedisLockBackend(args[0] ?? server.url, args[1]);
+  closing.push(created);
+  return created;
+}
+
+function service(b = backend(), options: ConstructorParameters<typeof LockService>[1] = {}): LockService {
+  const created = new LockService(b, options);
+  closing.push({ close: () => created.onApplicationShutdown() });
+  return created;
+}
+
+/** The commands a client sends (its round trips) while `work` runs. */
+async function commandsDuring(client: Redis, work: () => Promise<unknown>): Promise<Record<string, number>> {
+  const sent: Record<string, number> = {};
+  const send = client.sendCommand.bind(client);
+  const spy = jest.spyOn(client, 'sendCommand').mockImplementation((command, stream) => {
+    sent[command.name] = (sent[command.name] ?? 0) + 1;
+    return send(command, stream);
+  });
+  try {
+    await work();
+  } finally {
+    spy.mockRestore();
+  }
+  return sent;
+}
+
+async function clientCount(): Promise<number> {
+  return ((await admin.client('LIST')) as string).trim().split('\n').length;
+}
+
+describe('RedisLockBackend', () => {
+  describe('construction', () => {
+    it.each([
+      ['nothing', undefined, /expected a connection, got undefined/],
+      ['null', null, /expected a connection, got null/],
+      ['a number', 6379, /expected a connection, got 6379/],
+      ['an array', ['redis://x'], /got an array/],
+      ['a string that is no URL', 'localhost:6379', /is not a URL|must start with redis:\/\//],
+      ['an http URL', 'http://localhost:6379', /must start with redis:\/\/ or rediss:\/\/, got 'http:\/\/'/],
+      ['a port out of range', { port: 70_000 }, /option 'port' must be an integer from 1 to 65535, got 70000/],
+      ['an empty host', { host: '' }, /option 'host' must be a non-empty string/],
+      ['Sentinel without a master name', { sentinels: [{ host: 'h', port: 26379 }] }, /Sentinel needs option 'name'/],
+      ['empty cluster nodes', { clusterNodes: [] }, /clusterNodes must be a non-empty array/],
+      ['some other class', new Map(), /instance of Map, which is not an ioredis client/],
+    ])('refuses %s with a message that says what to pass', (_what, connection, message) => {
+      const timers = activeTimers();
+      const error = (() => {
+        try {
+          new RedisLockBackend(connection as never);
+        } catch (e) {
+          return e;
+        }
+      })();
+      expect(error).toBeInstanceOf(InvalidLockOptionsError);
+      expect((error as Error).message).toMatch(message);
+      expect((error as Error).message).toMatch(/Pass an ioredis client \(new Redis\(\.\.\.\) or new Cluster\(\.\.\.\)\), a URL/);
+      expect(activeTimers()).toBeLessThanOrEqual(timers);
+    });
+
+    it('refuses a closed client and bad backend options', async () => {
+      const client = new Redis(server.port, '127.0.0.1', { lazyConnect: true });
+      client.disconnect();
+      expect(() => new RedisLockBackend(client)).toThrow(/the ioredis client given is closed/);
+      expect(() => new RedisLockBackend(server.url, { commandTimeout: 0 })).toThrow(/option 'commandTimeout' must be a positive finite number of milliseconds, got 0/);
+      expect(() => new RedisLockBackend(server.url, { waitTimeout: 5 } as never)).toThrow(/unknown option 'waitTimeout'. Accepted options: commandTimeout, waiterTimeout/);
+    });
+
+    it('leaves a client you passed open, and closes the ones it created', async () => {
+      const yours = new Redis(server.port, '127.0.0.1');
+      const locks = new LockService(new RedisLockBackend(yours));
+      const handle = await locks.acquire('mine');
+      await locks.onApplicationShutdown();
+      // Shutdown released the lock, closed the backend's subscriber, and left your client alone.
+      expect(await yours.exists('mine')).toBe(0);
+      expect(yours.status).toBe('ready');
+      expect(handle.isHeld).toBe(false);
+      yours.disconnect();
+
+      await until(async () => (await clientCount()) === 1, 5_000, 'only the admin connection');
+      const created = new LockService(new RedisLockBackend(server.url));
+      await created.acquire('ours', { wait: 0 }).then((h) => h.release());
+      expect(await clientCount()).toBe(2);
+      await created.onApplicationShutdown();
+      await until(async () => (await clientCount()) === 1, 5_000, 'the created client to disconnect');
+    });
+
+    it('works through DistributedLockModule.forRootAsync with a client from a factory', async () => {
+      const client = new Redis(server.port, '127.0.0.1');
+      @Module({
+        imports: [DistributedLockModule.forRootAsync({ useFactory: () => ({ backend: new RedisLockBackend(client), keyPrefix: 'app:' }) })],
+      })
+      class AppModule {}
+      const app = await Test.createTestingModule({ imports: [AppModule] }).compile();
+      await app.init();
+      const locks = app.get(LockService);
+      await locks.using('job', async (lock) => {
+        expect(await client.get('app:job')).toBeTruthy();
+        expect(lock.fencingToken).toBeGreaterThan(0);
+      });
+      await app.close();
+      expect(client.status).toBe('ready');
+      client.disconnect();
+    });
+  });
+
+  describe('one round trip per operation', () => {
+    it('acquire, extend, release and inspect are one script call each, EVALSHA once loaded', async () => {
+      const client = new Redis(server.port, '127.0.0.1');
+      const b = backend(client);
+      await b.tryAcquire(['warm'], 'w', 1_000); // loads the script
+      await b.release(['warm'], 'w');
+      await b.extend(['warm'], 'w', 1_000);
+      await b.inspect('warm');
+      expect(await commandsDuring(client, () => b.tryAcquire(['a', 'b'], 'o', 5_000))).toEqual({ evalsha: 1 });
+      expect(await commandsDuring(client, () => b.extend(['a', 'b'], 'o', 5_000))).toEqual({ evalsha: 1 });
+      expect(await commandsDuring(client, () => b.inspect('a'))).toEqual({ evalsha: 1 });
+      expect(await commandsDuring(client, () => b.release(['a', 'b'], 'o'))).toEqual({ evalsha: 1 });
+      expect(await commandsDuring(client, () => b.tryAcquire(['a'], 'o2', 5_000).then(() => b.tryAcquire(['a'], 'o3', 5_000)))).toEqual({ evalsha: 2 });
+      client.disconnect();
+    });
+
+    it('reloads its scripts after Redis forgot them (NOSCRIPT)', async () => {
+      const b = backend();
+      expect((await b.tryAcquire(['k'], 'o', 5_000)).acquired).toBe(true);
+      await admin.script('FLUSH');
+      expect(await b.release(['k'], 'o')).toBe(true);
+      expect((await b.tryAcquire(['k'], 'o2', 5_000)).acquired).toBe(true);
+    });
+  });
+
+  describe('fencing tokens', () => {
+    it('a multi-key token is greater than every earlier token of each key', async () => {
+      const b = backend();
+      const tokenOf = async (keys: string[]) => {
+        const result = await b.tryAcquire(keys, 'o', 5_000);
+        await b.release(keys, 'o');
+        return result.acquired ? result.fencingToken! : Number.NaN;
+      };
+      const a1 = await tokenOf(['a']);
+      let b1 = 0;
+      for (let i = 0; i < 5; i++) b1 = await tokenOf(['b']);
+      const both = await tokenOf(['a', 'b']);
+      expect(both).toBeGreaterThan(a1);
+      expect(both).toBeGreaterThan(b1);
+      expect(await tokenOf(['a'])).toBeGreaterThan(both);
+      expect(Number.isSafeInteger(both)).toBe(true);
+    });
+
+    it('stays ahead of a counter that is ahead of the clock', async () => {
+      const b = backend();
+      const far = 9_000_000_000_000_000; // above today's clock in µs, still a safe integer
+      await admin.set('{k}:fence', String(far));
+      const result = await b.tryAcquire(['k'], 'o', 5_000);
+      expect(result).toEqual({ acquired: true, fencingToken: far + 1 });
+      expect(await b.inspect('k')).toMatchObject({ owner: 'o', fencingToken: far + 1 });
+    });
+  });
+
+  describe('keys on Redis Cluster', () => {
+    const fakeCluster = () => {
+      const evalsha = jest.fn(async () => [1, 1]);
+      return { client: { isCluster: true, status: 'ready', options: {}, evalsha, duplicate: () => undefined }, evalsha };
+    };
+
+    it('refuses keys in different slots with a message that says how to fix it, without waiting', async () => {
+      const { client, evalsha } = fakeCluster();
+      const locks = new LockService(new RedisLockBackend(client as never), { wait: 60_000 });
+      const error = await locks.acquire(['order:1', 'order:2']).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(InvalidLockKeyError);
+      expect((error as Error).message).toMatch(/'lock:order:1' and 'lock:order:2' are in different slots/);
+      expect((error as Error).message).toMatch(/common hash tag, e\.g\. 'order:\{42\}:payment'/);
+      expect(evalsha).not.toHaveBeenCalled();
+    });
+
+    it('locks keys that share a hash tag together in one script', async () => {
+      const { client, evalsha } = fakeCluster();
+      const locks = new LockService(new RedisLockBackend(client as never));
+      await locks.acquire(['order:{42}:payment', 'order:{42}:stock'], { autoExtend: false });
+      expect(evalsha).toHaveBeenCalledTimes(1);
+    });
+  });
+
+  describe('wake-ups', () => {
+    async function subscriptions(): Promise<{ channels: string[]; subscribers: number }> {
+      const channels = (await admin.pubsub('CHANNELS')) as string[];
+      const clients = ((await admin.client('LIST')) as string).split('\n').filter((line) => /sub=[1-9]/.test(line));
+      return { channels: channels.sort(), subscribers: clients.length };
+    }
+
+    it('watch resolves once the subscription is active, and the release script publishes', async () => {
+      const [watcher, holder] = [backend(), backend()];
+      expect((await holder.tryAcquire(['w'], 'h', 5_000)).acquired).toBe(true);
+      let woken = 0;
+      const stop = await watcher.watch(['w'], () => woken++);
+      expect(await subscriptions()).toEqual({ channels: ['w'], subscribers: 1 });
+      await holder.release(['w'], 'h');
+      await until(() => woken === 1, 5_000, 'the release message');
+      stop();
+      await until(async () => (await subscriptions()).channels.length === 0, 5_000, 'the unsubscribe');
+    });
+
+    it('shares one subscriber connection and one subscription per key between all waiters', async () => {
+      const [holder, waiting] = [service(), service()];
+      const held = await Promise.all(['k1', 'k2', 'k3'].map((key) => holder.acquire(key)));
+      const waiters = Array.from({ length: 12 }, (_, i) => waiting.using(`k${(i % 3) + 1}`, () => undefined, { wait: 20_000 }));
+      // Within one process only the head of each key's local line talks to Redis.
+      await until(async () => (await subscriptions()).channels.length === 3, 5_000, 'three subscriptions');
+      expect(await subscriptions()).toEqual({ channels: ['lock:k1', 'lock:k2', 'lock:k3'], subscribers: 1 });
+      await Promise.all(held.map((h) => h.release()));
+      await Promise.all(waiters);
+      await until(async () => (await subscriptions()).channels.length === 0, 5_000, 'every channel to be unsubscribed');
+    });
+
+    it('serves processes in arrival order: one that releases and re-acquires at once does not starve another', async () => {
+      const [busy, other] = [service(), service()];
+      const order: string[] = [];
+      const first = await busy.acquire('hot');
+      // The busy process has callers of its own: five, three sections each. They all ask Redis
+      // once, then line up locally; every section ends with the caller asking again at once.
+      const busyCallers = Array.from({ length: 5 }, () =>
+        (async () => {
+          for (let i = 0; i < 3; i++) await busy.using('hot', async () => void order.push('busy'), { wait: 20_000 });
+        })(),
+      );
+      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 5, 5_000, 'the busy callers to queue');
+      const otherCaller = other.using('hot', async () => void order.push('other'), { wait: 20_000 });
+      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 6, 5_000, 'the other process to queue');
+      await first.release();
+      await Promise.all([...busyCallers, otherCaller]);
+      // In arrival order: the five busy callers that came first, then the other process. Without a
+      // line in Redis the busy process's next caller always wins (its acquire goes out right
+      // behind its release), and the other process comes last, after all 15 sections.
+      expect(order.indexOf('other')).toBe(5);
+      expect(order).toHaveLength(16);
+    });
+
+    it('a waiter that gives up leaves the line at once', async () => {
+      const [holder, quitter, next] = [service(), service(), service()];
+      const held = await holder.acquire('line');
+      await expect(quitter.acquire('line', { wait: 100 })).rejects.toThrow(/not acquired/);
+      await until(async () => (await admin.zcard('{lock:line}:queue')) === 0, 5_000, 'the quitter to leave the line');
+      await held.release();
+      // With the quitter still first in line this would wait for its waiterTimeout.
+      const handle = await next.acquire('line', { wait: 0 });
+      expect(handle.isHeld).toBe(true);
+    });
+  });
+
+  describe('watchdog', () => {
+    it('fires the signal with LockLostError and logs through Nest Logger when the key is gone', async () => {
+      const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+      try {
+        const locks = service();
+        const handle = await locks.acquire('vanish', { ttl: 600 });
+        await admin.del('lock:vanish');
+        const reason = await new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
+        expect(reason).toBeInstanceOf(LockLostError);
+        expect((reason as LockLostError).reason).toBe('taken');
+        expect(warn).toHaveBeenCalledWith(expect.stringMatching(/Lock lost on lock:vanish: the backend no longer has this owner/));
+      } finally {
+        warn.mockRestore();
+      }
+    });
+  });
+
+  describe('failures', () => {
+    it('reports an unreachable Redis as LockBackendError within the wait, saying why', async () => {
+      const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+      try {
+        const dead = await RedisServer.start();
+        const port = dead.port;
+        await dead.stop();
+        const locks = service(backend(`redis://127.0.0.1:${port}`));
+        const started = Date.now();
+        const error = await locks.acquire('k', { wait: 500 }).catch((e: unknown) => e);
+        expect(error).toBeInstanceOf(LockBackendError);
+        expect((error as Error).message).toMatch(/Lock backend 'redis' failed: acquire of lock:k failed: .*ECONNREFUSED/);
+        expect(Date.now() - started).toBeLessThan(5_000);
+        expect(warn).toHaveBeenCalledWith(expect.stringMatching(/Redis connection failed: .*ECONNREFUSED/));
+      } finally {
+        warn.mockRestore();
+      }
+    });
+  });
+});

@@ -1,0 +1,178 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import { Redis } from 'ioredis';
+import { execFile, fork, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { resolve } from 'node:path';
+import { promisify } from 'node:util';
+import { LockBackendError, LockLostError, LockService, RedisLockBackend } from '../../lib/index.js';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { fencedWrite } from '../fixtures/fenced-store.mjs';
+import { RedisServer } from '../support/redis-server.js';
+import { until } from '../support/wait.js';
+
+const fixtures = resolve(import.meta.dirname, '../fixtures');
+const write = fencedWrite as (redis: Redis, key: string, token: number, value: string) => Promise<boolean>;
+
+interface HolderMessage {
+  type: 'acquired' | 'lost' | 'wrote' | 'released';
+  token?: number;
+  reason?: string;
+  name?: string;
+  accepted?: boolean;
+  aborted?: boolean;
+}
+
+/** A child process holding `key`, and the messages it sent so far. */
+class Holder {
+  readonly messages: HolderMessage[] = [];
+  private constructor(readonly child: ChildProcess) {
+    child.on('message', (message: HolderMessage) => this.messages.push(message));
+  }
+
+  static async start(url: string, key: string, ttl: number): Promise<Holder> {
+    const holder = new Holder(fork(resolve(fixtures, 'redis-lock-holder.mjs'), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }));
+    await holder.next('acquired');
+    return holder;
+  }
+
+  next(type: HolderMessage['type']): Promise<HolderMessage> {
+    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(
+      () => this.messages.find((m) => m.type === type)!,
+    );
+  }
+
+  async kill(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    const exited = once(this.child, 'exit');
+    this.child.kill('SIGKILL');
+    await exited;
+  }
+}
+
+describe('Redis backend under faults, with real processes', () => {
+  let server: RedisServer;
+  let admin: Redis;
+  const cleanup: (() => Promise<unknown> | unknown)[] = [];
+
+  beforeAll(async () => {
+    server = await RedisServer.start();
+    admin = new Redis(server.port, '127.0.0.1');
+  });
+  afterEach(async () => {
+    for (const step of cleanup.splice(0).reverse()) await step();
+  });
+  afterAll(async () => {
+    admin.disconnect();
+    await server.stop();
+  });
+
+  function service(connection: ConstructorParameters<typeof RedisLockBackend>[0] = server.url): LockService {
+    const locks = new LockService(new RedisLockBackend(connection), { keyPrefix: 'fault:' });
+    cleanup.push(() => locks.onApplicationShutdown());
+    return locks;
+  }
+
+  it('a: another process acquires within the ttl after the holder is SIGKILLed', async () => {
+    const ttl = 1_500;
+    const holder = await Holder.start(server.url, 'killed', ttl);
+    cleanup.push(() => holder.kill());
+    const locks = service();
+    expect(await locks.tryAcquire('killed')).toBeUndefined();
+    await holder.kill();
+    const killedAt = Date.now();
+    const handle = await locks.acquire('killed', { wait: 10_000 });
+    // The waiter retries when the holder's lease is due to end (Redis told it the PTTL).
+    expect(Date.now() - killedAt).toBeLessThan(ttl + 1_500);
+    expect(handle.fencingToken).toBeGreaterThan((await holder.next('acquired')).token!);
+  });
+
+  it('b: a holder paused past its ttl loses: its signal fires, the next holder has a larger token, its late write is rejected', async () => {
+    const holder = await Holder.start(server.url, 'paused', 1_000);
+    cleanup.push(() => holder.kill());
+    const stale = (await holder.next('acquired')).token!;
+    holder.child.kill('SIGSTOP'); // the seeds' GC pause: the process does nothing, not even extend
+    cleanup.push(() => holder.child.kill('SIGCONT'));
+
+    const locks = service();
+    const handle = await locks.acquire('paused', { wait: 10_000 });
+    expect(handle.fencingToken).toBeGreaterThan(stale);
+    expect(await write(admin, 'fault:store', handle.fencingToken!, 'new holder')).toBe(true);
+
+    holder.child.kill('SIGCONT');
+    const lost = await holder.next('lost');
+    expect(lost).toMatchObject({ name: 'LockLostError' });
+    expect(['expired', 'taken']).toContain(lost.reason);
+    holder.child.send({ type: 'write' });
+    expect(await holder.next('wrote')).toMatchObject({ accepted: false, aborted: true });
+    expect(await admin.hget('fault:store', 'value')).toBe('new holder');
+    // Its lost lease was released by compare-and-delete: the new holder's lock is untouched.
+    expect((await locks.inspect('paused'))?.heldHere).toBe(true);
+    holder.child.send({ type: 'release' });
+    await holder.next('released');
+    expect(handle.isHeld).toBe(true);
+  });
+
+  it('c: while redis-server is down, acquire fails with LockBackendError within its wait; after a restart it works again', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    cleanup.push(() => warn.mockRestore());
+    const locks = service();
+    const yours = new Redis(server.port, '127.0.0.1'); // a client with ioredis defaults: retries 20 times
+    cleanup.push(() => yours.disconnect());
+    const theirs = service(yours);
+    const before = await locks.acquire('restart', { autoExtend: false });
+    const beforeToken = before.fencingToken!;
+    await before.release();
+    await theirs.acquire('restart-2').then((h) => h.release());
+
+    await server.kill();
+    for (const [who, s] of [['created client', locks], ['your client', theirs]] as const) {
+      const started = Date.now();
+      const error = await s.acquire('restart', { wait: 1_000 }).catch((e: unknown) => e);
+      expect([who, error]).toEqual([who, expect.any(LockBackendError)]);
+      expect((error as Error).message).toMatch(/acquire of fault:restart failed/);
+      // Never hangs: at most one commandTimeout (2 s) past the wait.
+      expect(Date.now() - started).toBeLessThan(6_000);
+    }
+
+    await server.restart(); // same port, empty, scripts forgotten
+    const after = await locks.acquire('restart', { wait: 10_000 });
+    // Tokens come from the server clock: still increasing after a restart without persistence.
+    expect(after.fencingToken).toBeGreaterThan(beforeToken);
+    await after.release();
+    const yoursAfter = await theirs.acquire('restart', { wait: 10_000 });
+    expect(yoursAfter.isHeld).toBe(true);
+  });
+
+  it('c: a holder whose Redis stops answering loses its lock with a backend-error reason when the lease runs out', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    cleanup.push(() => warn.mockRestore());
+    const locks = service();
+    const handle = await locks.acquire('frozen', { ttl: 900 });
+    server.pause();
+    cleanup.push(() => server.resume());
+    const reason = await new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
+    expect(reason).toBeInstanceOf(LockLostError);
+    expect((reason as LockLostError).reason).toBe('backend-error');
+    expect(warn).toHaveBeenCalledWith(expect.stringMatching(/Lock lost on fault:frozen: the backend could not be reached/));
+    const started = Date.now();
+    const error = await locks.acquire('other', { wait: 500 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toMatch(/did not answer within 2000 ms/);
+    expect(Date.now() - started).toBeLessThan(6_000);
+    server.resume();
+  });
+
+  it('d: an app whose Redis is unreachable at start-up fails with a clear error and exits', async () => {
+    const dead = await RedisServer.start();
+    const url = dead.url;
+    await dead.stop();
+    const started = Date.now();
+    const { stdout } = await promisify(execFile)(process.execPath, [resolve(fixtures, 'redis-app-startup.mjs'), url], { timeout: 20_000 });
+    const result = JSON.parse(stdout.trim().split('\n').pop()!) as { name: string; message: string };
+    expect(result.name).toBe('LockBackendError');
+    expect(result.message).toMatch(/Lock backend 'redis' failed: acquire of lock:job failed: .*ECONNREFUSED/);
+    // Exits on its own once the app is closed: no reconnect timer keeps it alive.
+    expect(Date.now() - started).toBeLessThan(15_000);
+  });
+});

@@ -1,0 +1,49 @@
+import { describe, expect, it } from '@jest/globals';
+import { hashTag, keySlot, lockKeyLayout } from '../../lib/backends/redis/redis.keys.js';
+
+describe('Redis key layout', () => {
+  it('computes slots as Redis does', () => {
+    // Values from CLUSTER KEYSLOT on a real Redis.
+    expect(keySlot('foo')).toBe(12182);
+    expect(keySlot('{user1000}.following')).toBe(keySlot('user1000'));
+    expect(keySlot('foo{}{bar}')).toBe(keySlot('foo{}{bar}')); // empty first tag: whole key
+    expect(hashTag('foo{}{bar}')).toBeUndefined();
+    expect(hashTag('foo{{bar}}zap')).toBe('{bar');
+    expect(hashTag('foo{bar}{zap}')).toBe('bar');
+    expect(keySlot('123456789')).toBe(0x31c3 & 0x3fff);
+  });
+
+  it('keeps the lock under its own name, and the user hash tag decides its slot', () => {
+    const layout = lockKeyLayout('lock:order:{42}:payment');
+    expect(layout.lock).toBe('lock:order:{42}:payment');
+    expect(keySlot(layout.fence)).toBe(keySlot('42'));
+    expect(lockKeyLayout('lock:order:42').fence).toBe('{lock:order:42}:fence');
+  });
+
+  it('puts companions in the lock slot whatever braces a user value brings', () => {
+    const alphabet = ['{', '}', 'a', 'b', ':', '{}', '}{', 'é', '🔒'];
+    let seed = 7;
+    const random = () => (seed = (seed * 48271) % 2147483647) / 2147483647;
+    const keys = ['}', '{', '{}', '}{', 'a}b', '{}x', 'x{', '{a', 'a{}}', 'lock:{}', 'lock:}{x}'];
+    for (let i = 0; i < 500; i++) {
+      keys.push('lock:' + Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''));
+    }
+    for (const key of keys) {
+      const { lock, fence, queue, queueDeadlines } = lockKeyLayout(key);
+      expect(lock).toBe(key);
+      for (const companion of [fence, queue, queueDeadlines]) {
+        expect([key, companion, keySlot(companion)]).toEqual([key, companion, keySlot(key)]);
+        expect(companion.startsWith('{')).toBe(true);
+      }
+    }
+    // Distinct keys never share companions.
+    const fences = keys.map((key) => lockKeyLayout(key).fence);
+    expect(new Set(fences).size).toBe(new Set(keys).size);
+  });
+
+  it('accounts for the client key prefix that ioredis adds', () => {
+    const layout = lockKeyLayout('order:42', 'app:');
+    expect(layout.lock).toBe('order:42');
+    expect(keySlot('app:' + layout.fence)).toBe(keySlot('app:order:42'));
+  });
+});
