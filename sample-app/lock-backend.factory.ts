@@ -1,11 +1,11 @@
-import * as lockLibrary from 'nest-distributed-lock';
-import type { DistributedLockModuleOptions, LockBackend } from 'nest-distributed-lock';
+import { RedisLockBackend, RedlockLockBackend, type DistributedLockModuleOptions, type LockBackend } from 'nest-distributed-lock';
 import type { ShopConfig } from './shop.config.js';
 
 /**
  * The lock backend comes from the environment: REDLOCK_URLS, else REDIS_URL, else in-process.
  * The in-process backend is right for one process only; every instance of a shop that runs
- * several must point at the same Redis.
+ * several must point at the same Redis (or the same Redlock masters). Backends built from URLs
+ * own their connections: the lock module closes them on shutdown, after releasing held locks.
  */
 export function lockModuleOptions(config: ShopConfig): DistributedLockModuleOptions {
   return {
@@ -16,28 +16,8 @@ export function lockModuleOptions(config: ShopConfig): DistributedLockModuleOpti
 }
 
 function lockBackend(config: ShopConfig): LockBackend | undefined {
-  if (config.redlockUrls) {
-    return construct('RedlockBackend', 'REDLOCK_URLS', config.redlockUrls);
-  }
-  if (config.redisUrl) {
-    return construct('RedisLockBackend', 'REDIS_URL', config.redisUrl);
-  }
+  // Redlock hands out no fencing tokens: the locked purchase then writes without the fence.
+  if (config.redlockUrls) return new RedlockLockBackend(config.redlockUrls);
+  if (config.redisUrl) return new RedisLockBackend(config.redisUrl);
   return undefined;
-}
-
-type BackendClass = new (arg: unknown) => LockBackend;
-
-/**
- * Looked up by name on the package entry, so the shop builds against a version of the library
- * that does not export this backend yet, and says so plainly when it is asked for.
- */
-function construct(exportName: string, variable: string, arg: unknown): LockBackend {
-  const Backend = (lockLibrary as unknown as Record<string, BackendClass | undefined>)[exportName];
-  if (typeof Backend !== 'function') {
-    throw new Error(
-      `${variable} is set, but this build of nest-distributed-lock has no ${exportName} yet. ` +
-        `Unset ${variable} to use in-process locks (one process only).`,
-    );
-  }
-  return new Backend(arg);
 }

@@ -7,8 +7,14 @@ import { configFromEnv, describeConfig } from './shop.config.js';
  * REDLOCK_URLS, LOCK_TTL_MS. Prints `listening on <url>` once it accepts requests: the demo
  * and the tests wait for that line.
  */
-const config = configFromEnv();
-const app = await createShopApp(config, ['log', 'error', 'warn']);
-await app.listen(Number(process.env.PORT ?? 3000), '127.0.0.1');
-new Logger('Shop').log(describeConfig(config));
-console.log(`listening on ${baseUrl(app)} (pid ${process.pid})`);
+try {
+  const config = configFromEnv();
+  const app = await createShopApp(config, ['log', 'error', 'warn']);
+  await app.listen(Number(process.env.PORT ?? 3000), '127.0.0.1');
+  new Logger('Shop').log(describeConfig(config));
+  console.log(`listening on ${baseUrl(app)} (pid ${process.pid})`);
+} catch (error) {
+  // Nest has logged the details; one line for whoever started the process.
+  console.error(`The shop did not start: ${(error as Error).message}`);
+  process.exit(1);
+}

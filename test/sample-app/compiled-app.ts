@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
 const root = resolve(import.meta.dirname, '../..');
@@ -12,12 +12,6 @@ export function compiledShop(file: 'main.js' | 'demo.js'): string {
   const path = join(root, 'dist-dev/sample-app', file);
   if (!existsSync(path)) throw new Error(`${path} is missing: run \`npm run build:sample\` (npm test does it in pretest).`);
   return path;
-}
-
-/** Whether the built package exports a backend by this name (the one a shop process will load). */
-export function builtPackageExports(name: string): boolean {
-  const entry = join(root, 'dist/index.js');
-  return existsSync(entry) && new RegExp(`\\b${name}\\b`).test(readFileSync(entry, 'utf8'));
 }
 
 /** One `node dist-dev/sample-app/main.js` on a free port. */

@@ -6,21 +6,15 @@ import request from 'supertest';
 import { PostgresServer } from '../support/postgres-server.js';
 import { RedisServer } from '../support/redis-server.js';
 import { until } from '../support/wait.js';
-import { builtPackageExports, compiledShop, ShopProcess } from './compiled-app.js';
+import { compiledShop, ShopProcess } from './compiled-app.js';
 
 const run = promisify(execFile);
 
 /**
  * Several shop processes sharing one PostgreSQL and one Redis, both the harness's own (a fresh
  * cluster and a fresh database per run): the distributed case the in-process backend cannot show.
- * Needs the Redis backend in the built package; until it is there, these are skipped, loudly.
  */
-const describeWithRedis = builtPackageExports('RedisLockBackend') ? describe : describe.skip;
-if (describeWithRedis === describe.skip) {
-  console.warn('shop-processes.e2e.spec.ts skipped: the built package has no RedisLockBackend yet.');
-}
-
-describeWithRedis('the shop as several processes on PostgreSQL and Redis', () => {
+describe('the shop as several processes on PostgreSQL and Redis', () => {
   let postgres: PostgresServer;
   let redis: RedisServer;
 
@@ -61,6 +55,32 @@ describeWithRedis('the shop as several processes on PostgreSQL and Redis', () =>
       });
     } finally {
       await db.end();
+    }
+  }, 120_000);
+
+  it('with REDLOCK_URLS (3 masters, no fencing tokens) locked still sells exactly the stock, unfenced', async () => {
+    const masters = await Promise.all([RedisServer.start(), RedisServer.start(), RedisServer.start()]);
+    try {
+      const databaseUrl = await postgres.createDatabase();
+      const { stdout } = await run(process.execPath, [compiledShop('demo.js'), '--instances', '2', '--buyers', '200', '--stock', '50'], {
+        env: { ...process.env, DATABASE_URL: databaseUrl, REDIS_URL: '', REDLOCK_URLS: masters.map((m) => m.url).join(',') },
+        timeout: 90_000,
+      });
+      expect(stdout).toMatch(/Redlock over 3 Redis masters/);
+      const summary = JSON.parse(stdout.trim().split('\n').at(-1)!);
+      expect(summary.results.unsafe.oversold).toBeGreaterThan(0);
+      expect(summary.results.locked).toMatchObject({ sold: 50, stockLeft: 0, oversold: 0 });
+      expect(summary.results.atomic).toMatchObject({ sold: 50, stockLeft: 0, oversold: 0 });
+      const db = new pg.Client({ connectionString: databaseUrl });
+      await db.connect();
+      try {
+        const tokens = await db.query("SELECT count(*)::int AS n, count(fencing_token)::int AS fenced FROM orders WHERE endpoint = 'locked'");
+        expect(tokens.rows[0]).toEqual({ n: 50, fenced: 0 });
+      } finally {
+        await db.end();
+      }
+    } finally {
+      await Promise.all(masters.map((m) => m.stop()));
     }
   }, 120_000);
 

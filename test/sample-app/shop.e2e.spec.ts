@@ -1,11 +1,23 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { INestApplication } from '@nestjs/common';
+import { LockBackend, LockService } from 'nest-distributed-lock';
+import { mkdirSync, statSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { chromium, type Browser } from 'playwright-core';
 import request from 'supertest';
 import { runDemo, type DemoEvent, type DemoSummary } from '../../sample-app/demo.runner.js';
 import { ProductsRepository } from '../../sample-app/products.repository.js';
 import { baseUrl, createShopApp } from '../../sample-app/shop.app.js';
+import { until } from '../support/wait.js';
 
-/** The shop in this process on its embedded defaults: PGlite in memory, in-process locks. */
+/** Debian's chromium package; playwright-core drives it and never downloads a browser. */
+const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+const SCREENSHOTS = resolve(import.meta.dirname, '../../.tmp');
+
+/**
+ * The shop in this process on its embedded defaults: PGlite in memory, in-process locks. One app
+ * for the whole file: starting the embedded database is the slow part.
+ */
 describe('the shop, one process, embedded PostgreSQL', () => {
   let app: INestApplication;
   let http: ReturnType<typeof request>;
@@ -153,5 +165,123 @@ describe('the shop, one process, embedded PostgreSQL', () => {
       await http.post('/products').send({ name: ' ', stock: 1 }).expect(400);
       await http.post('/products').send({ name: 'x', stock: -1 }).expect(400);
     });
+  });
+
+  describe('fencing: a holder whose lease ended cannot overwrite a newer sale', () => {
+    /** The next readStock of `productId` returns its result only once `open()` is called. */
+    function stallNextRead(productId: number) {
+      const repository = app.get(ProductsRepository);
+      const original = repository.readStock.bind(repository);
+      let reached = false;
+      let open!: () => void;
+      const opened = new Promise<void>((resolve) => (open = resolve));
+      repository.readStock = async (id: number) => {
+        const stock = await original(id);
+        if (id === productId) {
+          repository.readStock = original;
+          reached = true;
+          await opened;
+        }
+        return stock;
+      };
+      return { reached: () => reached, open: () => open() };
+    }
+
+    /**
+     * The seeds' GC-pause story in one process: a holder reads the stock and stalls; its lease ends
+     * under it (here the backend drops it, as expiry during a long pause or a Redis failover would);
+     * a second buyer takes the lock and sells; then the first one's write arrives.
+     * shop-processes.e2e.spec.ts tells it with a real paused process (SIGSTOP) and a lapsed lease.
+     */
+    it('the stale holder gets 409 STALE_FENCING_TOKEN; only the newer sale is in the database', async () => {
+      const id = await newProduct(10);
+      const key = `lock:product:${id}`;
+      const backend = app.get<LockBackend>(LockBackend);
+      const stall = stallNextRead(id);
+
+      const stale = http.post(`/products/${id}/purchase`).send({ quantity: 1 }).then((r) => r);
+      await until(stall.reached, 5_000, 'the first buyer to read the stock under the lock');
+      const lease = await backend.inspect(key);
+      expect(lease).toBeDefined();
+      await backend.release([key], lease!.owner);
+      expect(await app.get(LockService).isLocked(`product:${id}`)).toBe(false);
+
+      const fresh = await http.post(`/products/${id}/purchase`).send({ quantity: 1 }).expect(201);
+      expect(fresh.body.stockLeft).toBe(9);
+
+      stall.open();
+      const refused = await stale;
+      expect(refused.status).toBe(409);
+      expect(refused.body).toMatchObject({ code: 'STALE_FENCING_TOKEN', productId: id, fencingToken: lease!.fencingToken, lastToken: fresh.body.fencingToken });
+      expect(refused.body.fencingToken).toBeLessThan(fresh.body.fencingToken);
+      expect(refused.body.message).toMatch(/nothing was sold/);
+
+      // Without the fence the stale write would land: stock 9 again, and two orders for one item.
+      await http.get(`/products/${id}`).expect(200, { id, name: 'test product', stock: 9, lastToken: fresh.body.fencingToken });
+      expect(await app.get(ProductsRepository).orderCount(id)).toBe(1);
+    });
+
+    it('the same stall on the unsafe endpoint loses a sale: what the fence prevents', async () => {
+      const id = await newProduct(10);
+      const stall = stallNextRead(id);
+      const slow = http.post(`/products/${id}/purchase/unsafe`).send({ quantity: 1 }).then((r) => r);
+      await until(stall.reached, 5_000, 'the first buyer to read the stock');
+      await http.post(`/products/${id}/purchase/unsafe`).send({ quantity: 1 }).expect(201);
+      stall.open();
+      expect((await slow).status).toBe(201);
+      await http.get(`/products/${id}`).expect(200).expect((r) => expect(r.body.stock).toBe(9));
+      expect(await app.get(ProductsRepository).orderCount(id)).toBe(2);
+    });
+  });
+
+  describe('the page at /, in headless Chromium', () => {
+    let browser: Browser;
+
+    beforeAll(async () => {
+      browser = await chromium.launch({
+        executablePath: CHROMIUM,
+        // As root: no sandbox. The rest keep Chromium off a network it cannot reach. Playwright
+        // gives every launch a new empty profile of its own.
+        args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      });
+    }, 60_000);
+
+    afterAll(async () => {
+      await browser?.close();
+    });
+
+    it('lists the products with their stock, runs the demo from its button and shows each result as it comes in', async () => {
+      const { body: lamp } = await http.post('/products').send({ name: 'Desk lamp', stock: 12 }).expect(201);
+      const page = await browser.newPage({ viewport: { width: 1100, height: 900 } });
+      await page.goto(baseUrl(app));
+      await expect(page.title()).resolves.toBe('Shop · nest-distributed-lock demo');
+      const row = page.locator('#products tr', { hasText: 'Desk lamp' });
+      await row.waitFor({ timeout: 10_000 });
+      expect(await row.locator('td').allTextContents()).toEqual([String(lamp.id), 'Desk lamp', '12', '–']);
+
+      await page.click('#run');
+      // Results arrive one endpoint at a time: the unsafe card is filled while the others still run.
+      await page.locator('.card[data-endpoint="unsafe"].bad, .card[data-endpoint="unsafe"].good').waitFor({ timeout: 30_000 });
+      await page.locator('#status[data-state="done"]').waitFor({ timeout: 60_000 });
+
+      const field = (endpoint: string, name: string) => page.locator(`.card[data-endpoint="${endpoint}"] [data-field="${name}"]`).textContent();
+      expect(Number(await field('unsafe', 'oversold'))).toBeGreaterThan(0);
+      await expect(page.locator('.card[data-endpoint="unsafe"]').getAttribute('class')).resolves.toContain('bad');
+      for (const endpoint of ['locked', 'atomic']) {
+        expect(await field(endpoint, 'sold')).toBe('100');
+        expect(await field(endpoint, 'stockLeft')).toBe('0');
+        expect(await field(endpoint, 'oversold')).toBe('0');
+        await expect(page.locator(`.card[data-endpoint="${endpoint}"]`).getAttribute('class')).resolves.toContain('good');
+      }
+      // The demo's products are at the top of the list now, sold out.
+      const newest = page.locator('#products tr:first-child', { hasText: '· atomic' });
+      await newest.waitFor({ timeout: 10_000 });
+      expect(await newest.locator('td').nth(2).textContent()).toBe('0');
+
+      mkdirSync(SCREENSHOTS, { recursive: true });
+      const screenshot = join(SCREENSHOTS, 'shop-page.png');
+      await page.screenshot({ path: screenshot });
+      expect(statSync(screenshot).size).toBeGreaterThan(10_000);
+    }, 90_000);
   });
 });
