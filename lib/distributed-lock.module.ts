@@ -1,10 +1,11 @@
 import { Module, type DynamicModule, type InjectionToken, type ModuleMetadata, type OptionalFactoryDependency, type Provider } from '@nestjs/common';
-import { DiscoveryModule } from '@nestjs/core';
+import { APP_INTERCEPTOR, DiscoveryModule } from '@nestjs/core';
 import { LockBackend } from './backends/lock-backend.interface.js';
 import { MemoryLockBackend } from './backends/memory.backend.js';
 import { DISTRIBUTED_LOCK_OPTIONS } from './distributed-lock.constants.js';
 import { LockedMethodsExplorer } from './distributed-lock.explorer.js';
 import type { DistributedLockModuleOptions } from './distributed-lock.options.js';
+import { LockInterceptor } from './lock.interceptor.js';
 import { LockService } from './lock.service.js';
 
 export interface DistributedLockModuleAsyncOptions extends Pick<ModuleMetadata, 'imports'> {
@@ -26,6 +27,9 @@ const providers: Provider[] = [
   },
   { provide: LockBackend, useFactory: (service: LockService) => service.backend, inject: [LockService] },
   LockedMethodsExplorer,
+  // App-wide, not only on @Locked handlers: a busy lock deep inside a service called by a handler
+  // must still answer 409 (or the transport's equivalent), not 500.
+  { provide: APP_INTERCEPTOR, useClass: LockInterceptor },
 ];
 
 @Module({})

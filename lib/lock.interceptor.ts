@@ -14,8 +14,9 @@ export interface LockConflictBody {
 /**
  * Turns LockNotAcquiredError into the transport's "busy, retry later": HTTP 409 with Retry-After,
  * RpcException for microservices, WsException for gateways. Every other error passes untouched.
- * @Locked applies it to its method; register it globally only if you lock through LockService
- * inside handlers. Subclass and override a `for*` method to change one transport.
+ * DistributedLockModule registers it app-wide (APP_INTERCEPTOR), so a busy lock anywhere under a
+ * handler maps, whether @Locked sits on the handler, on a service it calls, or LockService is used
+ * directly. Subclass and override a `for*` method to change one transport.
  */
 @Injectable()
 export class LockInterceptor implements NestInterceptor {

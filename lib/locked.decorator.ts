@@ -1,8 +1,6 @@
-import { UseInterceptors } from '@nestjs/common';
 import { checkUsingOptions, type UsingOptions } from './distributed-lock.options.js';
 import { compileKeySource, type KeyResolver, type LockKeySource } from './lock-key.js';
 import { LockModuleNotImportedError } from './lock.errors.js';
-import { LockInterceptor } from './lock.interceptor.js';
 import type { LockService } from './lock.service.js';
 import { parameterNames } from './parameter-names.js';
 
@@ -97,8 +95,6 @@ export function Locked(key: LockKeySource, options?: UsingOptions): MethodDecora
     Object.defineProperty(locked, 'length', { value: original.length });
     Reflect.defineMetadata(LOCKED_METADATA, spec, locked);
     descriptor.value = locked as never;
-    // On a request handler this maps LockNotAcquiredError to 409 (or the transport's equivalent).
-    UseInterceptors(LockInterceptor)(target, propertyKey, descriptor);
     return descriptor;
   };
 }

@@ -1,5 +1,4 @@
-import { Body, Controller, Get, HttpCode, Param, Post, UseInterceptors } from '@nestjs/common';
-import { LockInterceptor } from 'nest-distributed-lock';
+import { Body, Controller, Get, HttpCode, Param, Post } from '@nestjs/common';
 import { IntRangePipe, MAX_INT } from './int-range.pipe.js';
 import { ProductNamePipe } from './product-name.pipe.js';
 import { ProductsService } from './products.service.js';
@@ -10,11 +9,10 @@ const Stock = new IntRangePipe('stock', 0, 1_000_000);
 const RestockQuantity = new IntRangePipe('quantity', 1, 1_000_000);
 
 /**
- * @Locked sits on the service, around the code that needs it, not on these handlers: so the
- * interceptor that turns a busy lock into 409 + Retry-After is registered here.
+ * @Locked sits on the service, around the code that needs it, not on these handlers; a busy lock
+ * still answers 409 + Retry-After, through the interceptor DistributedLockModule registers app-wide.
  */
 @Controller('products')
-@UseInterceptors(LockInterceptor)
 export class ProductsController {
   constructor(private readonly products: ProductsService) {}
 

@@ -94,6 +94,11 @@ class Orders {
   async skipWhenBusy(id: number) {
     return 'ran';
   }
+
+  @Locked('order:<id>', { wait: 0 })
+  async ship(id: string) {
+    return { shipped: id };
+  }
 }
 
 @Controller('orders')
@@ -121,6 +126,12 @@ class OrdersController {
   @Locked('order:<id>', { wait: 0 })
   async slow(@Param('id') id: string) {
     return { id };
+  }
+
+  /** Not decorated itself: the lock is taken by the service it calls. */
+  @Post(':id/ship')
+  ship(@Param('id') id: string) {
+    return this.orders.ship(id);
   }
 }
 
@@ -212,6 +223,16 @@ describe('@Locked', () => {
         await request(app.getHttpServer()).post('/orders/9/slow').expect(201);
         // A business error (here a pipe's 400) passes through untouched.
         await request(app.getHttpServer()).get('/orders/not-a-number').expect(400);
+      });
+
+      it('answers 409 too when the busy lock is met in a service the handler calls', async () => {
+        const app = await boot(platform);
+        const handle = await app.get(LockService).acquire('order:7', { ttl: 1_500 });
+        const busy = await request(app.getHttpServer()).post('/orders/7/ship').expect(409);
+        expect(busy.headers['retry-after']).toBe('2');
+        expect(busy.body).toMatchObject({ statusCode: 409, keys: ['lock:order:7'] });
+        await handle.release();
+        await request(app.getHttpServer()).post('/orders/7/ship').expect(201, { shipped: '7' });
       });
     });
   }
