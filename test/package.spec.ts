@@ -18,11 +18,12 @@ describe('the published package', () => {
     const installed = join(app, 'node_modules', 'nest-distributed-lock');
     mkdirSync(installed, { recursive: true });
     execFileSync(process.execPath, [join(root, 'node_modules/typescript/bin/tsc'), '-p', join(root, 'tsconfig.build.json'), '--outDir', join(installed, 'dist')], { stdio: 'pipe' });
-    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { files: string[] };
+    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { files: string[]; dependencies: Record<string, string> };
     writeFileSync(join(installed, 'package.json'), JSON.stringify(manifest));
-    // The app's other dependencies come from this repo's node_modules.
+    // The app's required peers and the package's own dependencies, from this repo's node_modules;
+    // not the optional peers (ioredis, redlock): the package must load without them.
     // (Node resolves a symlinked package's own dependencies from its real path.)
-    for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', 'acorn']) {
+    for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', ...Object.keys(manifest.dependencies)]) {
       symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
     }
     expect(manifest.files).toEqual(['dist']);
