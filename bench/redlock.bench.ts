@@ -3,7 +3,7 @@ import { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 // @ts-expect-error redlock 5.0.0-beta.2 lists no "types" in its exports map, so nodenext cannot see its typings.
 import RedlockPackage from 'redlock';
-import { LockService, RedlockLockBackend } from '../lib/index.js';
+import { LockService, RedisLockBackend, RedlockLockBackend } from '../lib/index.js';
 import { RedisServer } from '../test/support/redis-server.js';
 import { DelayProxy } from './delay-proxy.js';
 import { percentile, round, type Report } from './harness.js';
@@ -41,17 +41,22 @@ export async function redlockBench(report: Report): Promise<void> {
     closers.push(() => locks.onApplicationShutdown());
     return locks;
   };
+  const redisService = (port: number) => {
+    const locks = new LockService(new RedisLockBackend(connect([port])[0]), { keyPrefix: 'bench:' });
+    closers.push(() => locks.onApplicationShutdown());
+    return locks;
+  };
 
   try {
     const local = servers.map((server) => server.port);
     report.note('redlock: acquisition latency by number of masters, on localhost');
-    await acquisitionLatency(report, 'redlock: acquisition latency, localhost', local, 2_000, connect, service);
+    await acquisitionLatency(report, 'redlock: acquisition latency, localhost', local, 2_000, connect, service, redisService);
 
     // Masters 1, 2, 3, 4 and 5 ms away: a quorum round should cost the quorum-th nearest
     // master's round trip (2 ms of 3, 3 ms of 5), a sequential one the sum (6 ms, 15 ms).
     report.note('redlock: acquisition latency with masters 1, 2, 3, 4, 5 ms away');
     for (const [i, server] of servers.entries()) proxies.push(await DelayProxy.start(server.port, i + 1));
-    await acquisitionLatency(report, 'redlock: acquisition latency, masters 1-5 ms away', proxies.map((proxy) => proxy.port), 300, connect, service);
+    await acquisitionLatency(report, 'redlock: acquisition latency, masters 1-5 ms away', proxies.map((proxy) => proxy.port), 300, connect, service, redisService);
 
     report.note(`redlock: hot key, ${WORKERS} workers x ${SECTIONS} sections x ${SECTION_MS} ms, localhost`);
     for (const count of [3, 5]) {
@@ -103,6 +108,7 @@ async function acquisitionLatency(
   count: number,
   connect: (ports: readonly number[]) => Redis[],
   service: (ports: readonly number[]) => LockService,
+  redisService: (port: number) => LockService,
 ): Promise<void> {
   const [single] = connect(ports.slice(0, 1));
   const sequential = connect(ports.slice(0, 3));
@@ -114,6 +120,8 @@ async function acquisitionLatency(
       await single.del(key);
       return sample;
     },
+    // The alternative to Redlock: our Redis backend on one server (fencing tokens included).
+    'ours, single redis (nearest): RedisLockBackend': acquireWith(redisService(ports[0])),
     'ours, 3 masters': acquireWith(service(ports.slice(0, 3))),
     'ours, 5 masters': acquireWith(service(ports)),
     'redlock pkg, 3 masters (retryCount 0)': redlockAcquire(new Redlock(connect(ports.slice(0, 3)), { retryCount: 0 })),
