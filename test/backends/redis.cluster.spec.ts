@@ -2,9 +2,10 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/glob
 import { Cluster, type ClusterOptions } from 'ioredis';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
 import { keySlot, lockKeyLayout } from '../../lib/backends/redis/redis.keys.js';
-import { InvalidLockKeyError, LockService } from '../../lib/index.js';
+import { InvalidLockKeyError, LockBackendError, LockService } from '../../lib/index.js';
 import { describeBackendConformance } from '../conformance/lock-backend.conformance.js';
 import { RedisCluster } from '../support/redis-cluster.js';
+import { freePort } from '../support/redis-server.js';
 import { eventually, until } from '../support/wait.js';
 
 // A real 3-master Redis Cluster: slots, CROSSSLOT checks, MOVED routing and sharded pub/sub are
@@ -208,6 +209,17 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
     }
     const both = await a.acquire(['order:{9}:a', 'order:{9}:b']);
     await both.release();
+  });
+
+  it('fails an acquire with a clear LockBackendError within its wait when no node answers, not a hang', async () => {
+    const service = new LockService(new RedisLockBackend({ clusterNodes: [{ host: '127.0.0.1', port: await freePort() }] }, { commandTimeout: 300 }));
+    closing.push({ close: () => service.onApplicationShutdown() });
+    const started = Date.now();
+    const error = await service.acquire('x', { wait: 500 }).catch((e: unknown) => e);
+    expect(Date.now() - started).toBeLessThan(3_000);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toMatch(/acquire of lock:x failed: Redis did not answer within 300 ms .*\? Connection to Redis is '\w+'/);
+    expect((error as Error).message).not.toMatch(/\.\.|\?\./);
   });
 
   it('creates its own Cluster client from { clusterNodes }, and on shutdown releases, then closes every connection', async () => {
