@@ -21,11 +21,6 @@ export class RedisServer {
   private child: ChildProcess | undefined;
   private readonly dir = mkdtempSync(join(tmpdir(), 'ndl-redis-'));
 
-  /** Where the server keeps its files (a cluster node's nodes.conf, a sentinel's config). */
-  get dataDir(): string {
-    return this.dir;
-  }
-
   private constructor(
     readonly port: number,
     private readonly extraArgs: readonly string[],
