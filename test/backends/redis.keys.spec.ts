@@ -6,7 +6,12 @@ describe('Redis key layout', () => {
     // Values from CLUSTER KEYSLOT on a real Redis.
     expect(keySlot('foo')).toBe(12182);
     expect(keySlot('{user1000}.following')).toBe(keySlot('user1000'));
-    expect(keySlot('foo{}{bar}')).toBe(keySlot('foo{}{bar}')); // empty first tag: whole key
+    // An empty first tag: Redis hashes the whole key, not what follows up to a later '}'.
+    expect(keySlot('foo{}{bar}')).toBe(8363);
+    expect(keySlot('p:{}:{t}')).toBe(10001);
+    expect(keySlot('{}a}b')).toBe(5168);
+    expect(keySlot('lock:é🔒{}}')).toBe(9959);
+    expect(keySlot('foo{{bar}}zap')).toBe(4015);
     expect(hashTag('foo{}{bar}')).toBeUndefined();
     expect(hashTag('foo{{bar}}zap')).toBe('{bar');
     expect(hashTag('foo{bar}{zap}')).toBe('bar');

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,11 +24,24 @@ export class RedisServer {
   private constructor(
     readonly port: number,
     private readonly extraArgs: readonly string[],
+    private readonly configFile: string | undefined,
   ) {}
 
-  static async start(options: { args?: readonly string[] } = {}): Promise<RedisServer> {
-    const server = new RedisServer(await freePort(), options.args ?? []);
-    await server.launch();
+  /**
+   * `port`: a port the caller chose (a cluster node needs port + 10000 free too), else a free one.
+   * `config`: the text of a config file, written to the server's own directory and passed first;
+   * for settings only a file can hold (a sentinel's `sentinel monitor`, which it also rewrites).
+   */
+  static async start(options: { args?: readonly string[]; port?: number; config?: string } = {}): Promise<RedisServer> {
+    const port = options.port ?? (await freePort());
+    const server = new RedisServer(port, options.args ?? [], options.config === undefined ? undefined : 'redis.conf');
+    if (options.config !== undefined) writeFileSync(join(server.dir, 'redis.conf'), options.config);
+    try {
+      await server.launch();
+    } catch (error) {
+      await server.stop();
+      throw error;
+    }
     return server;
   }
 
@@ -49,6 +62,8 @@ export class RedisServer {
     const child = this.child;
     if (!child) return;
     this.child = undefined;
+    // A server that died by itself (e.g. a launch that failed) has no exit event left to wait for.
+    if (child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
     child.kill('SIGKILL');
     await exited;
@@ -76,9 +91,10 @@ export class RedisServer {
   }
 
   private async launch(): Promise<void> {
+    const config = this.configFile === undefined ? [] : [join(this.dir, this.configFile)];
     const child = spawn(
       'redis-server',
-      ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, ...this.extraArgs],
+      [...config, '--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, ...this.extraArgs],
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     this.child = child;

@@ -159,7 +159,7 @@ export class RedisLockBackend implements LockBackend {
     client.on('error', (error: Error) => {
       this.connectionError = error;
       // Once per outage, not once per reconnection attempt.
-      if (!down) logger.warn(`Redis connection failed: ${error.message}. Reconnecting; lock operations fail until it is back.`);
+      if (!down) logger.warn(`Redis connection failed: ${withoutStop(error.message)}. Reconnecting; lock operations fail until it is back.`);
       down = true;
     });
     client.on('ready', () => {
@@ -236,14 +236,23 @@ export class RedisLockBackend implements LockBackend {
   }
 
   private failure(op: string, keys: readonly string[], client: Redis | Cluster, error: unknown): LockBackendError {
-    const message = (error instanceof Error ? error.message : String(error)).replace(/\.$/, '');
-    const connection = client.status === 'ready' ? '' : ` Connection to Redis is '${client.status}'${this.connectionError ? ` (${this.connectionError.message})` : ''}.`;
-    return new LockBackendError(this.name, `${op} of ${keys.join(', ')} failed: ${message}.${connection}`, error);
+    const message = sentence(error instanceof Error ? error.message : String(error));
+    const connection = client.status === 'ready' ? '' : ` Connection to Redis is '${client.status}'${this.connectionError ? ` (${withoutStop(this.connectionError.message)})` : ''}.`;
+    return new LockBackendError(this.name, `${op} of ${keys.join(', ')} failed: ${message}${connection}`, error);
   }
 
   private closedError(op: string, keys: readonly string[]): LockBackendError {
     return new LockBackendError(this.name, `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: the backend is closed (the application shut down).`);
   }
+}
+
+/** Messages from ioredis and our own may end in '.' or '?' already; no 'cache..' or 'overloaded?.'. */
+function sentence(text: string): string {
+  return /[.?!]$/.test(text) ? text : `${text}.`;
+}
+
+function withoutStop(text: string): string {
+  return text.replace(/\.+$/, '');
 }
 
 function keyPrefixOf(client: Redis | Cluster): string {

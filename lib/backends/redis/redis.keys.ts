@@ -1,5 +1,3 @@
-import calculateSlot from 'cluster-key-slot';
-
 /**
  * Where a lock lives in Redis. The lock itself is stored under its own key, unchanged, so
  * `GET lock:order:42` and `PTTL lock:order:42` show the owner and the lease. Its companions (the
@@ -48,9 +46,26 @@ export function hashTag(key: string): string | undefined {
   return close > open + 1 ? key.slice(open + 1, close) : undefined;
 }
 
-/** The Redis Cluster slot of a key, by its hash tag or the whole key (ioredis's own helper). */
+/**
+ * The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag or of the whole key, mod 16384.
+ * Not the cluster-key-slot package (ioredis's helper): after an empty `{}` it keeps looking for a
+ * later `}` and hashes what lies between, where Redis hashes the whole key (`foo{}{bar}`: 4015
+ * there, 8363 in Redis), which would put companions in another slot than their lock.
+ */
 export function keySlot(key: string): number {
-  return calculateSlot(key);
+  return crc16(Buffer.from(hashTag(key) ?? key, 'utf8')) & 0x3fff;
+}
+
+const CRC16_TABLE = Array.from({ length: 256 }, (_, byte) => {
+  let crc = byte << 8;
+  for (let bit = 0; bit < 8; bit++) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  return crc;
+});
+
+function crc16(bytes: Uint8Array): number {
+  let crc = 0;
+  for (const byte of bytes) crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ byte) & 0xff];
+  return crc;
 }
 
 const standIns = new Map<number, string>();

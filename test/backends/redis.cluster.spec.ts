@@ -1,0 +1,246 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { Cluster, type ClusterOptions } from 'ioredis';
+import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
+import { keySlot, lockKeyLayout } from '../../lib/backends/redis/redis.keys.js';
+import { InvalidLockKeyError, LockBackendError, LockService } from '../../lib/index.js';
+import { describeBackendConformance } from '../conformance/lock-backend.conformance.js';
+import { RedisCluster } from '../support/redis-cluster.js';
+import { freePort } from '../support/redis-server.js';
+import { eventually, until } from '../support/wait.js';
+
+// A real 3-master Redis Cluster: slots, CROSSSLOT checks, MOVED routing and sharded pub/sub are
+// the server's, which a fake client cannot show.
+let cluster: RedisCluster;
+/** Cluster clients the tests passed in: the backend leaves them open, so the test closes them. */
+const clients: Cluster[] = [];
+const closing: { close(): Promise<void> }[] = [];
+
+beforeAll(async () => {
+  cluster = await RedisCluster.start({ masters: 3 });
+}, 30_000);
+
+afterAll(async () => {
+  for (const client of clients.splice(0)) client.disconnect();
+  await cluster?.stop();
+});
+
+function clusterClient(options: ClusterOptions = {}): Cluster {
+  const client = new Cluster(cluster.nodes, options);
+  clients.push(client);
+  return client;
+}
+
+describeBackendConformance('redis cluster', {
+  // Each "process" gets its own Cluster client, passed in as users do.
+  connect: async () => new RedisLockBackend(clusterClient()),
+  reset: async () => {
+    for (const client of clients.splice(0)) client.disconnect();
+    await cluster.flushAll();
+  },
+  // Keys locked together must share a slot on Cluster; the suite's own names do not.
+  multiKey: (key) => `{multi}:${key}`,
+});
+
+describe('RedisLockBackend on a real Redis Cluster', () => {
+  afterEach(async () => {
+    await Promise.all(closing.splice(0).map((c) => c.close()));
+    for (const client of clients.splice(0)) client.disconnect();
+    await cluster.flushAll();
+  });
+
+  function backend(client: Cluster | ConstructorParameters<typeof RedisLockBackend>[0] = clusterClient()): RedisLockBackend {
+    const created = new RedisLockBackend(client);
+    closing.push(created);
+    return created;
+  }
+
+  function service(b: RedisLockBackend = backend(), options: ConstructorParameters<typeof LockService>[1] = {}): LockService {
+    const created = new LockService(b, { keyPrefix: '', ...options });
+    closing.push({ close: () => created.onApplicationShutdown() });
+    return created;
+  }
+
+  /** One key per master (as stored, after `prefix`), found by asking the cluster where keys live. */
+  async function keyPerMaster(stem: string, prefix = ''): Promise<string[]> {
+    const byPort = new Map<number, string>();
+    for (let i = 0; byPort.size < cluster.servers.length; i++) {
+      const key = `${stem}:${i}`;
+      const port = await cluster.portOf(prefix + key);
+      if (!byPort.has(port)) byPort.set(port, key);
+    }
+    return [...byPort.values()];
+  }
+
+  async function keysInCluster(): Promise<number> {
+    const sizes = await Promise.all(cluster.servers.map((s) => cluster.admin(s.port).dbsize()));
+    return sizes.reduce((a, b) => a + b, 0);
+  }
+
+  it('locks keys with a common user hash tag together, and refuses keys in different slots at once, leaving nothing behind', async () => {
+    const [a, b] = [service(), service()];
+    expect(await cluster.slotOf('order:{42}:a')).toBe(await cluster.slotOf('order:{42}:b'));
+    const both = await a.acquire(['order:{42}:a', 'order:{42}:b']);
+    expect(both.fencingToken).toBeGreaterThan(0);
+    expect(await b.tryAcquire('order:{42}:a')).toBeUndefined();
+    expect(await b.tryAcquire('order:{42}:b')).toBeUndefined();
+    await both.release();
+    expect(await b.isLocked('order:{42}:a')).toBe(false);
+    expect(await b.isLocked('order:{42}:b')).toBe(false);
+
+    await cluster.flushAll();
+    expect(await cluster.slotOf('multi:a')).not.toBe(await cluster.slotOf('multi:b'));
+    const started = Date.now();
+    const error = await b.acquire(['multi:a', 'multi:b'], { wait: 5_000 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(InvalidLockKeyError);
+    expect((error as Error).message).toMatch(/cannot be locked together on Redis Cluster: .* different slots/);
+    // Refused before any round trip, not after waiting out the 5 s.
+    expect(Date.now() - started).toBeLessThan(1_000);
+    expect(await keysInCluster()).toBe(0);
+  });
+
+  it('computes the slot of any key as the server does, braces and all', async () => {
+    const alphabet = ['{', '}', 'a', ':', '{}', '}{', 'é', '🔒'];
+    let seed = 11;
+    const random = () => (seed = (seed * 48271) % 2147483647) / 2147483647;
+    const keys = ['foo{}{bar}', '{}a}b', 'a{}}', 'x{{y}}', 'lock:é🔒{}}'];
+    for (let i = 0; i < 300; i++) keys.push(Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''));
+    const pipeline = cluster.admin(cluster.servers[0].port).pipeline();
+    for (const key of keys) pipeline.call('CLUSTER', 'KEYSLOT', key);
+    const slots = (await pipeline.exec())!.map(([error, slot]) => (error ? error.message : slot));
+    expect(keys.map((key) => [key, keySlot(key)])).toEqual(keys.map((key, i) => [key, slots[i]]));
+  });
+
+  it.each(['a}b', '{}x', 'x{y', '}{', '{a', 'p:{}:{t}', '{}a}b', 'order:{42}'])(
+    'keeps the companions of %s in its slot through acquire, wait, release and extend',
+    async (key) => {
+      const b = backend();
+      const layout = lockKeyLayout(key);
+      const slot = await cluster.slotOf(key);
+      for (const companion of [layout.fence, layout.queue, layout.queueDeadlines]) expect(await cluster.slotOf(companion)).toBe(slot);
+      // Each script names all of them; Redis would answer CROSSSLOT if one were elsewhere.
+      expect(await b.tryAcquire([key], 'owner-a', 5_000)).toMatchObject({ acquired: true });
+      expect(await b.tryAcquire([key], 'owner-b', 5_000)).toMatchObject({ acquired: false });
+      const node = cluster.admin(await cluster.portOf(key));
+      expect(await node.exists(layout.lock, layout.fence, layout.queue, layout.queueDeadlines)).toBe(4);
+      expect(await b.extend([key], 'owner-a', 5_000)).toEqual({ extended: true });
+      expect(await b.release([key], 'owner-a')).toBe(true);
+      expect(await b.tryAcquire([key], 'owner-b', 5_000)).toMatchObject({ acquired: true });
+      expect((await b.inspect(key))?.owner).toBe('owner-b');
+    },
+  );
+
+  it('wakes a waiter on every master by sharded pub/sub, long before its poll', async () => {
+    const keys = await keyPerMaster('wake');
+    const [a, b] = [service(backend(), { pollInterval: 60_000 }), service(backend(), { pollInterval: 60_000 })];
+    for (const key of keys) {
+      const holder = await a.acquire(key, { ttl: 60_000 });
+      const waiting = b.acquire(key, { wait: 20_000 });
+      const node = cluster.admin(await cluster.portOf(key));
+      // The waiter is subscribed on the shard that owns the key, by SSUBSCRIBE, not SUBSCRIBE.
+      await until(async () => ((await node.call('PUBSUB', 'SHARDNUMSUB', key)) as [string, number])[1] === 1, 5_000, `SSUBSCRIBE ${key}`);
+      expect(((await node.call('PUBSUB', 'NUMSUB', key)) as [string, number])[1]).toBe(0);
+      const releasedAt = Date.now();
+      await holder.release();
+      const handle = await waiting;
+      // Neither the ttl nor the poll (60 s each) could have done it.
+      expect(Date.now() - releasedAt).toBeLessThan(2_000);
+      await handle.release();
+    }
+  });
+
+  it('excludes and hands out strictly increasing fencing tokens on keys spread over all masters', async () => {
+    const keys = await keyPerMaster('spread');
+    expect(new Set(await Promise.all(keys.map((k) => cluster.portOf(k)))).size).toBe(3);
+    const [a, b] = [service(), service()];
+    const tokens = new Map<string, number[]>(keys.map((k) => [k, []]));
+    const values = new Map<string, number>(keys.map((k) => [k, 0]));
+    const inside = new Map<string, number>(keys.map((k) => [k, 0]));
+    let maxInside = 0;
+    await Promise.all(
+      keys.flatMap((key) =>
+        Array.from({ length: 10 }, (_, i) =>
+          (async () => {
+            for (let r = 0; r < 3; r++) {
+              await (i % 2 ? a : b).using(key, async (lock) => {
+                tokens.get(key)!.push(lock.fencingToken!);
+                inside.set(key, inside.get(key)! + 1);
+                maxInside = Math.max(maxInside, inside.get(key)!);
+                const read = values.get(key)!;
+                await new Promise((resolve) => setImmediate(resolve));
+                values.set(key, read + 1);
+                inside.set(key, inside.get(key)! - 1);
+              }, { wait: 20_000 });
+            }
+          })(),
+        ),
+      ),
+    );
+    expect(maxInside).toBe(1);
+    for (const key of keys) {
+      expect(values.get(key)).toBe(30);
+      const list = tokens.get(key)!;
+      // Pushed inside the critical section, so in order of acquisition.
+      for (let i = 1; i < list.length; i++) expect(list[i]).toBeGreaterThan(list[i - 1]);
+    }
+
+    // Locked together, the token is above the last of each key.
+    const [x, y] = ['fence:{t}:x', 'fence:{t}:y'];
+    const tx = await a.acquire(x);
+    await tx.release();
+    const ty = await a.acquire(y);
+    await ty.release();
+    const both = await b.acquire([x, y]);
+    expect(both.fencingToken).toBeGreaterThan(Math.max(tx.fencingToken!, ty.fencingToken!));
+    await both.release();
+  });
+
+  it('respects the Cluster client keyPrefix in slots, companions and wake-up channels', async () => {
+    const client = clusterClient({ keyPrefix: 'app:' });
+    const [a, b] = [service(backend(client), { pollInterval: 60_000 }), service(backend(client), { pollInterval: 60_000 })];
+    for (const key of ['x{y', 'plain']) {
+      const holder = await a.acquire(key, { ttl: 60_000 });
+      const layout = lockKeyLayout(key, 'app:');
+      const node = cluster.admin(await cluster.portOf(`app:${key}`));
+      expect(await node.exists(`app:${layout.lock}`, `app:${layout.fence}`)).toBe(2);
+      const waiting = b.acquire(key, { wait: 20_000 });
+      await until(async () => ((await node.call('PUBSUB', 'SHARDNUMSUB', `app:${key}`)) as [string, number])[1] === 1, 5_000, 'SSUBSCRIBE');
+      await holder.release();
+      await (await waiting).release();
+    }
+    const both = await a.acquire(['order:{9}:a', 'order:{9}:b']);
+    await both.release();
+  });
+
+  it('fails an acquire with a clear LockBackendError within its wait when no node answers, not a hang', async () => {
+    const service = new LockService(new RedisLockBackend({ clusterNodes: [{ host: '127.0.0.1', port: await freePort() }] }, { commandTimeout: 300 }));
+    closing.push({ close: () => service.onApplicationShutdown() });
+    const started = Date.now();
+    const error = await service.acquire('x', { wait: 500 }).catch((e: unknown) => e);
+    expect(Date.now() - started).toBeLessThan(3_000);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toMatch(/acquire of lock:x failed: Redis did not answer within 300 ms .*\? Connection to Redis is '\w+'/);
+    expect((error as Error).message).not.toMatch(/\.\.|\?\./);
+  });
+
+  it('creates its own Cluster client from { clusterNodes }, and on shutdown releases, then closes every connection', async () => {
+    for (const client of clients.splice(0)) client.disconnect();
+    await until(async () => (await cluster.clientCounts()).every((n) => n === 0), 5_000, 'earlier test clients to go');
+    const created = () => service(new RedisLockBackend({ clusterNodes: cluster.nodes }), { keyPrefix: 'lock:', pollInterval: 60_000 });
+    const [holder, waiter] = [created(), created()];
+    const keys = await keyPerMaster('created', 'lock:');
+    for (const key of keys) {
+      const held = await holder.acquire(key, { ttl: 60_000 });
+      const waiting = waiter.acquire(key, { wait: 20_000 });
+      const node = cluster.admin(await cluster.portOf(`lock:${key}`));
+      await until(async () => ((await node.call('PUBSUB', 'SHARDNUMSUB', `lock:${key}`)) as [string, number])[1] === 1, 5_000, 'SSUBSCRIBE');
+      await held.release();
+      await (await waiting).release();
+    }
+    const last = await holder.acquire(keys[0], { ttl: 60_000 });
+    await Promise.all([holder.onApplicationShutdown(), waiter.onApplicationShutdown()]);
+    expect(last.isHeld).toBe(false);
+    expect(await cluster.admin(await cluster.portOf(`lock:${keys[0]}`)).exists(`lock:${keys[0]}`)).toBe(0);
+    // Command and sharded-subscriber connections, on every master: all gone.
+    await eventually(async () => expect(await cluster.clientCounts()).toEqual([0, 0, 0]), 5_000);
+  });
+});

@@ -1,0 +1,91 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { Redis } from 'ioredis';
+import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
+import { LockService } from '../../lib/index.js';
+import { describeBackendConformance } from '../conformance/lock-backend.conformance.js';
+import { RedisSentinel } from '../support/redis-sentinel.js';
+import { eventually, until } from '../support/wait.js';
+
+// A real master and a real sentinel: the client asks the sentinel where the master is, which a
+// fake cannot show, nor whether every connection (to the sentinel too) is closed on shutdown.
+let setup: RedisSentinel;
+/** Plain connections to the master and to the sentinel, for inspection. */
+let master: Redis;
+let sentinel: Redis;
+
+beforeAll(async () => {
+  setup = await RedisSentinel.start({ name: 'mymaster' });
+  master = new Redis(setup.master.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
+  sentinel = new Redis(setup.sentinel.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
+}, 20_000);
+
+afterAll(async () => {
+  master?.disconnect();
+  sentinel?.disconnect();
+  await setup?.stop();
+});
+
+const viaSentinel = () => ({ sentinels: setup.sentinels, name: setup.name });
+
+describeBackendConformance('redis sentinel', {
+  // Each "process" gets a backend that finds the master through the sentinel, and closes its client.
+  connect: async () => new RedisLockBackend(viaSentinel()),
+  reset: async () => void (await master.flushall()),
+});
+
+/** Connections other than the inspecting one and the sentinel's own links to the master. */
+async function clients(admin: Redis): Promise<number> {
+  const list = ((await admin.call('CLIENT', 'LIST')) as string).split('\n').filter((line) => line.trim() !== '');
+  return list.filter((line) => !/ name=sentinel-/.test(line)).length - 1;
+}
+
+describe('RedisLockBackend through a real Sentinel', () => {
+  const services: LockService[] = [];
+  afterEach(async () => {
+    await Promise.all(services.splice(0).map((s) => s.onApplicationShutdown()));
+    await master.flushall();
+  });
+
+  function service(backend: RedisLockBackend): LockService {
+    const created = new LockService(backend, { pollInterval: 60_000 });
+    services.push(created);
+    return created;
+  }
+
+  it('acquires, wakes a waiter on release, and on shutdown releases, then closes its connections to master and sentinel', async () => {
+    await until(async () => (await clients(master)) === 0 && (await clients(sentinel)) === 0, 5_000, 'earlier clients to go');
+    const [a, b] = [service(new RedisLockBackend(viaSentinel())), service(new RedisLockBackend(viaSentinel()))];
+    const first = await a.acquire('order:1', { ttl: 60_000 });
+    expect(await master.get('lock:order:1')).toBe((await a.backend.inspect('lock:order:1'))?.owner);
+    const waiting = b.acquire('order:1', { wait: 20_000 });
+    // Subscribed on the master the sentinel named: the release message reaches it there.
+    await until(async () => ((await master.call('PUBSUB', 'NUMSUB', 'lock:order:1')) as [string, number])[1] === 1, 5_000, 'SUBSCRIBE');
+    const releasedAt = Date.now();
+    await first.release();
+    const second = await waiting;
+    // Neither the ttl nor the poll (60 s each) could have done it.
+    expect(Date.now() - releasedAt).toBeLessThan(2_000);
+    expect(second.fencingToken).toBeGreaterThan(first.fencingToken!);
+
+    await Promise.all(services.splice(0).map((s) => s.onApplicationShutdown()));
+    expect(second.isHeld).toBe(false);
+    expect(await master.exists('lock:order:1')).toBe(0);
+    await eventually(async () => expect([await clients(master), await clients(sentinel)]).toEqual([0, 0]), 5_000);
+  });
+
+  it('uses a Sentinel client passed in, and leaves it open', async () => {
+    const client = new Redis(viaSentinel());
+    try {
+      const lock = service(new RedisLockBackend(client));
+      await lock.using('job', async (handle) => {
+        expect(await master.exists('lock:job')).toBe(1);
+        expect(handle.fencingToken).toBeGreaterThan(0);
+      });
+      await Promise.all(services.splice(0).map((s) => s.onApplicationShutdown()));
+      expect(client.status).toBe('ready');
+      expect(await client.ping()).toBe('PONG');
+    } finally {
+      client.disconnect();
+    }
+  });
+});

@@ -1,0 +1,131 @@
+import { createServer } from 'node:net';
+import { Redis } from 'ioredis';
+import { freePort, RedisServer } from './redis-server.js';
+import { until } from './wait.js';
+
+const SLOTS = 16_384;
+
+/**
+ * A Redis Cluster of the test's own: `masters` redis-servers in cluster mode on free ports, the
+ * slots split evenly between them, no replicas. Started empty and joined by the harness itself
+ * (ADDSLOTSRANGE, MEET), then ready once every node reports `cluster_state:ok`.
+ */
+export class RedisCluster {
+  private constructor(
+    readonly servers: readonly RedisServer[],
+    /** One plain connection per node, for commands a Cluster client would route elsewhere. */
+    private readonly admins: readonly Redis[],
+  ) {}
+
+  static async start(options: { masters?: number; timeoutMs?: number } = {}): Promise<RedisCluster> {
+    const masters = options.masters ?? 3;
+    const servers: RedisServer[] = [];
+    const admins: Redis[] = [];
+    try {
+      for (let i = 0; i < masters; i++) {
+        const server = await startNode();
+        servers.push(server);
+        admins.push(new Redis(server.port, '127.0.0.1', { maxRetriesPerRequest: 1 }));
+      }
+      const cluster = new RedisCluster(servers, admins);
+      await cluster.join(options.timeoutMs ?? 15_000);
+      return cluster;
+    } catch (error) {
+      for (const admin of admins) admin.disconnect();
+      await Promise.all(servers.map((server) => server.stop()));
+      throw error;
+    }
+  }
+
+  /** Startup nodes for `new Cluster(...)` or `{ clusterNodes }`. */
+  get nodes(): { host: string; port: number }[] {
+    return this.servers.map((server) => ({ host: '127.0.0.1', port: server.port }));
+  }
+
+  /** The port of the master serving `key`, as Redis itself hashes it (CLUSTER KEYSLOT). */
+  async portOf(key: string): Promise<number> {
+    const slot = await this.slotOf(key);
+    const ranges = (await this.admins[0].call('CLUSTER', 'SLOTS')) as [number, number, [string, number, ...unknown[]]][];
+    const range = ranges.find(([start, end]) => slot >= start && slot <= end);
+    if (!range) throw new Error(`no node serves slot ${slot}`);
+    return range[2][1];
+  }
+
+  async slotOf(key: string): Promise<number> {
+    return (await this.admins[0].call('CLUSTER', 'KEYSLOT', key)) as number;
+  }
+
+  /** The plain connection to the node on `port`. */
+  admin(port: number): Redis {
+    const index = this.servers.findIndex((server) => server.port === port);
+    if (index < 0) throw new Error(`no node on port ${port}`);
+    return this.admins[index];
+  }
+
+  /** Empties every node (FLUSHALL on a Cluster client reaches one node only). */
+  async flushAll(): Promise<void> {
+    await Promise.all(this.admins.map((admin) => admin.flushall()));
+  }
+
+  /** Connections open on every node, not counting the harness's own. */
+  async clientCounts(): Promise<number[]> {
+    return Promise.all(this.admins.map(async (admin) => (await clientList(admin)) - 1));
+  }
+
+  async stop(): Promise<void> {
+    for (const admin of this.admins) admin.disconnect();
+    await Promise.all(this.servers.map((server) => server.stop()));
+  }
+
+  private async join(timeoutMs: number): Promise<void> {
+    const n = this.admins.length;
+    await Promise.all(
+      this.admins.map(async (admin, i) => {
+        // Distinct epochs up front, as redis-cli --cluster create does: no collision to resolve later.
+        await admin.call('CLUSTER', 'SET-CONFIG-EPOCH', i + 1);
+        await admin.call('CLUSTER', 'ADDSLOTSRANGE', Math.floor((i * SLOTS) / n), Math.floor(((i + 1) * SLOTS) / n) - 1);
+      }),
+    );
+    // Every node meets every other directly: no waiting for gossip to introduce them.
+    await Promise.all(this.admins.flatMap((admin, i) => this.servers.slice(i + 1).map((server) => admin.call('CLUSTER', 'MEET', '127.0.0.1', server.port))));
+    // Gossip spreads the slot map; a node says ok only once it sees every slot served.
+    await until(
+      async () => {
+        const infos = await Promise.all(this.admins.map((admin) => admin.call('CLUSTER', 'INFO') as Promise<string>));
+        return infos.every((info) => info.includes('cluster_state:ok') && info.includes(`cluster_known_nodes:${n}\r`));
+      },
+      timeoutMs,
+      `a ${n}-node cluster to reach cluster_state:ok on every node`,
+    );
+  }
+}
+
+/** Cluster-bus ports are port + 10000, so both must be free. A lost race shows as a failed launch. */
+async function startNode(): Promise<RedisServer> {
+  let lastError: unknown = new Error('found no port p with p + 10000 free too');
+  for (let attempt = 1; attempt <= 20; attempt++) {
+    const port = await freePort();
+    if (port + 10_000 > 65_535 || !(await isFree(port + 10_000))) continue;
+    try {
+      return await RedisServer.start({
+        port,
+        args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-node-timeout', '5000'],
+      });
+    } catch (error) {
+      lastError = error;
+    }
+  }
+  throw lastError;
+}
+
+async function isFree(port: number): Promise<boolean> {
+  const server = createServer();
+  const listening = await new Promise<boolean>((resolve) => server.once('error', () => resolve(false)).listen(port, '127.0.0.1', () => resolve(true)));
+  if (listening) await new Promise<void>((resolve) => server.close(() => resolve()));
+  return listening;
+}
+
+async function clientList(admin: Redis): Promise<number> {
+  const list = (await admin.call('CLIENT', 'LIST')) as string;
+  return list.split('\n').filter((line) => line.trim() !== '').length;
+}
