@@ -233,12 +233,15 @@ describe('RedisLockBackend', () => {
     it('shares one subscriber connection and one subscription per key between all waiters', async () => {
       const [holder, waiting] = [service(), service()];
       const held = await Promise.all(['k1', 'k2', 'k3'].map((key) => holder.acquire(key)));
-      const waiters = Array.from({ length: 12 }, (_, i) => waiting.using(`k${(i % 3) + 1}`, () => undefined, { wait: 20_000 }));
+      // Settled into values, so a failing assertion below cannot leave rejections to later suites.
+      const waiters = Array.from({ length: 12 }, (_, i) =>
+        waiting.using(`k${(i % 3) + 1}`, () => 'ran', { wait: 20_000 }).catch((error: unknown) => error),
+      );
       // Within one process only the head of each key's local line talks to Redis.
-      await until(async () => (await subscriptions()).channels.length === 3, 5_000, 'three subscriptions');
+      await until(async () => (await subscriptions()).channels.length === 3, 15_000, 'three subscriptions');
       expect(await subscriptions()).toEqual({ channels: ['lock:k1', 'lock:k2', 'lock:k3'], subscribers: 1 });
       await Promise.all(held.map((h) => h.release()));
-      await Promise.all(waiters);
+      expect(await Promise.all(waiters)).toEqual(Array(12).fill('ran'));
       await until(async () => (await subscriptions()).channels.length === 0, 5_000, 'every channel to be unsubscribed');
     });
 
