@@ -1,24 +1,7 @@
-import 'reflect-metadata';
-import { Injectable, Module } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
 import { Mutex } from 'async-mutex';
-import { DistributedLockModule, LockService, Locked } from '../lib/index.js';
+import { LockService } from '../lib/index.js';
 import { compareRates, round, settledHeap, type Report } from './harness.js';
-
-@Injectable()
-class Orders {
-  async plain(id: number): Promise<number> {
-    return id;
-  }
-
-  @Locked('order:<id>')
-  async locked(id: number): Promise<number> {
-    return id;
-  }
-}
-
-@Module({ imports: [DistributedLockModule.forRoot()], providers: [Orders] })
-class BenchModule {}
+import { Orders, ordersApp } from './orders.fixture.js';
 
 /** In-memory backend: our cost per lock next to async-mutex, the usual in-process choice. */
 export async function memoryBench(report: Report): Promise<void> {
@@ -34,7 +17,7 @@ export async function memoryBench(report: Report): Promise<void> {
     report.add({ scenario: 'memory: uncontended acquire+release', impl, opsPerSec: Math.round(opsPerSec), vsAsyncMutex: round(opsPerSec / pairs['async-mutex']) });
   }
 
-  const app = await NestFactory.createApplicationContext(BenchModule, { logger: false });
+  const app = await ordersApp();
   const orders = app.get(Orders);
   const calls = await compareRates({
     plain: () => orders.plain(1),

@@ -1,6 +1,4 @@
 import 'reflect-metadata';
-import { Injectable, Module } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -8,9 +6,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import RedlockPackage from 'redlock';
 import { Mutex } from 'redis-semaphore';
 import { createLock, IoredisAdapter } from 'redlock-universal';
-import { DistributedLockModule, LockService, Locked, RedisLockBackend } from '../lib/index.js';
+import { LockService, RedisLockBackend } from '../lib/index.js';
 import { RedisServer } from '../test/support/redis-server.js';
 import { compareRates, latencies, percentile, round, type Report } from './harness.js';
+import { Orders, ordersApp } from './orders.fixture.js';
 
 /** The part of the redlock package's public API the bench uses. */
 interface Redlock {
@@ -117,21 +116,7 @@ async function uncontended(report: Report, client: () => Redis, service: (redis:
 
 async function lockedOverhead(report: Report, client: () => Redis): Promise<void> {
   const redis = client();
-  @Injectable()
-  class Orders {
-    async plain(id: number): Promise<number> {
-      return id;
-    }
-
-    @Locked('order:<id>')
-    async locked(id: number): Promise<number> {
-      return id;
-    }
-  }
-  @Module({ imports: [DistributedLockModule.forRoot({ backend: new RedisLockBackend(redis) })], providers: [Orders] })
-  class BenchModule {}
-
-  const app = await NestFactory.createApplicationContext(BenchModule, { logger: false });
+  const app = await ordersApp({ backend: new RedisLockBackend(redis) });
   try {
     const orders = app.get(Orders);
     const calls = 3_000;
