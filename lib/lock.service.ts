@@ -222,17 +222,19 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     const deadline = started + wait;
     let retryAfterMs: number | undefined;
     let lastError: unknown;
-    /** An attempt failed, so a backend that keeps a line of waiters may have us in it. */
+    /** A waiting attempt failed, so a backend that keeps a line of waiters may have us in it. */
     let inLine = false;
+    // A caller that does not wait stays out of the backend's line: no release to leave it after.
+    const willWait = wait > 0;
     let acquired = false;
 
     const attempt = async (): Promise<Lease | undefined> => {
       const sentAt = performance.now();
       try {
-        const result = await this.backend.tryAcquire(keys, owner, ttl);
+        const result = await this.backend.tryAcquire(keys, owner, ttl, { willWait });
         lastError = undefined;
         if (!result.acquired) {
-          inLine = true;
+          inLine = willWait;
           retryAfterMs = result.retryAfterMs;
           return undefined;
         }
@@ -244,7 +246,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
         // A caller's mistake the backend found (keys a Redis Cluster cannot lock together): no
         // retry can fix it, so it is not a backend failure to wait out.
         if (error instanceof DistributedLockError && !(error instanceof LockBackendError)) throw error;
-        inLine = true;
+        inLine = willWait;
         lastError = error;
         return undefined;
       }

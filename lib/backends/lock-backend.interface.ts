@@ -17,15 +17,15 @@ export interface LockBackend {
   readonly fencing: boolean;
 
   /** One attempt, no waiting: take every key or none. */
-  tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult>;
+  tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult>;
 
   /** Reset the lease of every key to `ttlMs` if `owner` still holds all of them. */
   extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult>;
 
   /**
    * Delete the keys that `owner` still holds; returns false if it held none of them. The service
-   * also calls it for an owner whose attempts failed and that stopped waiting, so a backend that
-   * keeps waiters in line (Redis does, for fairness) can drop it.
+   * also calls it for an owner that waited and gave up, so a backend that keeps waiters in line
+   * (Redis does, for fairness) can drop it.
    */
   release(keys: readonly string[], owner: string): Promise<boolean>;
 
@@ -60,6 +60,15 @@ export type AcquireResult =
       /** Remaining lease of the current holder, when known: the earliest a retry can succeed. */
       retryAfterMs?: number;
     };
+
+export interface TryAcquireOptions {
+  /**
+   * False when the caller gives up if this attempt fails (`tryAcquire`, `wait: 0`, `onBusy:
+   * 'skip'`). A backend that keeps a line of waiters for fairness leaves such a caller out of it,
+   * so nobody has to take it out again. Default true.
+   */
+  willWait?: boolean;
+}
 
 export type ExtendResult = { extended: true; validityMs?: number } | { extended: false };
 

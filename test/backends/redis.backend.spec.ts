@@ -148,6 +148,21 @@ describe('RedisLockBackend', () => {
       client.disconnect();
     });
 
+    it('a caller that will not wait costs one round trip on a busy lock and leaves nothing in line', async () => {
+      const held = await service().acquire('skip');
+      const client = new Redis(server.port, '127.0.0.1');
+      const skipping = service(backend(client));
+      await (await skipping.tryAcquire('warm'))!.release(); // loads the script
+      const sent = await commandsDuring(client, async () => {
+        expect(await skipping.tryAcquire('skip')).toBeUndefined();
+        expect(await skipping.using('skip', () => 'ran', { wait: 0, onBusy: 'skip' })).toBeUndefined();
+      });
+      expect(sent).toEqual({ evalsha: 2 });
+      expect(await admin.exists('{lock:skip}:queue')).toBe(0);
+      await held.release();
+      client.disconnect();
+    });
+
     it('reloads its scripts after Redis forgot them (NOSCRIPT)', async () => {
       const b = backend();
       expect((await b.tryAcquire(['k'], 'o', 5_000)).acquired).toBe(true);

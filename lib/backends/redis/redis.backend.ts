@@ -1,7 +1,7 @@
 import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
-import type { AcquireResult, ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
+import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { RedisReleaseSubscriber } from './redis-release.subscriber.js';
 import { keySlot, lockKeyLayout, type LockKeyLayout } from './redis.keys.js';
 import {
@@ -70,12 +70,13 @@ export class RedisLockBackend implements LockBackend {
     this.subscriber = new RedisReleaseSubscriber(() => this.createSubscriber(), this.cluster, this.options.commandTimeout);
   }
 
-  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
+  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
+    const willWait = options?.willWait ?? true;
     const client = await this.connected('acquire', keys);
     const layouts = this.layouts(keys, client);
     const ttl = Math.ceil(ttlMs);
     const redisKeys = [...layouts.map((l) => l.lock), ...layouts.map((l) => l.fence), ...layouts.map((l) => l.queue), ...layouts.map((l) => l.queueDeadlines)];
-    const [acquired, value] = (await this.run(client, 'acquire', keys, ACQUIRE, redisKeys, [owner, ttl, this.options.waiterTimeout, ttl + FENCE_RETENTION_MS], (late) => {
+    const [acquired, value] = (await this.run(client, 'acquire', keys, ACQUIRE, redisKeys, [owner, ttl, this.options.waiterTimeout, ttl + FENCE_RETENTION_MS, willWait ? 1 : 0], (late) => {
       // It answered after we gave up on it: nobody uses this lease, so free it for the others.
       if ((late as number[])[0] === 1) this.release(keys, owner).catch(() => undefined);
     })) as [number, number];
@@ -83,7 +84,7 @@ export class RedisLockBackend implements LockBackend {
       this.inLine.delete(owner);
       return { acquired: true, fencingToken: value };
     }
-    this.inLine.add(owner);
+    if (willWait) this.inLine.add(owner);
     return { acquired: false, retryAfterMs: value >= 0 ? value : undefined };
   }
 

@@ -18,7 +18,8 @@ function script(name: string, lua: string): RedisScript {
 
 /**
  * KEYS: n locks, then their n fencing counters, n wait queues and n queue deadlines.
- * ARGV: owner, ttl ms, waiter timeout ms, counter retention ms.
+ * ARGV: owner, ttl ms, waiter timeout ms, counter retention ms, 1 if the caller will wait (joins
+ * the line when it fails) or 0 (it gives up at once, so it stays out of the line).
  * Returns {1, fencing token} or {0, ms until a retry may succeed, -1 when unknown}.
  *
  * All or nothing: every lock is checked before any is written. A lock already held by this owner
@@ -71,6 +72,7 @@ if not wait then
     end
   end
 end
+if wait and ARGV[5] == '0' then return {0, wait} end
 if wait then
   local stamp = string.format('%.0f', clock())
   local deadline = string.format('%.0f', clock() + ARGV[3] * 1000)
