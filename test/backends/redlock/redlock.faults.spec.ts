@@ -145,6 +145,9 @@ describe('redlock backend under master failures', () => {
       const clients = masters.connect();
       const a = service(clients);
       const holder = await a.acquire('job', { ttl: 30_000, autoExtend: false });
+      // The acquire returns once a quorum answered. If master 0 had not answered yet, ioredis would
+      // resend the request after the restart and set the key there again: wait for all three.
+      await until(async () => (await masters.keyCounts()).every((n) => n === 1), 5_000, 'the key on every master');
       await masters.servers[0].restart();
       const clientsB = masters.connect();
       await ready([...clients, ...clientsB]);
