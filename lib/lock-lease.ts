@@ -43,7 +43,7 @@ export class Lease {
     private readonly autoExtend: boolean,
     private readonly tracker: LeaseTracker,
   ) {
-    this.nextExtendAt = performance.now() + ttl / 3;
+    this.nextExtendAt = extendAt(ttl, deadline);
     this.arm();
   }
 
@@ -106,7 +106,7 @@ export class Lease {
   private renewed(sentAt: number, ttl: number, validityMs: number | undefined): void {
     this.ttl = ttl;
     this.deadline = sentAt + (validityMs ?? ttl);
-    this.nextExtendAt = performance.now() + ttl / 3;
+    this.nextExtendAt = extendAt(ttl, this.deadline);
     this.arm();
   }
 
@@ -175,4 +175,13 @@ export class Lease {
     this.timer = undefined;
     this.tracker.leaseEnded(this);
   }
+}
+
+/**
+ * The next extension: after a third of the lease, or of what is left of it when the backend
+ * granted less than the ttl (a lock handed over on release comes with a shorter lease).
+ */
+function extendAt(ttl: number, deadline: number): number {
+  const now = performance.now();
+  return now + Math.min(ttl, deadline - now) / 3;
 }

@@ -268,33 +268,39 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
       return { waitedMs: performance.now() - started, retryAfterMs };
     };
 
-    const id = keys.join('\n');
-    // Nobody of ours is queued: try straight away. Otherwise join the queue, so a newcomer never
-    // overtakes a waiter of the same process.
-    if (wait === 0 || !this.queue.has(id)) {
-      const lease = await attempt();
-      if (lease) return lease;
-      if (wait === 0) return giveUp();
-    }
+    // A caller that does not wait tries once, whoever else is queued here.
+    if (wait === 0) return (await attempt()) ?? giveUp();
 
+    // Callers of this process line up here first: only the first of them talks to the backend, so
+    // a newcomer never overtakes a waiter of the same process, and a backend's line never holds
+    // two waiters of ours in another order than this one.
+    const id = keys.join('\n');
     const waiter = this.queue.join(id);
     let unwatch: (() => void) | undefined;
+    let tried = false;
     try {
       for (;;) {
         signal?.throwIfAborted();
-        if (performance.now() >= deadline) return giveUp();
+        if (tried && performance.now() >= deadline) return giveUp();
         if (!this.queue.isHead(id, waiter)) {
+          if (performance.now() >= deadline) return giveUp();
           await waiter.sleep(deadline - performance.now(), signal);
           continue;
         }
-        // Subscribe before the attempt: a release after a failed attempt then cannot be missed.
-        if (!unwatch && this.backend.watch) {
-          unwatch = await this.backend.watch(keys, waiter.wake).catch(() => undefined);
+        // Subscribe before an attempt: a release after it fails then cannot be missed. The first
+        // attempt goes out at once (an uncontended lock costs no subscription) unless the backend
+        // listens already; if it went out unwatched, the next one follows the subscription at once.
+        if (!unwatch && this.backend.watch && (tried || this.backend.watching?.(keys) === true)) {
+          unwatch = await this.backend.watch(keys, waiter.wake, owner).catch(() => undefined);
         }
         const lease = await attempt();
         if (lease) return lease;
         const remaining = deadline - performance.now();
         if (remaining <= 0) return giveUp();
+        if (!tried) {
+          tried = true;
+          if (!unwatch) continue;
+        }
         // Polling is only the fallback for a missed wake-up; a known lease end comes first.
         const poll = this.options.pollInterval * (0.75 + Math.random() / 2);
         const pause = lastError === undefined && retryAfterMs !== undefined ? Math.min(retryAfterMs + 1, poll) : poll;

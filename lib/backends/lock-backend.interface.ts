@@ -33,11 +33,19 @@ export interface LockBackend {
   inspect(key: string): Promise<LockState | undefined>;
 
   /**
-   * Optional: call `onRelease` when one of `keys` may have become free. The returned promise
-   * resolves once notifications are flowing (so a release right after it cannot be missed) to a
-   * function that stops them. Without it, waiters poll.
+   * Optional: call `onRelease` when one of `keys` may have become free for `owner` (the waiting
+   * acquisition, as passed to tryAcquire). The returned promise resolves once notifications are
+   * flowing (so a release right after it cannot be missed) to a function that stops them.
+   * Without it, waiters poll.
    */
-  watch?(keys: readonly string[], onRelease: () => void): Promise<() => void>;
+  watch?(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void>;
+
+  /**
+   * Optional: true when `watch` for these keys needs no new subscription (the backend listens
+   * already), so the service watches before a waiter's first attempt rather than after it fails,
+   * and saves the attempt it would make right after subscribing.
+   */
+  watching?(keys: readonly string[]): boolean;
 
   /** Optional: free connections, subscriptions and timers the backend owns. */
   close?(): Promise<void>;

@@ -231,55 +231,81 @@ describe('RedisLockBackend', () => {
       return { channels: channels.sort(), subscribers: clients.length };
     }
 
-    it('watch resolves once the subscription is active, and a release wakes the waiters in line', async () => {
-      const [watcher, holder] = [backend(), backend()];
-      expect((await holder.tryAcquire(['w'], 'h', 5_000)).acquired).toBe(true);
-      // A failed attempt puts the waiter in line: releases publish only when someone is in it.
+    it('hands the lock to the first waiter in line on release: it enters with a greater token and no round trip of its own', async () => {
+      const waiterClient = new Redis(server.port, '127.0.0.1');
+      const [watcher, holder] = [backend(waiterClient), backend()];
+      const first = await holder.tryAcquire(['w'], 'h', 5_000);
+      expect(first.acquired).toBe(true);
+      // A failed attempt puts the waiter in line; watch resolves once releases can reach it.
       expect((await watcher.tryAcquire(['w'], 'waiter', 5_000)).acquired).toBe(false);
       let woken = 0;
-      const stop = await watcher.watch(['w'], () => woken++);
-      expect(await subscriptions()).toEqual({ channels: ['w'], subscribers: 1 });
+      const stop = await watcher.watch(['w'], () => woken++, 'waiter');
+      expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
       await holder.release(['w'], 'h');
+      // Handed over inside the release script: Redis already names the waiter as holder.
+      expect(await admin.get('w')).toBe('waiter');
       await until(() => woken === 1, 5_000, 'the release message');
+      let granted;
+      const sent = await commandsDuring(waiterClient, async () => (granted = await watcher.tryAcquire(['w'], 'waiter', 5_000)));
+      expect(sent).toEqual({});
+      expect(granted).toMatchObject({ acquired: true, fencingToken: (first as { fencingToken: number }).fencingToken + 1 });
+      // Its lease is counted from before the hand-over, so it is a little shorter than the ttl.
+      expect((granted as unknown as { validityMs: number }).validityMs).toBeLessThanOrEqual(5_000);
+      expect(await watcher.extend(['w'], 'waiter', 5_000)).toEqual({ extended: true });
       stop();
-      await until(async () => (await subscriptions()).channels.length === 0, 5_000, 'the unsubscribe');
+      expect(await watcher.release(['w'], 'waiter')).toBe(true);
+      waiterClient.disconnect();
     });
 
-    it('shares one subscriber connection and one subscription per key between all waiters', async () => {
+    it('wakes a waiter for several keys, which then takes them itself', async () => {
+      const [watcher, holder] = [backend(), backend()];
+      expect((await holder.tryAcquire(['m1'], 'h', 5_000)).acquired).toBe(true);
+      expect((await watcher.tryAcquire(['m1', 'm2'], 'waiter', 5_000)).acquired).toBe(false);
+      let woken = 0;
+      const stop = await watcher.watch(['m1', 'm2'], () => woken++, 'waiter');
+      await holder.release(['m1'], 'h');
+      await until(() => woken === 1, 5_000, 'the release message');
+      // Not handed over: the other key may be busy, and a lock is all or nothing.
+      expect(await admin.exists('m1')).toBe(0);
+      expect(await watcher.tryAcquire(['m1', 'm2'], 'waiter', 5_000)).toMatchObject({ acquired: true });
+      stop();
+    });
+
+    it('shares one subscriber connection and one channel between all waiters of a process', async () => {
       const [holder, waiting] = [service(), service()];
       const held = await Promise.all(['k1', 'k2', 'k3'].map((key) => holder.acquire(key)));
       // Settled into values, so a failing assertion below cannot leave rejections to later suites.
       const waiters = Array.from({ length: 12 }, (_, i) =>
         waiting.using(`k${(i % 3) + 1}`, () => 'ran', { wait: 20_000 }).catch((error: unknown) => error),
       );
-      // Within one process only the head of each key's local line talks to Redis.
-      await until(async () => (await subscriptions()).channels.length === 3, 15_000, 'three subscriptions');
-      expect(await subscriptions()).toEqual({ channels: ['lock:k1', 'lock:k2', 'lock:k3'], subscribers: 1 });
+      // Within one process only the head of each key's local line waits in Redis's line.
+      await until(async () => (await admin.zcard('{lock:k1}:queue')) + (await admin.zcard('{lock:k2}:queue')) + (await admin.zcard('{lock:k3}:queue')) === 3, 15_000, 'three waiters in line');
+      expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
       await Promise.all(held.map((h) => h.release()));
       expect(await Promise.all(waiters)).toEqual(Array(12).fill('ran'));
-      await until(async () => (await subscriptions()).channels.length === 0, 5_000, 'every channel to be unsubscribed');
     });
 
     it('serves processes in arrival order: one that releases and re-acquires at once does not starve another', async () => {
       const [busy, other] = [service(), service()];
       const order: string[] = [];
       const first = await busy.acquire('hot');
-      // The busy process has callers of its own: five, three sections each. They all ask Redis
-      // once, then line up locally; every section ends with the caller asking again at once.
+      // The busy process has callers of its own: five, three sections each. They line up locally,
+      // and only the first of them waits in Redis's line; every section ends with the caller
+      // asking again at once.
       const busyCallers = Array.from({ length: 5 }, () =>
         (async () => {
           for (let i = 0; i < 3; i++) await busy.using('hot', async () => void order.push('busy'), { wait: 20_000 });
         })(),
       );
-      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 5, 5_000, 'the busy callers to queue');
+      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 1, 5_000, 'the busy process to queue');
       const otherCaller = other.using('hot', async () => void order.push('other'), { wait: 20_000 });
-      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 6, 5_000, 'the other process to queue');
+      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 2, 5_000, 'the other process to queue');
       await first.release();
       await Promise.all([...busyCallers, otherCaller]);
-      // In arrival order: the five busy callers that came first, then the other process. Without a
-      // line in Redis the busy process's next caller always wins (its acquire goes out right
-      // behind its release), and the other process comes last, after all 15 sections.
-      expect(order.indexOf('other')).toBe(5);
+      // In arrival order: the busy process's first caller, then the other process. Without a line
+      // in Redis the busy process's next caller always wins (its acquire goes out right behind
+      // its release), and the other process comes last, after all 15 sections.
+      expect(order.indexOf('other')).toBe(1);
       expect(order).toHaveLength(16);
     });
 

@@ -116,12 +116,12 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const b = backend();
       const layout = lockKeyLayout(key);
       const slot = await cluster.slotOf(key);
-      for (const companion of [layout.fence, layout.queue, layout.queueDeadlines]) expect(await cluster.slotOf(companion)).toBe(slot);
+      for (const companion of [layout.fence, layout.queue, layout.waiters]) expect(await cluster.slotOf(companion)).toBe(slot);
       // Each script names all of them; Redis would answer CROSSSLOT if one were elsewhere.
       expect(await b.tryAcquire([key], 'owner-a', 5_000)).toMatchObject({ acquired: true });
       expect(await b.tryAcquire([key], 'owner-b', 5_000)).toMatchObject({ acquired: false });
       const node = cluster.admin(await cluster.portOf(key));
-      expect(await node.exists(layout.lock, layout.fence, layout.queue, layout.queueDeadlines)).toBe(4);
+      expect(await node.exists(layout.lock, layout.fence, layout.queue, layout.waiters)).toBe(4);
       expect(await b.extend([key], 'owner-a', 5_000)).toEqual({ extended: true });
       expect(await b.release([key], 'owner-a')).toBe(true);
       expect(await b.tryAcquire([key], 'owner-b', 5_000)).toMatchObject({ acquired: true });
@@ -137,8 +137,9 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const waiting = b.acquire(key, { wait: 20_000 });
       const node = cluster.admin(await cluster.portOf(key));
       // The waiter is subscribed on the shard that owns the key, by SSUBSCRIBE, not SUBSCRIBE.
-      await until(async () => ((await node.call('PUBSUB', 'SHARDNUMSUB', key)) as [string, number])[1] === 1, 5_000, `SSUBSCRIBE ${key}`);
-      expect(((await node.call('PUBSUB', 'NUMSUB', key)) as [string, number])[1]).toBe(0);
+      const channels = `${lockKeyLayout(key).queue}:*`;
+      await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 5_000, `SSUBSCRIBE ${key}`);
+      expect(await node.call('PUBSUB', 'CHANNELS', '*')).toEqual([]);
       const releasedAt = Date.now();
       await holder.release();
       const handle = await waiting;
@@ -203,7 +204,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const node = cluster.admin(await cluster.portOf(`app:${key}`));
       expect(await node.exists(`app:${layout.lock}`, `app:${layout.fence}`)).toBe(2);
       const waiting = b.acquire(key, { wait: 20_000 });
-      await until(async () => ((await node.call('PUBSUB', 'SHARDNUMSUB', `app:${key}`)) as [string, number])[1] === 1, 5_000, 'SSUBSCRIBE');
+      await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', `app:${layout.queue}:*`)) as string[]).length === 1, 5_000, 'SSUBSCRIBE');
       await holder.release();
       await (await waiting).release();
     }
@@ -232,7 +233,8 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const held = await holder.acquire(key, { ttl: 60_000 });
       const waiting = waiter.acquire(key, { wait: 20_000 });
       const node = cluster.admin(await cluster.portOf(`lock:${key}`));
-      await until(async () => ((await node.call('PUBSUB', 'SHARDNUMSUB', `lock:${key}`)) as [string, number])[1] === 1, 5_000, 'SSUBSCRIBE');
+      const channels = `${lockKeyLayout(`lock:${key}`).queue}:*`;
+      await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 5_000, 'SSUBSCRIBE');
       await held.release();
       await (await waiting).release();
     }

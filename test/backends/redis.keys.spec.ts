@@ -34,9 +34,9 @@ describe('Redis key layout', () => {
       keys.push('lock:' + Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''));
     }
     for (const key of keys) {
-      const { lock, fence, queue, queueDeadlines } = lockKeyLayout(key);
+      const { lock, fence, queue, waiters } = lockKeyLayout(key);
       expect(lock).toBe(key);
-      for (const companion of [fence, queue, queueDeadlines]) {
+      for (const companion of [fence, queue, waiters]) {
         expect([key, companion, keySlot(companion)]).toEqual([key, companion, keySlot(key)]);
         expect(companion.startsWith('{')).toBe(true);
       }

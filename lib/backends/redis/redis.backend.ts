@@ -1,4 +1,5 @@
 import { Logger } from '@nestjs/common';
+import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
@@ -15,15 +16,30 @@ import {
 } from './redis.options.js';
 import { ACQUIRE, EXTEND, INSPECT, RELEASE, runScript, type RedisScript } from './redis.scripts.js';
 
-/**
- * How long a key's fencing counter outlives its last lease. Tokens stay increasing without it
- * (they start from the server clock), so this only bounds the memory of keys nobody locks anymore.
- */
-const FENCE_RETENTION_MS = 24 * 60 * 60 * 1000;
-
 const logger = new Logger('DistributedLock');
 
 class CommandTimeoutError extends Error {}
+
+/**
+ * An owner of this process that is trying for a lock or waiting in its line in Redis: what is
+ * needed to accept a lock the release script hands it (see RELEASE).
+ */
+interface LineEntry {
+  /** When its last failed attempt was sent (performance.now()), and the key's last token then. */
+  sentAt?: number;
+  lastToken?: number;
+  /** A hand-over announced before the answer to the attempt in flight came back. */
+  early?: Handover;
+  /** A hand-over it may take without asking Redis again. */
+  granted?: { fencingToken: number; leaseMs: number; deadline: number };
+  /** A wake-up that came before the waiter listened for one. */
+  woken?: boolean;
+}
+
+interface Handover {
+  fencingToken: number;
+  leaseMs: number;
+}
 
 /**
  * Leases in one Redis (standalone, Sentinel or Cluster) through ioredis. Every operation is one
@@ -46,8 +62,15 @@ export class RedisLockBackend implements LockBackend {
   private creating: Promise<Redis | Cluster> | undefined;
   private readonly subscriber: RedisReleaseSubscriber;
   private closed = false;
-  /** Owners of this backend that failed an attempt and may be in a line in Redis. */
-  private readonly inLine = new Set<string>();
+  /** Owners of this process that are trying for a lock and may be in its line in Redis. */
+  private readonly line = new Map<string, LineEntry>();
+  /** Names this backend's wake-up channel: releases tell the first waiter in line through it. */
+  private readonly id = randomBytes(9).toString('base64url');
+  /** How to wake each waiting owner of this process. */
+  private readonly wakers = new Map<string, () => void>();
+  /** Outside Cluster one channel serves every key, subscribed at the first wait until close. */
+  private processChannel: Promise<unknown> | undefined;
+  private listening = false;
   /** The last connection error of a client we created, to say why an operation failed. */
   private connectionError: Error | undefined;
 
@@ -72,37 +95,59 @@ export class RedisLockBackend implements LockBackend {
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     const willWait = options?.willWait ?? true;
+    let entry = this.line.get(owner);
+    const granted = entry?.granted;
+    if (granted) {
+      entry!.granted = undefined;
+      // Counted from a moment before Redis handed it over, so it never outlasts the real lease.
+      // With too little of it left, asking Redis again (it finds the lock ours) renews it.
+      const validityMs = granted.deadline - performance.now();
+      if (validityMs > granted.leaseMs / 2) {
+        this.line.delete(owner);
+        return { acquired: true, fencingToken: granted.fencingToken, validityMs };
+      }
+    }
+    if (willWait && !entry) this.line.set(owner, (entry = {}));
     const client = await this.connected('acquire', keys);
-    const layouts = this.layouts(keys, client);
+    const redisKeys = this.lineKeys(keys, client);
+    const sentAt = performance.now();
     const ttl = Math.ceil(ttlMs);
-    const redisKeys = [...layouts.map((l) => l.lock), ...layouts.map((l) => l.fence), ...layouts.map((l) => l.queue), ...layouts.map((l) => l.queueDeadlines)];
-    const [acquired, value] = (await this.run(client, 'acquire', keys, ACQUIRE, redisKeys, [owner, ttl, this.options.waiterTimeout, ttl + FENCE_RETENTION_MS, willWait ? 1 : 0], (late) => {
+    const [acquired, value, lastToken] = (await this.run(client, 'acquire', keys, ACQUIRE, redisKeys, [owner, ttl, this.options.waiterTimeout, willWait ? 1 : 0, this.id], (late) => {
       // It answered after we gave up on it: nobody uses this lease, so free it for the others.
       if ((late as number[])[0] === 1) this.release(keys, owner).catch(() => undefined);
-    })) as [number, number];
+    }).catch((error: unknown) => {
+      if (!willWait) this.line.delete(owner);
+      throw error;
+    })) as [number, number, number?];
     if (acquired === 1) {
-      this.inLine.delete(owner);
+      this.line.delete(owner);
       return { acquired: true, fencingToken: value };
     }
-    if (willWait) this.inLine.add(owner);
+    if (entry && keys.length === 1) {
+      entry.sentAt = sentAt;
+      entry.lastToken = lastToken;
+      const early = entry.early;
+      entry.early = undefined;
+      if (early) this.handOver(entry, early);
+    }
     return { acquired: false, retryAfterMs: value >= 0 ? value : undefined };
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
     const client = await this.connected('extend', keys);
-    const layouts = this.layouts(keys, client);
-    const ttl = Math.ceil(ttlMs);
-    const redisKeys = [...layouts.map((l) => l.lock), ...layouts.map((l) => l.fence)];
-    const extended = await this.run(client, 'extend', keys, EXTEND, redisKeys, [owner, ttl, ttl + FENCE_RETENTION_MS]);
+    const locks = this.layouts(keys, client).map((l) => l.lock);
+    const extended = await this.run(client, 'extend', keys, EXTEND, locks, [owner, Math.ceil(ttlMs)]);
     return extended === 1 ? { extended: true } : { extended: false };
   }
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
-    this.inLine.delete(owner);
+    this.line.delete(owner);
     const client = await this.connected('release', keys);
-    const layouts = this.layouts(keys, client);
-    const redisKeys = [...layouts.map((l) => l.lock), ...layouts.map((l) => l.queue), ...layouts.map((l) => l.queueDeadlines)];
-    const released = await this.run(client, 'release', keys, RELEASE, redisKeys, [owner, this.cluster ? 'SPUBLISH' : 'PUBLISH']);
+    const released = await this.run(client, 'release', keys, RELEASE, this.lineKeys(keys, client), [
+      owner,
+      this.cluster ? 'SPUBLISH' : 'PUBLISH',
+      this.options.waiterTimeout,
+    ]);
     return (released as number) > 0;
   }
 
@@ -114,18 +159,71 @@ export class RedisLockBackend implements LockBackend {
     return { key, owner, ttlMs: pttl >= 0 ? pttl : Number.POSITIVE_INFINITY, fencingToken: token === null ? undefined : Number(token) };
   }
 
-  async watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {
+  async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
     if (this.closed) throw this.closedError('watch', keys);
-    const prefix = keyPrefixOf(await this.connected('watch', keys));
-    // The release script publishes on the lock key as Redis sees it, client key prefix included.
-    // A release names the waiter first in line: only the process it belongs to needs to try.
+    // Releases name the waiter whose turn it is (see RELEASE): without the owner, nothing here
+    // would answer to that name, and the caller polls.
+    if (owner === undefined) return () => undefined;
+    this.wakers.set(owner, onRelease);
+    let unsubscribe: (() => void) | undefined;
+    const stop = () => {
+      unsubscribe?.();
+      if (this.wakers.get(owner) === onRelease) this.wakers.delete(owner);
+    };
+    try {
+      unsubscribe = await this.subscribe(keys, owner);
+    } catch (error) {
+      stop();
+      throw error;
+    }
+    const entry = this.line.get(owner);
+    if (entry?.woken) {
+      entry.woken = false;
+      onRelease();
+    }
+    return stop;
+  }
+
+  /** Outside Cluster, once this process listens on its channel, every waiter of it is heard. */
+  watching(): boolean {
+    return this.listening && !this.closed;
+  }
+
+  /** Makes sure this process hears the releases that name `owner`; returns how to stop, if needed. */
+  private async subscribe(keys: readonly string[], owner: string): Promise<(() => void) | undefined> {
+    const client = await this.connected('watch', keys);
+    if (!this.cluster) {
+      this.processChannel ??= this.subscriber.watch([`nest-distributed-lock:${this.id}`], this.onMessage).then(
+        () => (this.listening = true),
+        (error: unknown) => {
+          this.processChannel = undefined;
+          throw error;
+        },
+      );
+      await this.processChannel;
+      return undefined;
+    }
+    // Sharded channels live in a slot, so there is one per lock (its line key as Redis sees it,
+    // client key prefix included), shared by this process's waiters on it.
+    const prefix = keyPrefixOf(client);
     return this.subscriber.watch(
-      keys.map((key) => prefix + key),
-      (next) => {
-        if (next === '' || this.inLine.has(next)) onRelease();
+      this.layouts(keys, client).map((layout) => `${prefix}${layout.queue}:${this.id}`),
+      (message) => {
+        if (message === owner || message.startsWith(`${owner} `)) this.onMessage(message);
       },
     );
   }
+
+  /** A release told one of our waiters that it is its turn, maybe handing it the lock. */
+  private readonly onMessage = (message: string): void => {
+    const [owner, token, lease] = message.split(' ');
+    const entry = this.line.get(owner);
+    if (!entry) return;
+    if (lease !== undefined) this.handOver(entry, { fencingToken: Number(token), leaseMs: Number(lease) });
+    const wake = this.wakers.get(owner);
+    if (wake) wake();
+    else entry.woken = true;
+  };
 
   /** Closes the subscriber connection, and the client if the backend created it. */
   async close(): Promise<void> {
@@ -191,6 +289,29 @@ export class RedisLockBackend implements LockBackend {
     subscriber.on('error', () => undefined);
     if (this.closed) subscriber.disconnect();
     return subscriber;
+  }
+
+  /**
+   * Takes a hand-over for a waiter if it came after the waiter's last failed attempt (its token is
+   * greater than the one that attempt saw). Then the lock was handed over after that attempt was
+   * sent, so the lease counted from the send time is certainly within the real one.
+   */
+  private handOver(entry: LineEntry, handover: Handover): void {
+    if (entry.sentAt === undefined || entry.lastToken === undefined) {
+      entry.early = handover;
+    } else if (handover.fencingToken > entry.lastToken) {
+      entry.granted = { ...handover, deadline: entry.sentAt + handover.leaseMs };
+    }
+  }
+
+  /** The keys of the scripts that keep the line: locks, fencing counters, lines, waiter records. */
+  private lineKeys(keys: readonly string[], client: Redis | Cluster): string[] {
+    const layouts = this.layouts(keys, client);
+    if (layouts.length === 1) {
+      const [{ lock, fence, queue, waiters }] = layouts;
+      return [lock, fence, queue, waiters];
+    }
+    return [...layouts.map((l) => l.lock), ...layouts.map((l) => l.fence), ...layouts.map((l) => l.queue), ...layouts.map((l) => l.waiters)];
   }
 
   private layouts(keys: readonly string[], client: Redis | Cluster): LockKeyLayout[] {

@@ -16,10 +16,13 @@
 export interface LockKeyLayout {
   lock: string;
   fence: string;
-  /** Sorted set: waiting owner -> arrival (server time, µs). */
+  /** The line of waiters, a sorted set: waiting owner -> arrival (server time, µs). */
   queue: string;
-  /** Sorted set: waiting owner -> when it loses its place unless it asks again (µs). */
-  queueDeadlines: string;
+  /**
+   * Hash: waiting owner -> `<deadline µs> <ttl ms>`: when it loses its place unless it asks again,
+   * and the lease it asked for (0 for a multi-key waiter, which is never handed a lock on release).
+   */
+  waiters: string;
 }
 
 /**
@@ -28,7 +31,7 @@ export interface LockKeyLayout {
  */
 export function lockKeyLayout(key: string, clientPrefix = ''): LockKeyLayout {
   const base = slotPinnedBase(clientPrefix + key);
-  return { lock: key, fence: `${base}:fence`, queue: `${base}:queue`, queueDeadlines: `${base}:queue-deadlines` };
+  return { lock: key, fence: `${base}:fence`, queue: `${base}:queue`, waiters: `${base}:waiters` };
 }
 
 function slotPinnedBase(key: string): string {

@@ -12,32 +12,34 @@ export interface RedisScript {
   readonly sha: string;
 }
 
+/**
+ * How long a fencing counter lives once started (or last set by a multi-key acquisition). Tokens
+ * stay increasing without it (they start from the server clock), so this only bounds the memory
+ * of keys nobody locks anymore.
+ */
+const FENCE_RETENTION_MS = 24 * 60 * 60 * 1000;
+
 function script(name: string, lua: string): RedisScript {
   return { name, lua, sha: createHash('sha1').update(lua).digest('hex') };
 }
 
 /**
- * KEYS: n locks, then their n fencing counters, n wait queues and n queue deadlines.
- * ARGV: owner, ttl ms, waiter timeout ms, counter retention ms, 1 if the caller will wait (joins
- * the line when it fails) or 0 (it gives up at once, so it stays out of the line).
- * Returns {1, fencing token} or {0, ms until a retry may succeed, -1 when unknown}.
+ * Helpers both line-keeping scripts share; they expect KEYS laid out as n locks, their n fencing
+ * counters, n lines and n waiter records (see redis.keys.ts).
  *
- * All or nothing: every lock is checked before any is written. A lock already held by this owner
- * (a request resent after a reconnect) does not block it. A free lock still goes to the oldest
- * waiter in line first: the line is what keeps a process that releases and re-acquires at once
- * from starving the others. Waiters that stopped asking lose their place after the timeout.
- *
- * The token is one more than the largest last token of the keys; a key without a counter (never
- * locked, expired, or Redis restarted empty) counts the server time in µs instead. Strictly
- * greater than every earlier token of each key while its counter lives, and after that as long as
- * the server clock has not gone back: tokens grow by one per acquisition, far slower than the clock.
- * The uncontended path is five calls: GET, EXISTS, GET, SET, SET (plus TIME for a new key).
+ * - clock(): the server time in µs, read at most once per call.
+ * - nextToken(counter): one more than the counter's last token; a missing counter (never locked,
+ *   expired, or Redis restarted empty) starts from the server time in µs instead. Strictly greater
+ *   than every earlier token of the key while the counter lives, and after that as long as the
+ *   server clock has not gone back: tokens grow by one per acquisition, far slower than the clock.
+ *   The counter's retention is only set when it starts, so it bounds the memory of keys nobody
+ *   locks anymore; the clock takes over when it runs out.
+ * - front(i): the first waiter in line i that still has its place, with its deadline (µs), the
+ *   ttl it asked for (0 for a multi-key waiter) and the id of its process's backend. Waiters whose
+ *   place ran out are dropped on the way.
  */
-export const ACQUIRE = script(
-  'acquire',
-  `
+const PRELUDE = `
 local n = #KEYS / 4
-local owner = ARGV[1]
 local now = nil
 local function clock()
   if not now then
@@ -46,112 +48,167 @@ local function clock()
   end
   return now
 end
-local wait = nil
+local function nextToken(counter)
+  local token = redis.call('INCR', counter)
+  if token == 1 then
+    token = clock()
+    redis.call('SET', counter, string.format('%.0f', token), 'PX', ${FENCE_RETENTION_MS})
+  end
+  return token
+end
+local function front(i)
+  local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
+  while true do
+    local head = redis.call('ZRANGE', line, 0, 0)[1]
+    if not head then return nil end
+    local record = redis.call('HGET', records, head)
+    if record then
+      local deadline, ttl, process = string.match(record, '^(%d+) (%d+) (%S+)$')
+      if deadline and tonumber(deadline) > clock() then return head, tonumber(deadline), tonumber(ttl), process end
+    end
+    redis.call('ZREM', line, head)
+    redis.call('HDEL', records, head)
+  end
+end
+`;
+
+/**
+ * KEYS: n locks, their n fencing counters, n lines, n waiter records.
+ * ARGV: owner, ttl ms, waiter timeout ms, 1 if the caller will wait (joins the line when it fails)
+ * or 0 (it gives up at once, so it stays out of the line), the id of the caller's backend (its
+ * wake-up channel, see RELEASE).
+ * Returns {1, fencing token}, or {0, ms until a retry may succeed (-1: unknown), the key's last
+ * token (single key; -1 otherwise)}: a hand-over announced later carries a greater token.
+ *
+ * All or nothing: every lock is checked before any is written. A lock this owner already holds
+ * (handed over on release, or a request resent after a reconnect) is taken as it is. A free lock
+ * still goes to the first waiter in line: the line keeps a process that releases and re-acquires
+ * at once from starving the others. Waiters that stopped asking lose their place after the timeout.
+ * The usual case, one free key and nobody in line, is three calls: EXISTS, SET NX, INCR.
+ */
+export const ACQUIRE = script(
+  'acquire',
+  PRELUDE +
+    `
+local owner, ttl = ARGV[1], ARGV[2]
+if n == 1 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ttl) then
+  return {1, nextToken(KEYS[2])}
+end
+local wait, mine = nil, {}
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
-  if holder and holder ~= owner then
+  if holder == owner then
+    mine[i] = true
+  elseif holder then
     wait = math.max(wait or -1, redis.call('PTTL', KEYS[i]))
   end
 end
-local queued = {}
 if not wait then
   for i = 1, n do
-    local queue, deadlines = KEYS[2 * n + i], KEYS[3 * n + i]
-    if redis.call('EXISTS', queue) == 1 then
-      queued[i] = true
-      local gone = redis.call('ZRANGEBYSCORE', deadlines, '-inf', clock())
-      for _, waiter in ipairs(gone) do
-        redis.call('ZREM', queue, waiter)
-        redis.call('ZREM', deadlines, waiter)
-      end
-      local head = redis.call('ZRANGE', queue, 0, 0)[1]
-      if head and head ~= owner then
-        local headDeadline = tonumber(redis.call('ZSCORE', deadlines, head)) or clock()
-        wait = math.max(wait or -1, math.ceil((headDeadline - clock()) / 1000))
-      end
+    if not mine[i] then
+      local head, deadline = front(i)
+      if head and head ~= owner then wait = math.max(wait or -1, math.ceil((deadline - clock()) / 1000)) end
     end
   end
 end
-if wait and ARGV[5] == '0' then return {0, wait} end
 if wait then
+  if ARGV[4] == '0' then return {0, wait, -1} end
   local stamp = string.format('%.0f', clock())
-  local deadline = string.format('%.0f', clock() + ARGV[3] * 1000)
+  local record = string.format('%.0f', clock() + ARGV[3] * 1000) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. ARGV[5]
   for i = 1, n do
-    local queue, deadlines = KEYS[2 * n + i], KEYS[3 * n + i]
-    redis.call('ZADD', queue, 'NX', stamp, owner)
-    redis.call('ZADD', deadlines, deadline, owner)
-    redis.call('PEXPIRE', queue, ARGV[3])
-    redis.call('PEXPIRE', deadlines, ARGV[3])
+    local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
+    redis.call('ZADD', line, 'NX', stamp, owner)
+    redis.call('HSET', records, owner, record)
+    redis.call('PEXPIRE', line, ARGV[3])
+    redis.call('PEXPIRE', records, ARGV[3])
   end
-  return {0, wait}
+  return {0, wait, n == 1 and (tonumber(redis.call('GET', KEYS[2])) or 0) or -1}
 end
-local token = 0
-for i = n + 1, 2 * n do
-  local last = tonumber(redis.call('GET', KEYS[i]))
-  token = math.max(token, last and last + 1 or clock())
+local token
+if n == 1 then
+  token = nextToken(KEYS[2])
+else
+  token = 0
+  for i = n + 1, 2 * n do
+    local last = tonumber(redis.call('GET', KEYS[i]))
+    token = math.max(token, last and last + 1 or clock())
+  end
+  local fence = string.format('%.0f', token)
+  for i = n + 1, 2 * n do redis.call('SET', KEYS[i], fence, 'PX', ${FENCE_RETENTION_MS}) end
 end
-local fence = string.format('%.0f', token)
 for i = 1, n do
-  redis.call('SET', KEYS[i], owner, 'PX', ARGV[2])
-  redis.call('SET', KEYS[n + i], fence, 'PX', ARGV[4])
-  if queued[i] and redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then
-    redis.call('ZREM', KEYS[3 * n + i], owner)
-  end
+  redis.call('SET', KEYS[i], owner, 'PX', ttl)
+  if redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then redis.call('HDEL', KEYS[3 * n + i], owner) end
 end
 return {1, token}
 `,
 );
 
 /**
- * KEYS: n locks, then their n fencing counters. ARGV: owner, ttl ms, counter retention ms.
- * Returns 1 if the owner still held every lock and each lease is reset to ttl, else 0 (and
- * nothing changed). The counter's retention is renewed too, so a long-held lock keeps its token.
+ * KEYS: n locks. ARGV: owner, ttl ms. Returns 1 if the owner still held every lock and each lease
+ * is reset to ttl, else 0 (and nothing changed).
  */
 export const EXTEND = script(
   'extend',
   `
-local n = #KEYS / 2
-for i = 1, n do
-  if redis.call('GET', KEYS[i]) ~= ARGV[1] then return 0 end
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) ~= ARGV[1] then return 0 end
 end
-for i = 1, n do
-  redis.call('PEXPIRE', KEYS[i], ARGV[2])
-  redis.call('PEXPIRE', KEYS[n + i], ARGV[3])
+for _, key in ipairs(KEYS) do
+  redis.call('PEXPIRE', key, ARGV[2])
 end
 return 1
 `,
 );
 
 /**
- * KEYS: n locks, then their n wait queues and n queue deadlines. ARGV: owner, 'PUBLISH' or
- * 'SPUBLISH' (sharded, on Cluster). Returns how many locks the owner still held; those are deleted.
+ * KEYS: n locks, their n fencing counters, n lines, n waiter records. ARGV: owner, 'PUBLISH' or
+ * 'SPUBLISH' (sharded, on Cluster), the longest lease to hand over (ms). Returns how many locks the
+ * owner still held; those are deleted.
  *
  * Compare-and-delete, so a late release never frees another owner's lock. A waiter that gives up
- * calls it too, to leave the line. Either way the lock's channel (the lock key itself, so it is in
- * the lock's slot) tells waiters to try again; only waiters in line can be asleep on it (a waiter
- * joins the line with its first failed attempt, before it subscribes), so without a line there is
- * nobody to wake and nothing is published. The message is the owner first in line (a process
- * whose waiter it is not stays asleep: one attempt per handoff instead of one per process).
+ * calls it too, to leave the line. Either way, if someone is in line, the first waiter's process
+ * is told on its backend's own channel (on Cluster one per lock, `<line key>:<id>`, in the lock's
+ * slot; else `nest-distributed-lock:<id>`), so no other process reads it:
+ * - a single-key waiter is handed the free lock right here, with its fencing token, and the
+ *   message is `<owner> <token> <lease ms>`: it enters without another round trip. The lease is
+ *   its ttl, but no longer than the given cap, so a waiter that died in line holds it up briefly;
+ * - a multi-key waiter is told `<owner>` and tries again.
+ * Without a line there is nobody to wake: no message.
  */
 export const RELEASE = script(
   'release',
-  `
-local n = #KEYS / 3
+  PRELUDE +
+    `
+local owner = ARGV[1]
 local released = 0
 for i = 1, n do
+  local lock, line, records = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i]
   local freed = false
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
-    redis.call('DEL', KEYS[i])
+  if redis.call('GET', lock) == owner then
+    redis.call('DEL', lock)
     released = released + 1
     freed = true
   end
-  if redis.call('EXISTS', KEYS[n + i]) == 1 then
-    if redis.call('ZREM', KEYS[n + i], ARGV[1]) == 1 then
-      redis.call('ZREM', KEYS[2 * n + i], ARGV[1])
+  if redis.call('EXISTS', line) == 1 then
+    if redis.call('ZREM', line, owner) == 1 then
+      redis.call('HDEL', records, owner)
       freed = true
     end
-    -- Names the waiter whose turn it is, so only its process wakes up and tries.
-    if freed then redis.call(ARGV[2], KEYS[i], redis.call('ZRANGE', KEYS[n + i], 0, 0)[1] or '') end
+    if freed then
+      local head, _, ttl, process = front(i)
+      if head then
+        local channel = ARGV[2] == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
+        local lease = math.min(ttl, tonumber(ARGV[3]))
+        if lease > 0 and redis.call('SET', lock, head, 'NX', 'PX', lease) then
+          redis.call('ZREM', line, head)
+          redis.call('HDEL', records, head)
+          redis.call(ARGV[2], channel, head .. ' ' .. string.format('%.0f', nextToken(KEYS[n + i])) .. ' ' .. lease)
+        else
+          redis.call(ARGV[2], channel, head)
+        end
+      end
+    end
   end
 end
 return released
