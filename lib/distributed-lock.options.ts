@@ -88,7 +88,8 @@ function check(options: unknown, checks: Record<string, Check>, where: string): 
   if (typeof options !== 'object' || options === null || Array.isArray(options)) {
     throw new InvalidLockOptionsError('(options)', `${where}: options must be an object, got ${String(options)}.`);
   }
-  for (const [name, value] of Object.entries(options)) {
+  for (const name of Object.keys(options)) {
+    const value = (options as Record<string, unknown>)[name];
     const rule = checks[name];
     if (!rule) {
       throw new InvalidLockOptionsError(

@@ -64,6 +64,7 @@ export class LockHandle implements AsyncDisposable {
   async release(): Promise<void> {
     if (this.released) return;
     this.released = true;
+    if (this.leases.length === 1) return this.leases[0].release();
     const results = await Promise.allSettled(this.leases.map((lease) => lease.release()));
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;

@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { CommandDeadlines } from './command-deadlines.js';
 import { RedisReleaseSubscriber } from './redis-release.subscriber.js';
 import { keySlot, lockKeyLayout, type LockKeyLayout } from './redis.keys.js';
 import {
@@ -14,7 +15,7 @@ import {
   type RedisLockConnection,
   type ResolvedRedisLockBackendOptions,
 } from './redis.options.js';
-import { ACQUIRE, EXTEND, INSPECT, RELEASE, runScript, type RedisScript } from './redis.scripts.js';
+import { ACQUIRE, EXTEND, INSPECT, RELEASE, type RedisScript } from './redis.scripts.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -61,6 +62,7 @@ export class RedisLockBackend implements LockBackend {
   private client: Redis | Cluster | undefined;
   private creating: Promise<Redis | Cluster> | undefined;
   private readonly subscriber: RedisReleaseSubscriber;
+  private readonly deadlines: CommandDeadlines;
   private closed = false;
   /** Owners of this process that are trying for a lock and may be in its line in Redis. */
   private readonly line = new Map<string, LineEntry>();
@@ -91,6 +93,7 @@ export class RedisLockBackend implements LockBackend {
       this.cluster = this.connection.kind === 'cluster';
     }
     this.subscriber = new RedisReleaseSubscriber(() => this.createSubscriber(), this.cluster, this.options.commandTimeout);
+    this.deadlines = new CommandDeadlines(this.options.commandTimeout);
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
@@ -108,7 +111,7 @@ export class RedisLockBackend implements LockBackend {
       }
     }
     if (willWait && !entry) this.line.set(owner, (entry = {}));
-    const client = await this.connected('acquire', keys);
+    const client = this.openClient() ?? (await this.connected('acquire', keys));
     const redisKeys = this.lineKeys(keys, client);
     const sentAt = performance.now();
     const ttl = Math.ceil(ttlMs);
@@ -134,7 +137,7 @@ export class RedisLockBackend implements LockBackend {
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
-    const client = await this.connected('extend', keys);
+    const client = this.openClient() ?? (await this.connected('extend', keys));
     const locks = this.layouts(keys, client).map((l) => l.lock);
     const extended = await this.run(client, 'extend', keys, EXTEND, locks, [owner, Math.ceil(ttlMs)]);
     return extended === 1 ? { extended: true } : { extended: false };
@@ -142,7 +145,7 @@ export class RedisLockBackend implements LockBackend {
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
     this.line.delete(owner);
-    const client = await this.connected('release', keys);
+    const client = this.openClient() ?? (await this.connected('release', keys));
     const released = await this.run(client, 'release', keys, RELEASE, this.lineKeys(keys, client), [
       owner,
       this.cluster ? 'SPUBLISH' : 'PUBLISH',
@@ -152,7 +155,7 @@ export class RedisLockBackend implements LockBackend {
   }
 
   async inspect(key: string): Promise<LockState | undefined> {
-    const client = await this.connected('inspect', [key]);
+    const client = this.openClient() ?? (await this.connected('inspect', [key]));
     const [layout] = this.layouts([key], client);
     const [owner, pttl, token] = (await this.run(client, 'inspect', [key], INSPECT, [layout.lock, layout.fence], [])) as [string | null, number, string | null];
     if (owner === null) return undefined;
@@ -235,6 +238,11 @@ export class RedisLockBackend implements LockBackend {
     if (!client) return;
     if (client.status === 'ready') await withTimeout(client.quit(), 1_000).catch(() => undefined);
     client.disconnect();
+  }
+
+  /** The client once it exists, without awaiting anything: an await per operation adds up. */
+  private openClient(): Redis | Cluster | undefined {
+    return this.closed ? undefined : this.client;
   }
 
   private async connected(op: string, keys: readonly string[]): Promise<Redis | Cluster> {
@@ -329,8 +337,11 @@ export class RedisLockBackend implements LockBackend {
     return keys.map((key) => lockKeyLayout(key, prefix));
   }
 
-  /** One script call, bounded by commandTimeout, with failures turned into LockBackendError. */
-  private async run(
+  /**
+   * One script call, bounded by commandTimeout, with failures turned into LockBackendError. It
+   * runs by SHA; on NOSCRIPT (a restarted or flushed Redis) it sends the script whole once.
+   */
+  private run(
     client: Redis | Cluster,
     op: string,
     keys: readonly string[],
@@ -339,22 +350,22 @@ export class RedisLockBackend implements LockBackend {
     args: readonly (string | number)[],
     onLateAnswer?: (reply: unknown) => void,
   ): Promise<unknown> {
-    const reply = runScript(client, script, redisKeys, args);
-    let timer: NodeJS.Timeout | undefined;
-    try {
-      return await new Promise((resolve, reject) => {
-        timer = setTimeout(() => {
-          if (onLateAnswer) reply.then(onLateAnswer, () => undefined);
-          else reply.catch(() => undefined);
-          reject(new CommandTimeoutError(`Redis did not answer within ${this.options.commandTimeout} ms (commandTimeout); is it paused or overloaded?`));
-        }, this.options.commandTimeout);
-        reply.then(resolve, reject);
+    return new Promise((resolve, reject) => {
+      const command = this.deadlines.track(() =>
+        reject(this.failure(op, keys, client, new CommandTimeoutError(`Redis did not answer within ${this.options.commandTimeout} ms (commandTimeout); is it paused or overloaded?`))),
+      );
+      const answered = (reply: unknown) => {
+        if (this.deadlines.answered(command)) resolve(reply);
+        else onLateAnswer?.(reply);
+      };
+      const failed = (error: unknown) => {
+        if (this.deadlines.answered(command)) reject(this.failure(op, keys, client, error));
+      };
+      client.evalsha(script.sha, redisKeys.length, ...redisKeys, ...args).then(answered, (error: unknown) => {
+        if (error instanceof Error && error.message.startsWith('NOSCRIPT')) client.eval(script.lua, redisKeys.length, ...redisKeys, ...args).then(answered, failed);
+        else failed(error);
       });
-    } catch (error) {
-      throw this.failure(op, keys, client, error);
-    } finally {
-      clearTimeout(timer);
-    }
+    });
   }
 
   private failure(op: string, keys: readonly string[], client: Redis | Cluster, error: unknown): LockBackendError {

@@ -1,9 +1,8 @@
 import { createHash } from 'node:crypto';
-import type { Cluster, Redis } from 'ioredis';
 
 /**
  * The whole safety argument of the Redis backend: four scripts, each one atomic step on one slot.
- * Every script runs in one round trip; the client sends EVALSHA and falls back to EVAL (which
+ * Every script runs in one round trip; the backend sends EVALSHA and falls back to EVAL (which
  * loads the script again) when Redis answers NOSCRIPT, e.g. after a restart.
  */
 export interface RedisScript {
@@ -222,13 +221,3 @@ export const INSPECT = script(
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
 `,
 );
-
-/** Runs a script by its SHA; on NOSCRIPT (a restarted or flushed Redis) sends it whole once. */
-export async function runScript(client: Redis | Cluster, script: RedisScript, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
-  try {
-    return await client.evalsha(script.sha, keys.length, ...keys, ...args);
-  } catch (error) {
-    if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
-    return client.eval(script.lua, keys.length, ...keys, ...args);
-  }
-}
