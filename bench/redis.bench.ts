@@ -99,10 +99,19 @@ async function uncontended(report: Report, client: () => Redis, service: (redis:
     if ((await floorClient.set(key, mine, 'PX', 30_000, 'NX')) !== 'OK') throw new Error('raw floor: busy');
     return () => (floorClient as Redis & { casDelete(key: string, token: string): Promise<number> }).casDelete(key, mine);
   };
+  // The backend alone (its two scripts, no handle, lease or watchdog): what the protocol costs.
+  const backend = new RedisLockBackend(client());
+  let owner = 0;
+  impls['ours (backend only)'] = async (key) => {
+    const mine = `owner-${++owner}`;
+    if (!(await backend.tryAcquire([key], mine, 30_000, { willWait: false })).acquired) throw new Error('ours (backend only): busy');
+    return () => backend.release([key], mine);
+  };
   const rates = await compareRates(
     Object.fromEntries(Object.entries(impls).map(([impl, lock]) => [impl, async () => (await lock(`pair:${impl}`))()])),
     { rounds: 5, ms: 600, warmupMs: 300 },
   );
+  await backend.close();
   for (const [impl, opsPerSec] of Object.entries(rates)) {
     report.add({
       scenario: 'redis: uncontended acquire+release (serial, one connection)',
@@ -144,15 +153,11 @@ async function hotKey(report: Report, client: () => Redis, service: (redis: Redi
   const workers = 8;
   const sections = 50;
   const sectionMs = 1;
-  const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
-    const key = `hot:${impl}`;
-    const waits: number[] = [];
-    const inside: number[] = [];
-    const started = performance.now();
-    await Promise.all(
+  const rounds = (key: string, lockFor: (worker: number) => LockOnce, count: number, waits: number[], inside: number[]) =>
+    Promise.all(
       Array.from({ length: workers }, async (_, worker) => {
         const lock = lockFor(worker);
-        for (let i = 0; i < sections; i++) {
+        for (let i = 0; i < count; i++) {
           const asked = performance.now();
           const release = await lock(key);
           const entered = performance.now();
@@ -163,6 +168,15 @@ async function hotKey(report: Report, client: () => Redis, service: (redis: Redi
         }
       }),
     );
+  const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
+    const key = `hot:${impl}`;
+    // A short unmeasured run first, for every implementation alike: connections, scripts,
+    // subscriptions and JIT are warm when the clock starts.
+    await rounds(key, lockFor, 5, [], []);
+    const waits: number[] = [];
+    const inside: number[] = [];
+    const started = performance.now();
+    await rounds(key, lockFor, sections, waits, inside);
     const elapsed = performance.now() - started;
     waits.sort((a, b) => a - b);
     const rate = (workers * sections * 1000) / elapsed;
@@ -190,4 +204,42 @@ async function hotKey(report: Report, client: () => Redis, service: (redis: Redi
     return () => handle.release();
   });
   for (const impl of ['redlock', 'redis-semaphore', 'redlock-universal']) await run(impl, (worker) => perWorker[worker][impl]);
+  await handoffFloor(report, client, `redis: hot key, ${workers} workers x ${sections} sections of ${sectionMs} ms`, sectionMs);
+}
+
+/**
+ * The least any lock can spend handing over between processes through Redis on this machine: a
+ * PUBLISH sent after an idle section, until another connection's subscriber has it. A hot key
+ * pays it once per section, so it bounds the best rate a cross-process lock can reach here.
+ */
+async function handoffFloor(report: Report, client: () => Redis, scenario: string, sectionMs: number): Promise<void> {
+  const [publisher, subscriber] = [client(), client()];
+  await subscriber.subscribe('bench:handoff');
+  let delivered: (() => void) | undefined;
+  subscriber.on('message', () => delivered?.());
+  const samples: number[] = [];
+  for (let i = 0; i < 300; i++) {
+    await sleep(sectionMs);
+    const arrived = new Promise<void>((resolve) => (delivered = resolve));
+    const sent = performance.now();
+    await publisher.publish('bench:handoff', 'x');
+    await arrived;
+    samples.push(performance.now() - sent);
+  }
+  samples.sort((a, b) => a - b);
+  const floorMs = percentile(samples, 50);
+  const section = 1000 / (await sleepRate(sectionMs));
+  report.add({
+    scenario,
+    impl: 'handoff floor (one PUBLISH after an idle section)',
+    handoffP50Us: round(floorMs * 1000, 1),
+    bestVsIdeal: round(section / (section + floorMs)),
+  });
+}
+
+/** How many `ms`-long timer sleeps fit in a second here (a 1 ms sleep lasts a little longer). */
+async function sleepRate(ms: number): Promise<number> {
+  const started = performance.now();
+  for (let i = 0; i < 100; i++) await sleep(ms);
+  return (100 * 1000) / (performance.now() - started);
 }

@@ -257,6 +257,47 @@ describe('RedisLockBackend', () => {
       waiterClient.disconnect();
     });
 
+    it('hands a waiter that died in line the lock for at most waiterTimeout, not its whole ttl', async () => {
+      const [holder, dead] = [backend(server.url, { waiterTimeout: 400 }), backend(server.url, { waiterTimeout: 400 })];
+      expect((await holder.tryAcquire(['gone'], 'h', 60_000)).acquired).toBe(true);
+      // It joins the line asking for a 60 s lease, then never asks again.
+      expect((await dead.tryAcquire(['gone'], 'dead', 60_000)).acquired).toBe(false);
+      await holder.release(['gone'], 'h');
+      expect(await admin.get('gone')).toBe('dead');
+      expect(await admin.pttl('gone')).toBeLessThanOrEqual(400);
+      const next = service(backend(server.url, { waiterTimeout: 400 }));
+      const started = Date.now();
+      const handle = await next.acquire('gone', { wait: 5_000 });
+      expect(Date.now() - started).toBeLessThan(3_000);
+      await handle.release();
+    });
+
+    it('extends a handed-over lease, shorter than the ttl, before it runs out', async () => {
+      const opts = { waiterTimeout: 300 };
+      const [holder, waiting] = [service(backend(server.url, opts), { keyPrefix: '' }), service(backend(server.url, opts), { keyPrefix: '' })];
+      const results: unknown[] = [];
+      const tryAcquire = waiting.backend.tryAcquire.bind(waiting.backend);
+      jest.spyOn(waiting.backend, 'tryAcquire').mockImplementation(async (...args) => {
+        const result = await tryAcquire(...args);
+        results.push(result);
+        return result;
+      });
+      const first = await holder.acquire('short', { ttl: 5_000 });
+      const second = waiting.acquire('short', { ttl: 5_000, wait: 5_000 });
+      await until(async () => (await admin.zcard('{short}:queue')) === 1, 5_000, 'the waiter to queue');
+      await first.release();
+      const handle = await second;
+      // Handed over with a 300 ms lease (counted from its last attempt): the watchdog extends it
+      // to the 5 s ttl after a third of what is left.
+      expect(results.at(-1)).toEqual({ acquired: true, fencingToken: first.fencingToken! + 1, validityMs: expect.any(Number) });
+      expect((results.at(-1) as { validityMs: number }).validityMs).toBeLessThanOrEqual(300);
+      await until(async () => (await admin.pttl('short')) > 1_000, 2_000, 'the lease to be extended to the ttl');
+      await new Promise((resolve) => setTimeout(resolve, 400)); // past the handed-over lease
+      expect(handle.isHeld).toBe(true);
+      expect((await waiting.inspect('short'))?.heldHere).toBe(true);
+      await handle.release();
+    });
+
     it('wakes a waiter for several keys, which then takes them itself', async () => {
       const [watcher, holder] = [backend(), backend()];
       expect((await holder.tryAcquire(['m1'], 'h', 5_000)).acquired).toBe(true);
