@@ -183,32 +183,39 @@ local owner = ARGV[1]
 local released = 0
 for i = 1, n do
   local lock, line, records = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i]
-  local freed = false
-  if redis.call('GET', lock) == owner then
-    redis.call('DEL', lock)
-    released = released + 1
-    freed = true
+  local held = redis.call('GET', lock) == owner
+  local turn = held
+  if held then released = released + 1 end
+  local queued = redis.call('EXISTS', line) == 1
+  -- A holder left the line when it took the lock: only a waiter that gives up is still in it.
+  if queued and not held and redis.call('ZREM', line, owner) == 1 then
+    redis.call('HDEL', records, owner)
+    turn = true
   end
-  if redis.call('EXISTS', line) == 1 then
-    if redis.call('ZREM', line, owner) == 1 then
-      redis.call('HDEL', records, owner)
-      freed = true
-    end
-    if freed then
-      local head, _, ttl, process = front(i)
-      if head then
-        local channel = ARGV[2] == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
-        local lease = math.min(ttl, tonumber(ARGV[3]))
-        if lease > 0 and redis.call('SET', lock, head, 'NX', 'PX', lease) then
-          redis.call('ZREM', line, head)
-          redis.call('HDEL', records, head)
-          redis.call(ARGV[2], channel, head .. ' ' .. string.format('%.0f', nextToken(KEYS[n + i])) .. ' ' .. lease)
+  local handed = false
+  if queued and turn then
+    local head, _, ttl, process = front(i)
+    if head then
+      local channel = ARGV[2] == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
+      local lease = math.min(ttl, tonumber(ARGV[3]))
+      if lease > 0 then
+        -- Ours: overwritten for the waiter. After a waiter left: only if nobody holds it.
+        if held then
+          handed = redis.call('SET', lock, head, 'PX', lease) ~= false
         else
-          redis.call(ARGV[2], channel, head)
+          handed = redis.call('SET', lock, head, 'NX', 'PX', lease) ~= false
         end
+      end
+      if handed then
+        redis.call('ZREM', line, head)
+        redis.call('HDEL', records, head)
+        redis.call(ARGV[2], channel, head .. ' ' .. string.format('%.0f', nextToken(KEYS[n + i])) .. ' ' .. lease)
+      else
+        redis.call(ARGV[2], channel, head)
       end
     end
   end
+  if held and not handed then redis.call('DEL', lock) end
 end
 return released
 `,
