@@ -140,6 +140,10 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
 
   /** Prefixes, checks, de-duplicates and sorts keys: one global order means no lock-order deadlock. */
   fullKeys(keys: Keys): string[] {
+    // One key, the usual case: nothing to de-duplicate or sort.
+    if (typeof keys === 'string' && keys.length > 0 && this.options.keyPrefix.length + keys.length <= this.options.maxKeyLength) {
+      return [this.options.keyPrefix + keys];
+    }
     const list = typeof keys === 'string' ? [keys] : keys;
     if (!Array.isArray(list) || list.length === 0) {
       throw new InvalidLockKeyError(`Lock keys must be a non-empty string or a non-empty array of strings, got ${describeKeys(keys)}.`);
