@@ -274,7 +274,11 @@ describe('RedisLockBackend', () => {
 
     it('extends a handed-over lease, shorter than the ttl, before it runs out', async () => {
       const opts = { waiterTimeout: 300 };
-      const [holder, waiting] = [service(backend(server.url, opts), { keyPrefix: '' }), service(backend(server.url, opts), { keyPrefix: '' })];
+      // No poll, and a backend that listens already: the waiter makes one attempt, then only the
+      // hand-over can let it in (no later attempt of its own can race the release).
+      const [holder, waiting] = [service(backend(server.url, opts), { keyPrefix: '' }), service(backend(server.url, opts), { keyPrefix: '', pollInterval: 60_000 })];
+      (await waiting.backend.watch!(['warm-up'], () => undefined, 'warm-up'))();
+      expect(waiting.backend.watching?.(['short'])).toBe(true);
       const results: unknown[] = [];
       const tryAcquire = waiting.backend.tryAcquire.bind(waiting.backend);
       jest.spyOn(waiting.backend, 'tryAcquire').mockImplementation(async (...args) => {

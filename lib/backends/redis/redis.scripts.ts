@@ -121,7 +121,8 @@ if wait then
     redis.call('PEXPIRE', line, ARGV[3])
     redis.call('PEXPIRE', records, ARGV[3])
   end
-  return {0, wait, n == 1 and (tonumber(redis.call('GET', KEYS[2])) or 0) or -1}
+  -- Without a counter, a later hand-over starts one from the clock, so the clock is the bar.
+  return {0, wait, n == 1 and (tonumber(redis.call('GET', KEYS[2])) or clock()) or -1}
 end
 local token
 if n == 1 then
