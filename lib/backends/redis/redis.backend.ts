@@ -45,7 +45,8 @@ interface Handover {
 /**
  * Leases in one Redis (standalone, Sentinel or Cluster) through ioredis. Every operation is one
  * round trip: one Lua script (see redis.scripts.ts). Fencing tokens are strictly increasing per
- * key. Waiters are woken by a pub/sub message on release, over one shared subscriber connection.
+ * key. Waiters stand in a fair line in Redis; a release hands the lock to the first of them and
+ * tells its process by pub/sub, over one shared subscriber connection per backend.
  *
  * Exclusive while Redis keeps its data: a failover to a replica that had not yet received a lock
  * (replication is asynchronous) can grant it twice. Use fencing tokens where that matters.
@@ -99,9 +100,9 @@ export class RedisLockBackend implements LockBackend {
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     const willWait = options?.willWait ?? true;
     let entry = this.line.get(owner);
-    const granted = entry?.granted;
-    if (granted) {
-      entry!.granted = undefined;
+    if (entry?.granted) {
+      const granted = entry.granted;
+      entry.granted = undefined;
       // Counted from a moment before Redis handed it over, so it never outlasts the real lease.
       // With too little of it left, asking Redis again (it finds the lock ours) renews it.
       const validityMs = granted.deadline - performance.now();
@@ -118,9 +119,6 @@ export class RedisLockBackend implements LockBackend {
     const [acquired, value, lastToken] = (await this.run(client, 'acquire', keys, ACQUIRE, redisKeys, [owner, ttl, this.options.waiterTimeout, willWait ? 1 : 0, this.id], (late) => {
       // It answered after we gave up on it: nobody uses this lease, so free it for the others.
       if ((late as number[])[0] === 1) this.release(keys, owner).catch(() => undefined);
-    }).catch((error: unknown) => {
-      if (!willWait) this.line.delete(owner);
-      throw error;
     })) as [number, number, number?];
     if (acquired === 1) {
       this.line.delete(owner);
