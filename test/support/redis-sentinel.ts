@@ -3,29 +3,46 @@ import { RedisServer } from './redis-server.js';
 import { until } from './wait.js';
 
 /**
- * A Sentinel setup of the test's own: one master and one sentinel (redis-server in sentinel mode)
- * monitoring it with quorum 1. Ready once the sentinel reports the master up, so a client that
- * asks the sentinel for the master gets an address that answers.
+ * A Sentinel setup of the test's own: one master, optionally one replica of it, and one sentinel
+ * (redis-server in sentinel mode) monitoring it with quorum 1. Ready once the sentinel reports the
+ * master up (and knows the replica), so a client that asks the sentinel for the master gets an
+ * address that answers.
  */
 export class RedisSentinel {
   private constructor(
     readonly name: string,
     readonly master: RedisServer,
     readonly sentinel: RedisServer,
+    readonly replica: RedisServer | undefined,
   ) {}
 
-  static async start(options: { name?: string; timeoutMs?: number } = {}): Promise<RedisSentinel> {
+  /**
+   * `replica`: start a replica too, for failovers. `downAfterMs`: how long the master must be
+   * silent before the sentinel fails over to the replica (the sentinel's own default is 30 s).
+   */
+  static async start(options: { name?: string; timeoutMs?: number; replica?: boolean; downAfterMs?: number } = {}): Promise<RedisSentinel> {
     const name = options.name ?? 'mymaster';
+    const timeoutMs = options.timeoutMs ?? 10_000;
     const master = await RedisServer.start();
+    let replica: RedisServer | undefined;
     let sentinel: RedisServer | undefined;
     try {
-      // The monitor line can only come from a config file, which the sentinel rewrites as it runs.
-      sentinel = await RedisServer.start({ config: `sentinel monitor ${name} 127.0.0.1 ${master.port} 1\n`, args: ['--sentinel'] });
-      const setup = new RedisSentinel(name, master, sentinel);
-      await setup.untilMasterUp(options.timeoutMs ?? 10_000);
+      if (options.replica) {
+        replica = await RedisServer.start({ args: ['--replicaof', '127.0.0.1', String(master.port)] });
+        // Before the sentinel starts: its first look at the master then lists the replica.
+        await untilReplicaOnline(master, timeoutMs);
+      }
+      // The monitor lines can only come from a config file, which the sentinel rewrites as it runs.
+      const config = [
+        `sentinel monitor ${name} 127.0.0.1 ${master.port} 1`,
+        ...(options.downAfterMs === undefined ? [] : [`sentinel down-after-milliseconds ${name} ${options.downAfterMs}`, `sentinel failover-timeout ${name} ${options.downAfterMs * 4}`]),
+      ];
+      sentinel = await RedisServer.start({ config: `${config.join('\n')}\n`, args: ['--sentinel'] });
+      const setup = new RedisSentinel(name, master, sentinel, replica);
+      await setup.untilMasterIs(master.port, timeoutMs, replica ? 1 : 0);
       return setup;
     } catch (error) {
-      await Promise.all([master.stop(), sentinel?.stop()]);
+      await Promise.all([master.stop(), replica?.stop(), sentinel?.stop()]);
       throw error;
     }
   }
@@ -35,25 +52,35 @@ export class RedisSentinel {
     return [{ host: '127.0.0.1', port: this.sentinel.port }];
   }
 
-  async stop(): Promise<void> {
-    await Promise.all([this.sentinel.stop(), this.master.stop()]);
-  }
-
-  private async untilMasterUp(timeoutMs: number): Promise<void> {
+  /** Waits until the sentinel names the server on `port` as the master (after a failover, say). */
+  async untilMasterIs(port: number, timeoutMs: number, replicas = 0): Promise<void> {
     const admin = new Redis(this.sentinel.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
     try {
       await until(
         async () => {
           const fields = (await admin.call('SENTINEL', 'MASTER', this.name)) as string[];
-          const flags = fields[fields.indexOf('flags') + 1];
+          const field = (name: string) => fields[fields.indexOf(name) + 1];
           // Plain 'master': connected, and neither subjectively nor objectively down.
-          return flags === 'master' && fields[fields.indexOf('port') + 1] === String(this.master.port);
+          return field('flags') === 'master' && field('port') === String(port) && Number(field('num-slaves')) >= replicas;
         },
         timeoutMs,
-        `the sentinel to see master ${this.name} up`,
+        `the sentinel to see master ${this.name} up on port ${port}`,
       );
     } finally {
       admin.disconnect();
     }
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all([this.sentinel.stop(), this.master.stop(), this.replica?.stop()]);
+  }
+}
+
+async function untilReplicaOnline(master: RedisServer, timeoutMs: number): Promise<void> {
+  const admin = new Redis(master.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
+  try {
+    await until(async () => /slave0:.*state=online/.test(await admin.info('replication')), timeoutMs, 'the replica to be online');
+  } finally {
+    admin.disconnect();
   }
 }
