@@ -1,6 +1,7 @@
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { LockBackend } from './backends/lock-backend.interface.js';
+import { leaseScheduler, type Scheduled } from './lease-scheduler.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
 
 export type LeaseState = 'held' | 'released' | 'lost';
@@ -18,17 +19,22 @@ const logger = new Logger('DistributedLock');
  * share a lease and count as holders; the backend lock is released when the last holder lets go.
  *
  * The deadline is local and monotonic (performance.now(), started before the acquire request was
- * sent), so it never lasts longer than the lease the backend granted. One timer per lease fires
- * at the next extension or at the deadline, whichever is first; if the event loop stalls past the
- * deadline, the timer fires late and finds the deadline gone: the lease is declared lost, never
- * silently kept.
+ * sent), so it never lasts longer than the lease the backend granted. The watchdog is called
+ * (through the process's LeaseScheduler) at the next extension or at the deadline, whichever is
+ * first; if the event loop stalls past the deadline, the call comes late and finds the deadline
+ * gone: the lease is declared lost, never silently kept.
  */
-export class Lease {
+export class Lease implements Scheduled {
   state: LeaseState = 'held';
   holders = 1;
+  /** @internal For the scheduler. */
+  dueAt = 0;
+  /** @internal For the scheduler. */
+  heapIndex = -1;
+  /** Whether the scheduled call is an extension (else the deadline). */
+  private dueExtend = false;
   /** Created on first use: most leases end without anyone reading their signal. */
   private controller: AbortController | undefined;
-  private timer: NodeJS.Timeout | undefined;
   private extending = false;
   private nextExtendAt: number;
 
@@ -111,18 +117,22 @@ export class Lease {
   }
 
   private arm(): void {
-    clearTimeout(this.timer);
-    if (this.state !== 'held') return;
-    const extendNext = this.autoExtend && !this.extending && this.nextExtendAt < this.deadline;
-    const at = extendNext ? this.nextExtendAt : this.deadline;
-    this.timer = setTimeout(() => this.tick(extendNext), Math.max(0, at - performance.now()));
-    // A held lock must not keep a finished process alive.
-    this.timer.unref();
+    if (this.state !== 'held') {
+      leaseScheduler.cancel(this);
+      return;
+    }
+    this.dueExtend = this.autoExtend && !this.extending && this.nextExtendAt < this.deadline;
+    leaseScheduler.schedule(this, this.dueExtend ? this.nextExtendAt : this.deadline);
+  }
+
+  /** @internal The scheduler's call: the next extension or the deadline has come. */
+  fire(): void {
+    this.tick(this.dueExtend);
   }
 
   private tick(extendNow: boolean): void {
     if (this.state !== 'held') return;
-    // Timers may fire a fraction of a millisecond early: the deadline timer ends the lease as is.
+    // The deadline, or an extension due no earlier than it (a stalled event loop): lost.
     if (!extendNow || performance.now() >= this.deadline) {
       // An extension still waiting for its answer is a backend that stopped answering (a paused
       // or partitioned Redis), not a holder that forgot to extend.
@@ -171,8 +181,7 @@ export class Lease {
 
   private end(state: LeaseState): void {
     this.state = state;
-    clearTimeout(this.timer);
-    this.timer = undefined;
+    leaseScheduler.cancel(this);
     this.tracker.leaseEnded(this);
   }
 }
