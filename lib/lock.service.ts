@@ -275,36 +275,45 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     // A caller that does not wait tries once, whoever else is queued here.
     if (wait === 0) return (await attempt()) ?? giveUp();
 
-    // Callers of this process line up here first: only the first of them talks to the backend, so
-    // a newcomer never overtakes a waiter of the same process, and a backend's line never holds
-    // two waiters of ours in another order than this one.
     const id = keys.join('\n');
+    // Whether a release right after our last failed attempt still reaches us once we watch: the
+    // backend listened before the attempt went out and keeps a wake-up until it is watched.
+    let heard = false;
+    // Nobody of ours is queued: try at once. Concurrent first tries of this process join the
+    // backend's line in the order their answers come back, which is the order they line up here.
+    if (!this.queue.has(id)) {
+      heard = this.backend.watching?.(keys) === true;
+      const lease = await attempt();
+      if (lease) return lease;
+    }
+
+    // Callers of this process line up here: only the first of them talks to the backend, so a
+    // newcomer never overtakes a waiter of the same process.
     const waiter = this.queue.join(id);
     let unwatch: (() => void) | undefined;
-    let tried = false;
     try {
       for (;;) {
         signal?.throwIfAborted();
-        if (tried && performance.now() >= deadline) return giveUp();
+        if (performance.now() >= deadline) return giveUp();
         if (!this.queue.isHead(id, waiter)) {
-          if (performance.now() >= deadline) return giveUp();
+          // Its attempt may be long past once it is first: it then tries again.
+          heard = false;
           await waiter.sleep(deadline - performance.now(), signal);
           continue;
         }
-        // Subscribe before an attempt: a release after it fails then cannot be missed. The first
-        // attempt goes out at once (an uncontended lock costs no subscription) unless the backend
-        // listens already; if it went out unwatched, the next one follows the subscription at once.
-        if (!unwatch && this.backend.watch && (tried || this.backend.watching?.(keys) === true)) {
+        // Subscribe, then try again at once, since a release between the failed attempt and the
+        // subscription would be missed; unless the backend kept it for us.
+        let tryNow = true;
+        if (!unwatch && this.backend.watch) {
           unwatch = await this.backend.watch(keys, waiter.wake, owner).catch(() => undefined);
+          tryNow = !(heard && unwatch);
         }
-        const lease = await attempt();
-        if (lease) return lease;
+        if (tryNow) {
+          const lease = await attempt();
+          if (lease) return lease;
+        }
         const remaining = deadline - performance.now();
         if (remaining <= 0) return giveUp();
-        if (!tried) {
-          tried = true;
-          if (!unwatch) continue;
-        }
         // Polling is only the fallback for a missed wake-up; a known lease end comes first.
         const poll = this.options.pollInterval * (0.75 + Math.random() / 2);
         const pause = lastError === undefined && retryAfterMs !== undefined ? Math.min(retryAfterMs + 1, poll) : poll;

@@ -41,9 +41,10 @@ export interface LockBackend {
   watch?(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void>;
 
   /**
-   * Optional: true when `watch` for these keys needs no new subscription (the backend listens
-   * already), so the service watches before a waiter's first attempt rather than after it fails,
-   * and saves the attempt it would make right after subscribing.
+   * Optional: true when the backend already listens for releases of these keys, and keeps a
+   * wake-up for an owner that fails an attempt from now on until that owner watches. The service
+   * then needs no second attempt right after subscribing, which otherwise covers a release that
+   * came in between.
    */
   watching?(keys: readonly string[]): boolean;
 

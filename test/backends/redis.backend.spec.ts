@@ -323,8 +323,7 @@ describe('RedisLockBackend', () => {
       const waiters = Array.from({ length: 12 }, (_, i) =>
         waiting.using(`k${(i % 3) + 1}`, () => 'ran', { wait: 20_000 }).catch((error: unknown) => error),
       );
-      // Within one process only the head of each key's local line waits in Redis's line.
-      await until(async () => (await admin.zcard('{lock:k1}:queue')) + (await admin.zcard('{lock:k2}:queue')) + (await admin.zcard('{lock:k3}:queue')) === 3, 15_000, 'three waiters in line');
+      await until(async () => (await admin.zcard('{lock:k1}:queue')) + (await admin.zcard('{lock:k2}:queue')) + (await admin.zcard('{lock:k3}:queue')) === 12, 15_000, 'the waiters to line up');
       expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
       await Promise.all(held.map((h) => h.release()));
       expect(await Promise.all(waiters)).toEqual(Array(12).fill('ran'));
@@ -334,23 +333,22 @@ describe('RedisLockBackend', () => {
       const [busy, other] = [service(), service()];
       const order: string[] = [];
       const first = await busy.acquire('hot');
-      // The busy process has callers of its own: five, three sections each. They line up locally,
-      // and only the first of them waits in Redis's line; every section ends with the caller
-      // asking again at once.
+      // The busy process has callers of its own: five, three sections each. They all ask Redis
+      // once, then line up locally; every section ends with the caller asking again at once.
       const busyCallers = Array.from({ length: 5 }, () =>
         (async () => {
           for (let i = 0; i < 3; i++) await busy.using('hot', async () => void order.push('busy'), { wait: 20_000 });
         })(),
       );
-      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 1, 5_000, 'the busy process to queue');
+      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 5, 5_000, 'the busy callers to queue');
       const otherCaller = other.using('hot', async () => void order.push('other'), { wait: 20_000 });
-      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 2, 5_000, 'the other process to queue');
+      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 6, 5_000, 'the other process to queue');
       await first.release();
       await Promise.all([...busyCallers, otherCaller]);
-      // In arrival order: the busy process's first caller, then the other process. Without a line
-      // in Redis the busy process's next caller always wins (its acquire goes out right behind
-      // its release), and the other process comes last, after all 15 sections.
-      expect(order.indexOf('other')).toBe(1);
+      // In arrival order: the five busy callers that came first, then the other process. Without a
+      // line in Redis the busy process's next caller always wins (its acquire goes out right
+      // behind its release), and the other process comes last, after all 15 sections.
+      expect(order.indexOf('other')).toBe(5);
       expect(order).toHaveLength(16);
     });
 

@@ -185,7 +185,10 @@ export class RedisLockBackend implements LockBackend {
     return stop;
   }
 
-  /** Outside Cluster, once this process listens on its channel, every waiter of it is heard. */
+  /**
+   * Outside Cluster, once this process listens on its channel: a release that names one of its
+   * waiters reaches it from then on, and is kept (see onMessage) until that waiter watches.
+   */
   watching(): boolean {
     return this.listening && !this.closed;
   }
