@@ -19,8 +19,9 @@ export interface LockKeyLayout {
   /** The line of waiters, a sorted set: waiting owner -> arrival (server time, µs). */
   queue: string;
   /**
-   * Hash: waiting owner -> `<deadline µs> <ttl ms>`: when it loses its place unless it asks again,
-   * and the lease it asked for (0 for a multi-key waiter, which is never handed a lock on release).
+   * Hash: waiting owner -> `<deadline ms> <ttl ms> <backend id>`: when it loses its place unless it
+   * asks again, the lease it asked for (0 for a multi-key waiter, which is never handed a lock on
+   * release), and where to tell it (see RELEASE).
    */
   waiters: string;
 }

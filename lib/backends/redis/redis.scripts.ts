@@ -33,7 +33,7 @@ function script(name: string, lua: string): RedisScript {
  *   server clock has not gone back: tokens grow by one per acquisition, far slower than the clock.
  *   The counter's retention is only set when it starts, so it bounds the memory of keys nobody
  *   locks anymore; the clock takes over when it runs out.
- * - front(i): the first waiter in line i that still has its place, with its deadline (µs), the
+ * - front(i): the first waiter in line i that still has its place, with its deadline (ms), the
  *   ttl it asked for (0 for a multi-key waiter) and the id of its process's backend. Waiters whose
  *   place ran out are dropped on the way.
  */
@@ -51,7 +51,7 @@ local function nextToken(counter)
   local token = redis.call('INCR', counter)
   if token == 1 then
     token = clock()
-    redis.call('SET', counter, string.format('%.0f', token), 'PX', ${FENCE_RETENTION_MS})
+    redis.call('SET', counter, token, 'PX', ${FENCE_RETENTION_MS})
   end
   return token
 end
@@ -63,7 +63,7 @@ local function front(i)
     local record = redis.call('HGET', records, head)
     if record then
       local deadline, ttl, process = string.match(record, '^(%d+) (%d+) (%S+)$')
-      if deadline and tonumber(deadline) > clock() then return head, tonumber(deadline), tonumber(ttl), process end
+      if deadline and tonumber(deadline) * 1000 > clock() then return head, tonumber(deadline), tonumber(ttl), process end
     end
     redis.call('ZREM', line, head)
     redis.call('HDEL', records, head)
@@ -106,17 +106,17 @@ if not wait then
   for i = 1, n do
     if not mine[i] then
       local head, deadline = front(i)
-      if head and head ~= owner then wait = math.max(wait or -1, math.ceil((deadline - clock()) / 1000)) end
+      if head and head ~= owner then wait = math.max(wait or -1, math.ceil(deadline - clock() / 1000)) end
     end
   end
 end
 if wait then
   if ARGV[4] == '0' then return {0, wait, -1} end
-  local stamp = string.format('%.0f', clock())
-  local record = string.format('%.0f', clock() + ARGV[3] * 1000) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. ARGV[5]
+  -- Numbers go to Redis exactly (as %.17g); in a string a 13-digit ms count is exact too.
+  local record = (math.floor(clock() / 1000) + ARGV[3]) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. ARGV[5]
   for i = 1, n do
     local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
-    redis.call('ZADD', line, 'NX', stamp, owner)
+    redis.call('ZADD', line, 'NX', clock(), owner)
     redis.call('HSET', records, owner, record)
     redis.call('PEXPIRE', line, ARGV[3])
     redis.call('PEXPIRE', records, ARGV[3])
@@ -133,8 +133,7 @@ else
     local last = tonumber(redis.call('GET', KEYS[i]))
     token = math.max(token, last and last + 1 or clock())
   end
-  local fence = string.format('%.0f', token)
-  for i = n + 1, 2 * n do redis.call('SET', KEYS[i], fence, 'PX', ${FENCE_RETENTION_MS}) end
+  for i = n + 1, 2 * n do redis.call('SET', KEYS[i], token, 'PX', ${FENCE_RETENTION_MS}) end
 end
 for i = 1, n do
   redis.call('SET', KEYS[i], owner, 'PX', ttl)
@@ -210,7 +209,7 @@ for i = 1, n do
       if handed then
         redis.call('ZREM', line, head)
         redis.call('HDEL', records, head)
-        redis.call(ARGV[2], channel, head .. ' ' .. string.format('%.0f', nextToken(KEYS[n + i])) .. ' ' .. lease)
+        redis.call(ARGV[2], channel, head .. ' ' .. string.format('%d', nextToken(KEYS[n + i])) .. ' ' .. lease)
       else
         redis.call(ARGV[2], channel, head)
       end
