@@ -141,29 +141,27 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
   /** Prefixes, checks, de-duplicates and sorts keys: one global order means no lock-order deadlock. */
   fullKeys(keys: Keys): string[] {
     // One key, the usual case: nothing to de-duplicate or sort.
-    if (typeof keys === 'string' && keys.length > 0 && this.options.keyPrefix.length + keys.length <= this.options.maxKeyLength) {
-      return [this.options.keyPrefix + keys];
-    }
-    const list = typeof keys === 'string' ? [keys] : keys;
-    if (!Array.isArray(list) || list.length === 0) {
+    if (typeof keys === 'string') return [this.fullKey(keys)];
+    if (!Array.isArray(keys) || keys.length === 0) {
       throw new InvalidLockKeyError(`Lock keys must be a non-empty string or a non-empty array of strings, got ${describeKeys(keys)}.`);
     }
-    const { keyPrefix, maxKeyLength } = this.options;
-    const full = new Set<string>();
-    for (const key of list) {
-      if (typeof key !== 'string' || key.length === 0) {
-        throw new InvalidLockKeyError(`A lock key must be a non-empty string, got ${describeKeys(key)}. Name what you lock, e.g. 'order:42'.`);
-      }
-      const prefixed = keyPrefix + key;
-      if (prefixed.length > maxKeyLength) {
-        throw new InvalidLockKeyError(
-          `Lock key '${prefixed.slice(0, 60)}…' is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
-            `Lock an identifier rather than a payload, or raise maxKeyLength in DistributedLockModule.forRoot().`,
-        );
-      }
-      full.add(prefixed);
+    return [...new Set(keys.map((key) => this.fullKey(key)))].sort();
+  }
+
+  /** One key checked and prefixed. */
+  private fullKey(key: unknown): string {
+    if (typeof key !== 'string' || key.length === 0) {
+      throw new InvalidLockKeyError(`A lock key must be a non-empty string, got ${describeKeys(key)}. Name what you lock, e.g. 'order:42'.`);
     }
-    return [...full].sort();
+    const { keyPrefix, maxKeyLength } = this.options;
+    const prefixed = keyPrefix + key;
+    if (prefixed.length > maxKeyLength) {
+      throw new InvalidLockKeyError(
+        `Lock key '${prefixed.slice(0, 60)}…' is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
+          `Lock an identifier rather than a payload, or raise maxKeyLength in DistributedLockModule.forRoot().`,
+      );
+    }
+    return prefixed;
   }
 
   async onApplicationShutdown(): Promise<void> {
