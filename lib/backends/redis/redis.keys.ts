@@ -1,8 +1,9 @@
 /**
  * Where a lock lives in Redis. The lock itself is stored under its own key, unchanged, so
  * `GET lock:order:42` and `PTTL lock:order:42` show the owner and the lease. Its companions (the
- * fencing counter and the wait queue) must sit in the same Redis Cluster slot, so one script can
- * touch them all; their names always start with a hash tag of ours that pins them there:
+ * fencing counter, the line of waiters and their records) must sit in the same Redis Cluster
+ * slot, so one script can touch them all; their names always start with a hash tag of ours that
+ * pins them there:
  *
  * - a key with a hash tag of its own (`lock:order:{42}`, the user's choice, left alone): the slot
  *   is the tag's, so companions are `{42}:lock:order:{42}:fence`, ...;

@@ -163,7 +163,7 @@ return 1
 /**
  * KEYS: n locks, their n fencing counters, n lines, n waiter records. ARGV: owner, 'PUBLISH' or
  * 'SPUBLISH' (sharded, on Cluster), the longest lease to hand over (ms). Returns how many locks the
- * owner still held; those are deleted.
+ * owner still held; each is deleted, or handed to the first waiter in its line.
  *
  * Compare-and-delete, so a late release never frees another owner's lock. A waiter that gives up
  * calls it too, to leave the line. Either way, if someone is in line, the first waiter's process
