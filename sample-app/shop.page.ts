@@ -3,6 +3,24 @@
  * instance, filling in each endpoint's numbers as the events stream in. Plain HTML and JS,
  * served as a string so there is nothing to build or copy next to the compiled app.
  */
+/** The three ways to buy, one result card each. */
+const ENDPOINTS = [
+  { endpoint: 'unsafe', title: 'Unsafe', what: 'Read stock, subtract in the program, write it back. No lock (Case 1).' },
+  { endpoint: 'locked', title: 'Locked', what: "The same code under <code>@Locked('product:&lt;id&gt;')</code>, its write fenced by the lock's token." },
+  { endpoint: 'atomic', title: 'Atomic', what: 'The database decrements, refusing to go below zero (Case 2).' },
+];
+
+function card({ endpoint, title, what }: (typeof ENDPOINTS)[number]): string {
+  return `    <section class="card" data-endpoint="${endpoint}">
+      <h3>${title}</h3>
+      <div class="what">${what}</div>
+      <div class="bar"><div></div></div>
+      <dl><dt>Sold</dt><dd data-field="sold">–</dd><dt>Stock left</dt><dd data-field="stockLeft">–</dd>
+        <dt>Oversold</dt><dd data-field="oversold">–</dd><dt>Time</dt><dd data-field="ms">–</dd></dl>
+      <div class="verdict"></div>
+    </section>`;
+}
+
 export const SHOP_PAGE = /* html */ `<!doctype html>
 <html lang="en">
 <head>
@@ -62,30 +80,7 @@ export const SHOP_PAGE = /* html */ `<!doctype html>
   </div>
 
   <div class="cards">
-    <section class="card" data-endpoint="unsafe">
-      <h3>Unsafe</h3>
-      <div class="what">Read stock, subtract in the program, write it back. No lock (Case 1).</div>
-      <div class="bar"><div></div></div>
-      <dl><dt>Sold</dt><dd data-field="sold">–</dd><dt>Stock left</dt><dd data-field="stockLeft">–</dd>
-        <dt>Oversold</dt><dd data-field="oversold">–</dd><dt>Time</dt><dd data-field="ms">–</dd></dl>
-      <div class="verdict"></div>
-    </section>
-    <section class="card" data-endpoint="locked">
-      <h3>Locked</h3>
-      <div class="what">The same code under <code>@Locked('product:&lt;id&gt;')</code>, its write fenced by the lock's token.</div>
-      <div class="bar"><div></div></div>
-      <dl><dt>Sold</dt><dd data-field="sold">–</dd><dt>Stock left</dt><dd data-field="stockLeft">–</dd>
-        <dt>Oversold</dt><dd data-field="oversold">–</dd><dt>Time</dt><dd data-field="ms">–</dd></dl>
-      <div class="verdict"></div>
-    </section>
-    <section class="card" data-endpoint="atomic">
-      <h3>Atomic</h3>
-      <div class="what">The database decrements, refusing to go below zero (Case 2).</div>
-      <div class="bar"><div></div></div>
-      <dl><dt>Sold</dt><dd data-field="sold">–</dd><dt>Stock left</dt><dd data-field="stockLeft">–</dd>
-        <dt>Oversold</dt><dd data-field="oversold">–</dd><dt>Time</dt><dd data-field="ms">–</dd></dl>
-      <div class="verdict"></div>
-    </section>
+${ENDPOINTS.map(card).join('\n')}
   </div>
 
   <h2>Products</h2>

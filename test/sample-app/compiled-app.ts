@@ -1,6 +1,7 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { promisify } from 'node:util';
 
 const root = resolve(import.meta.dirname, '../..');
 
@@ -12,6 +13,27 @@ export function compiledShop(file: 'main.js' | 'demo.js'): string {
   const path = join(root, 'dist-dev/sample-app', file);
   if (!existsSync(path)) throw new Error(`${path} is missing: run \`npm run build:sample\` (npm test does it in pretest).`);
   return path;
+}
+
+/** What the demo prints as its last line. */
+export interface DemoSummary {
+  demo: string;
+  stock: number;
+  buyers: number;
+  results: Record<'unsafe' | 'locked' | 'atomic', { sold: number; stockLeft: number; oversold: number; ms: number }>;
+}
+
+/**
+ * Runs `node dist-dev/sample-app/demo.js` (what `npm run demo` runs) with these arguments, on the
+ * embedded defaults unless `env` names a database or lock backend; resolves to its output and
+ * the summary of its last line.
+ */
+export async function runDemo(args: string[], env: Record<string, string>, timeoutMs: number): Promise<{ stdout: string; summary: DemoSummary }> {
+  const { stdout } = await promisify(execFile)(process.execPath, [compiledShop('demo.js'), ...args], {
+    env: { ...process.env, DATABASE_URL: '', REDIS_URL: '', REDLOCK_URLS: '', ...env },
+    timeout: timeoutMs,
+  });
+  return { stdout, summary: JSON.parse(stdout.trim().split('\n').at(-1)!) as DemoSummary };
 }
 
 /** One `node dist-dev/sample-app/main.js` on a free port. */

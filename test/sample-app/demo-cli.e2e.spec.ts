@@ -1,17 +1,14 @@
 import { describe, expect, it } from '@jest/globals';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { compiledShop } from './compiled-app.js';
+import { compiledShop, runDemo } from './compiled-app.js';
 
 const run = promisify(execFile);
 
 /** `npm run demo` is `node dist-dev/sample-app/demo.js` after a build. */
 describe('npm run demo', () => {
   it('prints progress, a table per endpoint and, last, the result as one JSON object', async () => {
-    const env = { ...process.env, DATABASE_URL: '', REDIS_URL: '', REDLOCK_URLS: '' };
-    const { stdout } = await run(process.execPath, [compiledShop('demo.js')], { env, timeout: 60_000 });
-    const lines = stdout.trim().split('\n');
-    const summary = JSON.parse(lines.at(-1)!);
+    const { stdout, summary } = await runDemo([], {}, 60_000);
     expect(Object.keys(summary)).toEqual(['demo', 'stock', 'buyers', 'results']);
     expect(summary).toMatchObject({ demo: 'oversell', stock: 100, buyers: 500 });
     expect(Object.keys(summary.results)).toEqual(['unsafe', 'locked', 'atomic']);
@@ -25,7 +22,7 @@ describe('npm run demo', () => {
     expect(stdout).toMatch(/embedded PostgreSQL \(PGlite, in memory\); in-process locks/);
     expect(stdout).toMatch(/\[#{20}\] 500\/500 answered/);
     expect(stdout).toMatch(/^endpoint\s+sold\s+stock left\s+oversold\s+ms$/m);
-    for (const endpoint of ['unsafe', 'locked', 'atomic']) {
+    for (const endpoint of ['unsafe', 'locked', 'atomic'] as const) {
       const { sold, stockLeft, oversold } = summary.results[endpoint];
       expect(stdout).toMatch(new RegExp(`^${endpoint}\\s+${sold}\\s+${stockLeft}\\s+${oversold}\\s+\\d+$`, 'm'));
     }

@@ -1,14 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import pg from 'pg';
 import request from 'supertest';
 import { PostgresServer } from '../support/postgres-server.js';
 import { RedisServer } from '../support/redis-server.js';
 import { until } from '../support/wait.js';
-import { compiledShop, ShopProcess } from './compiled-app.js';
-
-const run = promisify(execFile);
+import { runDemo, ShopProcess } from './compiled-app.js';
 
 /**
  * Several shop processes sharing one PostgreSQL and one Redis, both the harness's own (a fresh
@@ -28,13 +24,9 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
 
   it('npm run demo -- --instances 3: unsafe oversells, locked and atomic sell exactly the stock', async () => {
     const databaseUrl = await postgres.createDatabase();
-    const { stdout } = await run(process.execPath, [compiledShop('demo.js'), '--instances', '3'], {
-      env: { ...process.env, DATABASE_URL: databaseUrl, REDIS_URL: redis.url, REDLOCK_URLS: '' },
-      timeout: 90_000,
-    });
+    const { stdout, summary } = await runDemo(['--instances', '3'], { DATABASE_URL: databaseUrl, REDIS_URL: redis.url }, 90_000);
     expect(stdout).toMatch(/Shop: 3 instances; PostgreSQL at .*; Redis at /);
     expect(stdout.match(/ {2}instance \d: http:\/\/127\.0\.0\.1:\d+ \(pid \d+\)/g)).toHaveLength(3);
-    const summary = JSON.parse(stdout.trim().split('\n').at(-1)!);
     expect(summary).toMatchObject({ demo: 'oversell', stock: 100, buyers: 500 });
     expect(summary.results.unsafe.oversold).toBeGreaterThan(0);
     expect(summary.results.locked).toMatchObject({ sold: 100, stockLeft: 0, oversold: 0 });
@@ -62,12 +54,12 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
     const masters = await Promise.all([RedisServer.start(), RedisServer.start(), RedisServer.start()]);
     try {
       const databaseUrl = await postgres.createDatabase();
-      const { stdout } = await run(process.execPath, [compiledShop('demo.js'), '--instances', '2', '--buyers', '200', '--stock', '50'], {
-        env: { ...process.env, DATABASE_URL: databaseUrl, REDIS_URL: '', REDLOCK_URLS: masters.map((m) => m.url).join(',') },
-        timeout: 90_000,
-      });
+      const { stdout, summary } = await runDemo(
+        ['--instances', '2', '--buyers', '200', '--stock', '50'],
+        { DATABASE_URL: databaseUrl, REDLOCK_URLS: masters.map((m) => m.url).join(',') },
+        90_000,
+      );
       expect(stdout).toMatch(/Redlock over 3 Redis masters/);
-      const summary = JSON.parse(stdout.trim().split('\n').at(-1)!);
       expect(summary.results.unsafe.oversold).toBeGreaterThan(0);
       expect(summary.results.locked).toMatchObject({ sold: 50, stockLeft: 0, oversold: 0 });
       expect(summary.results.atomic).toMatchObject({ sold: 50, stockLeft: 0, oversold: 0 });
