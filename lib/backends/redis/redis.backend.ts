@@ -73,6 +73,7 @@ export class RedisLockBackend implements LockBackend {
   private readonly wakers = new Map<string, () => void>();
   /** Outside Cluster one channel serves every key, subscribed at the first wait until close. */
   private processChannel: Promise<unknown> | undefined;
+  /** That channel is confirmed: what `watching()` reports. */
   private listening = false;
   /** The last connection error of a client we created, to say why an operation failed. */
   private connectionError: Error | undefined;
@@ -286,7 +287,7 @@ export class RedisLockBackend implements LockBackend {
   /** The shared subscriber: a copy of the client's settings, on a connection of its own. */
   private async createSubscriber(): Promise<Redis | Cluster> {
     const client = await this.connected('watch', []);
-    // Channels are named in full (see watch), so the copy must not prefix them again.
+    // Channels are named in full (see subscribe), so the copy must not prefix them again.
     const subscriber = client.isCluster
       ? (client as Cluster).duplicate([], {
           shardedSubscribers: true,
