@@ -148,6 +148,19 @@ describe('RedisLockBackend', () => {
       client.disconnect();
     });
 
+    it('takes a free key nobody waits for with three calls inside Redis: EXISTS, SET NX PX, INCR', async () => {
+      const b = backend();
+      await b.tryAcquire(['free'], 'warm', 1_000); // loads the script and starts the key's counter
+      await b.release(['free'], 'warm');
+      await admin.config('RESETSTAT');
+      expect((await b.tryAcquire(['free'], 'o', 5_000)).acquired).toBe(true);
+      const calls = Object.fromEntries(
+        [...((await admin.info('commandstats')) as string).matchAll(/cmdstat_([\w|]+):calls=(\d+)/g)].map(([, name, n]) => [name, Number(n)]),
+      );
+      delete calls['config|resetstat'];
+      expect(calls).toEqual({ evalsha: 1, exists: 1, set: 1, incr: 1 });
+    });
+
     it('a caller that will not wait costs one round trip on a busy lock and leaves nothing in line', async () => {
       const held = await service().acquire('skip');
       const client = new Redis(server.port, '127.0.0.1');
@@ -319,6 +332,7 @@ describe('RedisLockBackend', () => {
     it('shares one subscriber connection and one channel between all waiters of a process', async () => {
       const [holder, waiting] = [service(), service()];
       const held = await Promise.all(['k1', 'k2', 'k3'].map((key) => holder.acquire(key)));
+      await admin.config('RESETSTAT');
       // Settled into values, so a failing assertion below cannot leave rejections to later suites.
       const waiters = Array.from({ length: 12 }, (_, i) =>
         waiting.using(`k${(i % 3) + 1}`, () => 'ran', { wait: 20_000 }).catch((error: unknown) => error),
@@ -327,6 +341,9 @@ describe('RedisLockBackend', () => {
       expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
       await Promise.all(held.map((h) => h.release()));
       expect(await Promise.all(waiters)).toEqual(Array(12).fill('ran'));
+      // One SUBSCRIBE for twelve waits, and the channel stays for the next ones.
+      expect(await admin.info('commandstats')).toMatch(/cmdstat_subscribe:calls=1,/);
+      expect(await admin.info('commandstats')).not.toMatch(/cmdstat_unsubscribe/);
     });
 
     it('serves processes in arrival order: one that releases and re-acquires at once does not starve another', async () => {
