@@ -270,6 +270,29 @@ describe('RedisLockBackend', () => {
       waiterClient.disconnect();
     });
 
+    it('on a key others wait for, tells the next holder before it answers the release', async () => {
+      const [first, x, y] = [backend(), backend(), backend()];
+      const heard: string[] = [];
+      const stops = await Promise.all([x.watch(['o'], () => heard.push('x told'), 'x'), y.watch(['o'], () => heard.push('y told'), 'y')]);
+      expect((await first.tryAcquire(['o'], 'a', 5_000)).acquired).toBe(true);
+      expect((await x.tryAcquire(['o'], 'x', 5_000)).acquired).toBe(false);
+      await first.release(['o'], 'a');
+      await until(() => heard.length === 1, 5_000, 'the hand-over to x');
+      // x and y take turns, each taking the lock from the line: every release is the contended kind.
+      let [holder, next] = [{ b: x, name: 'x' }, { b: y, name: 'y' }];
+      for (let round = 0; round < 5; round++) {
+        heard.length = 0;
+        expect(await holder.b.tryAcquire(['o'], holder.name, 5_000)).toMatchObject({ acquired: true });
+        expect((await next.b.tryAcquire(['o'], next.name, 5_000)).acquired).toBe(false);
+        await holder.b.release(['o'], holder.name);
+        heard.push(`${holder.name} answered`);
+        // Both connections are in this process: the one Redis wrote to first was handled first.
+        expect(heard).toEqual([`${next.name} told`, `${holder.name} answered`]);
+        [holder, next] = [next, holder];
+      }
+      for (const stop of stops) stop();
+    });
+
     it('hands a waiter that died in line the lock for at most waiterTimeout, not its whole ttl', async () => {
       const [holder, dead] = [backend(server.url, { waiterTimeout: 400 }), backend(server.url, { waiterTimeout: 400 })];
       expect((await holder.tryAcquire(['gone'], 'h', 60_000)).acquired).toBe(true);

@@ -76,8 +76,9 @@ end
  * ARGV: owner, ttl ms, waiter timeout ms, 1 if the caller will wait (joins the line when it fails)
  * or 0 (it gives up at once, so it stays out of the line), the id of the caller's backend (its
  * wake-up channel, see RELEASE).
- * Returns {1, fencing token}, or {0, ms until a retry may succeed (-1: unknown), the key's last
- * token (single key; -1 otherwise)}: a hand-over announced later carries a greater token.
+ * Returns {1, fencing token, 1 if a line was kept for a key (others may still wait) else 0}, or
+ * {0, ms until a retry may succeed (-1: unknown), the key's last token (single key; -1
+ * otherwise)}: a hand-over announced later carries a greater token.
  *
  * All or nothing: every lock is checked before any is written. A lock this owner already holds
  * (handed over on release, or a request resent after a reconnect) is taken as it is. A free lock
@@ -91,13 +92,14 @@ export const ACQUIRE = script(
     `
 local owner, ttl = ARGV[1], ARGV[2]
 if n == 1 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ttl) then
-  return {1, nextToken(KEYS[2])}
+  return {1, nextToken(KEYS[2]), 0}
 end
-local wait, mine = nil, {}
+local wait, mine, lined = nil, {}, 0
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
   if holder == owner then
     mine[i] = true
+    lined = 1
   elseif holder then
     wait = math.max(wait or -1, redis.call('PTTL', KEYS[i]))
   end
@@ -106,6 +108,7 @@ if not wait then
   for i = 1, n do
     if not mine[i] then
       local head, deadline = front(i)
+      if head then lined = 1 end
       if head and head ~= owner then wait = math.max(wait or -1, math.ceil(deadline - clock() / 1000)) end
     end
   end
@@ -139,7 +142,7 @@ for i = 1, n do
   redis.call('SET', KEYS[i], owner, 'PX', ttl)
   if redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then redis.call('HDEL', KEYS[3 * n + i], owner) end
 end
-return {1, token}
+return {1, token, lined}
 `,
 );
 
