@@ -271,7 +271,8 @@ describe('RedisLockBackend', () => {
     });
 
     it('on a key others wait for, tells the next holder before it answers the release', async () => {
-      const [first, x, y] = [backend(), backend(), backend()];
+      const clients = [new Redis(server.port, '127.0.0.1'), new Redis(server.port, '127.0.0.1')];
+      const [first, x, y] = [backend(), backend(clients[0]), backend(clients[1])];
       const heard: string[] = [];
       const stops = await Promise.all([x.watch(['o'], () => heard.push('x told'), 'x'), y.watch(['o'], () => heard.push('y told'), 'y')]);
       expect((await first.tryAcquire(['o'], 'a', 5_000)).acquired).toBe(true);
@@ -279,7 +280,7 @@ describe('RedisLockBackend', () => {
       await first.release(['o'], 'a');
       await until(() => heard.length === 1, 5_000, 'the hand-over to x');
       // x and y take turns, each taking the lock from the line: every release is the contended kind.
-      let [holder, next] = [{ b: x, name: 'x' }, { b: y, name: 'y' }];
+      let [holder, next] = [{ b: x, name: 'x', client: clients[0] }, { b: y, name: 'y', client: clients[1] }];
       for (let round = 0; round < 5; round++) {
         heard.length = 0;
         expect(await holder.b.tryAcquire(['o'], holder.name, 5_000)).toMatchObject({ acquired: true });
@@ -290,7 +291,13 @@ describe('RedisLockBackend', () => {
         expect(heard).toEqual([`${next.name} told`, `${holder.name} answered`]);
         [holder, next] = [next, holder];
       }
+      // With the next waiter in the same backend, that waiter's own attempt is what it waits for
+      // (LockService sends it right behind the release): no PING.
+      expect(await holder.b.tryAcquire(['o'], holder.name, 5_000)).toMatchObject({ acquired: true });
+      expect((await holder.b.tryAcquire(['o'], 'same', 5_000)).acquired).toBe(false);
+      expect(await commandsDuring(holder.client, () => holder.b.release(['o'], holder.name))).toEqual({ evalsha: 1 });
       for (const stop of stops) stop();
+      for (const client of clients) client.disconnect();
     });
 
     it('hands a waiter that died in line the lock for at most waiterTimeout, not its whole ttl', async () => {

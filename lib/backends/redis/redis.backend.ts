@@ -26,6 +26,8 @@ class CommandTimeoutError extends Error {}
  * needed to accept a lock the release script hands it (see RELEASE).
  */
 interface LineEntry {
+  /** The keys it wants, joined by newlines. */
+  keys: string;
   /** When its last failed attempt was sent (performance.now()), and the key's last token then. */
   sentAt?: number;
   lastToken?: number;
@@ -118,7 +120,7 @@ export class RedisLockBackend implements LockBackend {
         return { acquired: true, fencingToken: granted.fencingToken, validityMs };
       }
     }
-    if (willWait && !entry) this.line.set(owner, (entry = {}));
+    if (willWait && !entry) this.line.set(owner, (entry = { keys: keys.join('\n') }));
     const client = this.openClient() ?? (await this.connected('acquire', keys));
     const redisKeys = this.lineKeys(keys, client);
     const sentAt = performance.now();
@@ -156,8 +158,10 @@ export class RedisLockBackend implements LockBackend {
     // head). A PING in the same write as the release gives us a pending reply before the script
     // publishes, so the waiter's message is written before our answer: its process hears sooner,
     // and when that is this process, the waiter enters before our caller goes on. Only for a key
-    // that had a line: on a free key the PING costs time for nothing. Not measured on Cluster.
-    const behindPing = this.contended.delete(owner) && !this.cluster;
+    // that had a line, and not when a waiter of this process is next (its LockService sends its
+    // attempt right behind the release, and that answer is the one it waits for): otherwise the
+    // PING costs time for nothing. Not measured on Cluster.
+    const behindPing = this.contended.delete(owner) && !this.cluster && !this.waitsHere(keys);
     const released = await this.run(
       client,
       'release',
@@ -317,6 +321,12 @@ export class RedisLockBackend implements LockBackend {
     subscriber.on('error', () => undefined);
     if (this.closed) subscriber.disconnect();
     return subscriber;
+  }
+
+  private waitsHere(keys: readonly string[]): boolean {
+    const id = keys.join('\n');
+    for (const entry of this.line.values()) if (entry.keys === id) return true;
+    return false;
   }
 
   private holdsContended(owner: string): void {
