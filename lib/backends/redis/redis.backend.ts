@@ -125,6 +125,7 @@ export class RedisLockBackend implements LockBackend {
     const redisKeys = this.lineKeys(keys, client);
     const sentAt = performance.now();
     const ttl = Math.ceil(ttlMs);
+    // The third value: on success, 1 if the key had a line; on failure, the key's last token.
     const [acquired, value, third] = (await this.run(client, 'acquire', keys, ACQUIRE, redisKeys, [owner, ttl, this.options.waiterTimeout, willWait ? 1 : 0, this.id], (late) => {
       // It answered after we gave up on it: nobody uses this lease, so free it for the others.
       if ((late as number[])[0] === 1) this.release(keys, owner).catch(() => undefined);

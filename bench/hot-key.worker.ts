@@ -1,0 +1,38 @@
+import 'reflect-metadata';
+import { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { LockService, RedisLockBackend } from '../lib/index.js';
+
+/**
+ * One hot-key worker as its own process (forked by redis.bench.ts): `warm` runs a few unmeasured
+ * sections, `go` runs the measured ones and sends back each wait and each section's real length.
+ */
+const [port, key, sections, sectionMs] = process.argv.slice(2);
+const locks = new LockService(new RedisLockBackend(new Redis(Number(port), '127.0.0.1')));
+
+async function rounds(count: number, waits: number[], inside: number[]): Promise<void> {
+  for (let i = 0; i < count; i++) {
+    const asked = performance.now();
+    const handle = await locks.acquire(key, { wait: 60_000 });
+    const entered = performance.now();
+    waits.push(entered - asked);
+    await sleep(Number(sectionMs));
+    inside.push(performance.now() - entered);
+    await handle.release();
+  }
+}
+
+process.on('message', async (message) => {
+  if (message === 'warm') {
+    await rounds(5, [], []);
+    process.send!('warm');
+  } else if (message === 'go') {
+    const [waits, inside]: number[][] = [[], []];
+    await rounds(Number(sections), waits, inside);
+    process.send!({ waits, inside });
+    await locks.onApplicationShutdown();
+    process.exit(0);
+  }
+});
+process.send!('ready');
