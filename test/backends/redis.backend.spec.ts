@@ -300,6 +300,26 @@ describe('RedisLockBackend', () => {
       for (const client of clients) client.disconnect();
     });
 
+    it('after its subscriber reconnects, wakes every waiter of the process: a release in the gap is not lost', async () => {
+      // No poll for a minute: only a wake-up can let the waiter in within the test.
+      const waiting = service(backend(), { keyPrefix: '', pollInterval: 60_000 });
+      const holder = service(backend(), { keyPrefix: '' });
+      const first = await holder.acquire('gap', { ttl: 10_000 });
+      const second = waiting.acquire('gap', { ttl: 10_000, wait: 20_000 });
+      await until(async () => (await admin.zcard('{gap}:queue')) === 1 && ((await admin.pubsub('CHANNELS')) as string[]).length === 1, 5_000, 'the waiter to queue and listen');
+      expect(waiting.backend.watching?.(['gap'])).toBe(true);
+      await admin.client('KILL', 'TYPE', 'pubsub');
+      // ioredis waits at least 50 ms before it reconnects: this hand-over's message reaches nobody.
+      await first.release();
+      expect(await admin.exists('gap')).toBe(1); // handed to the waiter, which has not heard of it
+      let timer: NodeJS.Timeout | undefined;
+      const tooLate = new Promise((_, reject) => (timer = setTimeout(() => reject(new Error('the waiter was not woken after the reconnection')), 5_000)));
+      const handle = (await Promise.race([second, tooLate]).finally(() => clearTimeout(timer))) as Awaited<typeof second>;
+      expect(handle.fencingToken).toBeGreaterThan(first.fencingToken!);
+      expect(waiting.backend.watching?.(['gap'])).toBe(true);
+      await handle.release();
+    });
+
     it('hands a waiter that died in line the lock for at most waiterTimeout, not its whole ttl', async () => {
       const [holder, dead] = [backend(server.url, { waiterTimeout: 400 }), backend(server.url, { waiterTimeout: 400 })];
       expect((await holder.tryAcquire(['gone'], 'h', 60_000)).acquired).toBe(true);

@@ -320,8 +320,34 @@ export class RedisLockBackend implements LockBackend {
       : (client as Redis).duplicate({ keyPrefix: '' });
     // Its failures show as failed subscriptions (the waiter then polls), not as unhandled events.
     subscriber.on('error', () => undefined);
+    if (!client.isCluster) this.recoverAfterReconnect(subscriber as Redis);
     if (this.closed) subscriber.disconnect();
     return subscriber;
+  }
+
+  /**
+   * Releases published while the subscriber reconnects are lost. Until the process channel is
+   * confirmed again, `watching()` says no, so a new waiter tries again after it subscribes; once it
+   * is, every waiter of this process tries again, as a release meant for it may have been lost.
+   */
+  private recoverAfterReconnect(subscriber: Redis): void {
+    let lost = false;
+    subscriber.on('close', () => {
+      lost ||= this.listening;
+      this.listening = false;
+    });
+    subscriber.on('ready', () => {
+      if (!lost || this.closed) return;
+      // ioredis subscribes again by itself; ours goes out after it, so its answer covers both.
+      subscriber.subscribe(`nest-distributed-lock:${this.id}`).then(
+        () => {
+          lost = false;
+          this.listening = true;
+          for (const wake of [...this.wakers.values()]) wake();
+        },
+        () => undefined, // still lost: the next reconnection tries again
+      );
+    });
   }
 
   private waitsHere(keys: readonly string[]): boolean {
