@@ -162,7 +162,7 @@ export class RedisLockBackend implements LockBackend {
     // that had a line, and not when a waiter of this process is next (its LockService sends its
     // attempt right behind the release, and that answer is the one it waits for): otherwise the
     // PING costs time for nothing. Not measured on Cluster.
-    const behindPing = this.contended.delete(owner) && !this.cluster && !this.waitsHere(keys);
+    const behindPing = this.contended.delete(owner) && !this.waitsHere(keys);
     const released = await this.run(
       client,
       'release',
@@ -357,6 +357,7 @@ export class RedisLockBackend implements LockBackend {
   }
 
   private holdsContended(owner: string): void {
+    if (this.cluster) return; // no PING there (see release)
     // Bounded for callers of the backend that never release (LockService always does).
     if (this.contended.size >= 10_000) this.contended.clear();
     this.contended.add(owner);
