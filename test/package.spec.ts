@@ -68,6 +68,26 @@ describe('the published package', () => {
     expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({ skipped: 'LockNotAcquiredError', ran: 'mon' });
   }, 30_000);
 
+  it('says which package to install, at construction, when a backend needs an optional peer the app lacks', () => {
+    writeFileSync(
+      join(app, 'peers.mjs'),
+      `import * as lib from 'nest-distributed-lock';
+      const backends = {
+        redis: () => new lib.RedisLockBackend('redis://127.0.0.1:6379'),
+        redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
+      };
+      const seen = {};
+      for (const [name, create] of Object.entries(backends)) {
+        try { create(); seen[name] = 'created'; }
+        catch (error) { seen[name] = { type: error.constructor.name, ours: error instanceof lib.DistributedLockError, message: error.message }; }
+      }
+      console.log(JSON.stringify(seen));`,
+    );
+    const seen = JSON.parse(execFileSync(process.execPath, ['peers.mjs'], { cwd: app, encoding: 'utf8' }).trim()) as Record<string, unknown>;
+    expect(seen.redis).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install ioredis') });
+    expect(seen.redlock).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis') });
+  }, 30_000);
+
   it('works from a CommonJS app through require()', () => {
     writeFileSync(
       join(app, 'cjs.cjs'),

@@ -1,7 +1,8 @@
 import { Logger } from '@nestjs/common';
 import { randomBytes } from 'node:crypto';
+import { createRequire } from 'node:module';
 import type { Cluster, Redis } from 'ioredis';
-import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
+import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { CommandDeadlines } from './command-deadlines.js';
 import { RedisReleaseSubscriber } from './redis-release.subscriber.js';
@@ -62,6 +63,8 @@ export class RedisLockBackend implements LockBackend {
   /** Whether we created the client, and so close it. */
   private readonly owned: boolean;
   private readonly cluster: boolean;
+  /** The ioredis package, loaded when the backend must create its client. */
+  private readonly ioredis: IoredisPackage | undefined;
   private client: Redis | Cluster | undefined;
   private creating: Promise<Redis | Cluster> | undefined;
   private readonly subscriber: RedisReleaseSubscriber;
@@ -100,6 +103,7 @@ export class RedisLockBackend implements LockBackend {
     } else {
       this.owned = true;
       this.cluster = this.connection.kind === 'cluster';
+      this.ioredis = loadIoredis();
     }
     this.subscriber = new RedisReleaseSubscriber(() => this.createSubscriber(), this.cluster, this.options.commandTimeout);
     this.deadlines = new CommandDeadlines(this.options.commandTimeout);
@@ -278,7 +282,7 @@ export class RedisLockBackend implements LockBackend {
   }
 
   private async createClient(): Promise<Redis | Cluster> {
-    const { Redis, Cluster } = await loadIoredis();
+    const { Redis, Cluster } = this.ioredis!;
     const connection = this.connection;
     let client: Redis | Cluster;
     if (connection.kind === 'url') client = new Redis(connection.url, CREATED_CLIENT_DEFAULTS);
@@ -469,13 +473,21 @@ function keyPrefixOf(client: Redis | Cluster): string {
   return client.options.keyPrefix ?? '';
 }
 
-/** ioredis is an optional peer: loaded only when the backend creates a client itself. */
-async function loadIoredis(): Promise<{ Redis: typeof Redis; Cluster: typeof Cluster }> {
+type IoredisPackage = { Redis: typeof Redis; Cluster: typeof Cluster };
+
+/**
+ * ioredis is an optional peer, needed only when the backend creates its client: loaded then, at
+ * construction, so a missing package stops the application at start-up, not at its first lock.
+ */
+function loadIoredis(): IoredisPackage {
   try {
-    const { Redis, Cluster } = await import('ioredis');
-    return { Redis, Cluster };
+    return createRequire(import.meta.url)('ioredis') as IoredisPackage;
   } catch (error) {
-    throw new LockBackendError('redis', "the 'ioredis' package is not installed. Run `npm install ioredis`, or pass an ioredis client you created.", error);
+    throw new InvalidLockOptionsError(
+      'connection',
+      `RedisLockBackend needs the 'ioredis' package to create its Redis client: npm install ioredis, or pass an ioredis client you created ` +
+        `(${error instanceof Error ? error.message : String(error)})`,
+    );
   }
 }
 

@@ -47,9 +47,10 @@ export class RedlockLockBackend implements LockBackend {
   private readonly majority: number;
 
   constructor(clients: readonly (RedlockMasterClient | string)[] | RedlockLockBackendOptions) {
+    // First, so a missing package is reported before any client is opened.
+    const pkg = loadRedlock();
     this.options = resolveRedlockOptions(clients, openClient);
     this.quorum = this.options.quorum;
-    const pkg = loadRedlock();
     const patient = new Set([RELEASE_SCRIPT, sha1(RELEASE_SCRIPT)]);
     this.masters = this.options.clients.map((client) => new RedlockMaster(client, describeMaster(client), this.options.masterTimeout, patient));
     this.majority = Math.floor(this.masters.length / 2) + 1;
