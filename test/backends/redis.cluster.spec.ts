@@ -149,6 +149,32 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
     }
   });
 
+  it('after a lock moves to another master while held and waited for, the waiter still hears its release, not its poll', async () => {
+    const [key] = await keyPerMaster('moving');
+    const [a, b] = [service(backend(), { pollInterval: 60_000 }), service(backend(), { pollInterval: 60_000 })];
+    const holder = await a.acquire(key, { ttl: 60_000 });
+    const waiting = b.acquire(key, { wait: 30_000 });
+    const from = await cluster.portOf(key);
+    const shardChannels = async (port: number) => (await cluster.admin(port).call('PUBSUB', 'SHARDCHANNELS', `${lockKeyLayout(key).queue}:*`)) as string[];
+    await until(async () => (await shardChannels(from)).length === 1, 5_000, `the waiter to subscribe on ${from}`);
+
+    const to = cluster.servers.map((s) => s.port).find((port) => port !== from)!;
+    await cluster.moveSlot(await cluster.slotOf(key), to);
+    // The lock, its line and its counter moved with the slot; the subscription did not: the old
+    // master dropped it (SUNSUBSCRIBE), and the waiter's process subscribes again on the new one.
+    expect(await cluster.admin(to).get(key)).toBe(holder.leases[0].owner);
+    expect(await shardChannels(from)).toEqual([]);
+    await until(async () => (await shardChannels(to)).length === 1, 5_000, `the waiter to subscribe again on ${to}`);
+
+    const releasedAt = Date.now();
+    await holder.release();
+    const handle = await waiting;
+    // Neither the ttl nor the poll (60 s each) could have done it.
+    expect(Date.now() - releasedAt).toBeLessThan(5_000);
+    expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken!);
+    await handle.release();
+  }, 30_000);
+
   it('excludes and hands out strictly increasing fencing tokens on keys spread over all masters', async () => {
     const keys = await keyPerMaster('spread');
     expect(new Set(await Promise.all(keys.map((k) => cluster.portOf(k)))).size).toBe(3);

@@ -324,7 +324,8 @@ export class RedisLockBackend implements LockBackend {
       : (client as Redis).duplicate({ keyPrefix: '' });
     // Its failures show as failed subscriptions (the waiter then polls), not as unhandled events.
     subscriber.on('error', () => undefined);
-    if (!client.isCluster) this.recoverAfterReconnect(subscriber as Redis);
+    if (client.isCluster) this.recoverAfterSlotMove(subscriber as Cluster);
+    else this.recoverAfterReconnect(subscriber as Redis);
     if (this.closed) subscriber.disconnect();
     return subscriber;
   }
@@ -351,6 +352,23 @@ export class RedisLockBackend implements LockBackend {
         },
         () => undefined, // still lost: the next reconnection tries again
       );
+    });
+  }
+
+  /**
+   * On Cluster a slot that moves to another master takes its sharded subscriptions along: the old
+   * master drops them (an SUNSUBSCRIBE nobody asked for, which ioredis reports as a node error),
+   * and ioredis subscribes them again on the new master only once it reloads its slot map. So a
+   * node error reloads the map; when ioredis reports its subscriptions ready again, every waiter
+   * of this process tries again, as a release meant for it may have been lost meanwhile.
+   */
+  private recoverAfterSlotMove(subscriber: Cluster): void {
+    subscriber.on('nodeError', () => {
+      if (!this.closed) subscriber.refreshSlotsCache();
+    });
+    subscriber.on('subscribersReady', () => {
+      if (this.closed) return;
+      for (const wake of [...this.wakers.values()]) wake();
     });
   }
 
