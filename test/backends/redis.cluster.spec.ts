@@ -175,6 +175,52 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
     await handle.release();
   }, 30_000);
 
+  it('after a failover to a replica that has the lock, the holder keeps it, and a waiter across the failover gets it on release, not at its poll', async () => {
+    // A cluster of its own: this one loses a master.
+    const failing = await RedisCluster.start({ masters: 3 });
+    const own: Cluster[] = [];
+    const services: LockService[] = [];
+    const connect = () => {
+      const client = new Cluster(failing.nodes);
+      own.push(client);
+      const created = new LockService(new RedisLockBackend(client), { keyPrefix: '', pollInterval: 60_000 });
+      services.push(created);
+      return created;
+    };
+    try {
+      const key = 'failover:1';
+      const master = await failing.portOf(key);
+      const replica = await failing.addReplica(master);
+      const [a, b] = [connect(), connect()];
+      const holder = await a.acquire(key, { ttl: 60_000 });
+      // Replication is asynchronous: this test is about what happens after a failover, not about
+      // a lock lost in it (the Sentinel failover test shows that), so the replica must have it.
+      await failing.admin(master).call('WAIT', 1, 5_000);
+      const waiting = b.acquire(key, { wait: 40_000 });
+      const channels = `${lockKeyLayout(key).queue}:*`;
+      await until(async () => ((await failing.admin(master).call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 5_000, 'the waiter to subscribe');
+
+      await failing.servers.find((s) => s.port === master)!.kill();
+      await failing.promote(replica.port);
+      // The holder's client finds the new master, where its lock still is.
+      await until(async () => (await a.inspect(key).catch(() => undefined))?.heldHere === true, 20_000, 'the holder to reach the new master');
+      // The waiter's process subscribes again there (its old shard is gone with the old master).
+      await until(async () => ((await failing.admin(replica.port).call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 20_000, 'the waiter to subscribe on the new master');
+
+      const releasedAt = Date.now();
+      await holder.release();
+      const handle = await waiting;
+      // The waiter's poll is 60 s: only the release's message, or its try after subscribing again, could do it.
+      expect(Date.now() - releasedAt).toBeLessThan(5_000);
+      expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken!);
+      await handle.release();
+    } finally {
+      await Promise.all(services.map((s) => s.onApplicationShutdown()));
+      for (const client of own) client.disconnect();
+      await failing.stop();
+    }
+  }, 90_000);
+
   it('excludes and hands out strictly increasing fencing tokens on keys spread over all masters', async () => {
     const keys = await keyPerMaster('spread');
     expect(new Set(await Promise.all(keys.map((k) => cluster.portOf(k)))).size).toBe(3);

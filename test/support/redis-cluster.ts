@@ -7,15 +7,19 @@ const SLOTS = 16_384;
 
 /**
  * A Redis Cluster of the test's own: `masters` redis-servers in cluster mode on free ports, the
- * slots split evenly between them, no replicas. Started empty and joined by the harness itself
- * (ADDSLOTSRANGE, MEET), then ready once every node reports `cluster_state:ok`.
+ * slots split evenly between them, no replicas until `addReplica`. Started empty and joined by the
+ * harness itself (ADDSLOTSRANGE, MEET), then ready once every node reports `cluster_state:ok`.
  */
 export class RedisCluster {
   private constructor(
-    readonly servers: readonly RedisServer[],
+    private readonly nodeServers: RedisServer[],
     /** One plain connection per node, for commands a Cluster client would route elsewhere. */
-    private readonly admins: readonly Redis[],
+    private readonly admins: Redis[],
   ) {}
+
+  get servers(): readonly RedisServer[] {
+    return this.nodeServers;
+  }
 
   static async start(options: { masters?: number; timeoutMs?: number } = {}): Promise<RedisCluster> {
     const masters = options.masters ?? 3;
@@ -39,7 +43,7 @@ export class RedisCluster {
 
   /** Startup nodes for `new Cluster(...)` or `{ clusterNodes }`. */
   get nodes(): { host: string; port: number }[] {
-    return this.servers.map((server) => ({ host: '127.0.0.1', port: server.port }));
+    return this.nodeServers.map((server) => ({ host: '127.0.0.1', port: server.port }));
   }
 
   /** The port of the master serving `key`, as Redis itself hashes it (CLUSTER KEYSLOT). */
@@ -66,6 +70,38 @@ export class RedisCluster {
   /** Connections open on every node, not counting the harness's own (its admins, its MIGRATEs). */
   async clientCounts(): Promise<number[]> {
     return Promise.all(this.admins.map(async (admin) => (await clientList(admin)) - 1));
+  }
+
+  /** Adds a replica of the master on `masterPort`; resolves once it has synced with it. */
+  async addReplica(masterPort: number, timeoutMs = 15_000): Promise<RedisServer> {
+    const server = await startNode();
+    const admin = new Redis(server.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
+    this.nodeServers.push(server);
+    this.admins.push(admin);
+    const masterId = (await this.admin(masterPort).call('CLUSTER', 'MYID')) as string;
+    await admin.call('CLUSTER', 'MEET', '127.0.0.1', masterPort);
+    // It can only replicate a node it knows: wait for the handshake to name the master.
+    await until(async () => ((await admin.call('CLUSTER', 'NODES')) as string).includes(masterId), timeoutMs, `port ${server.port} to know its master`);
+    await admin.call('CLUSTER', 'REPLICATE', masterId);
+    await until(async () => (await admin.info('replication')).includes('master_link_status:up'), timeoutMs, `port ${server.port} to sync with ${masterPort}`);
+    return server;
+  }
+
+  /**
+   * Makes the replica on `port` a master at once, taking its master's slots without a vote (CLUSTER
+   * FAILOVER TAKEOVER, for a master that is gone); resolves once every running node agrees.
+   */
+  async promote(port: number, timeoutMs = 15_000): Promise<void> {
+    await this.admin(port).call('CLUSTER', 'FAILOVER', 'TAKEOVER');
+    const running = this.admins.filter((_, i) => this.nodeServers[i].running);
+    await until(
+      async () => {
+        const views = await Promise.all(running.map((admin) => admin.call('CLUSTER', 'SLOTS') as Promise<[number, number, [string, number]][]>));
+        return views.every((ranges) => ranges.some(([, , [, master]]) => master === port));
+      },
+      timeoutMs,
+      `every running node to see port ${port} as a master`,
+    );
   }
 
   /**
