@@ -66,6 +66,11 @@ export class LockWaitQueue {
     else if (index === 0) queue[0].wake();
   }
 
+  /** Wakes every waiter of every key set (at shutdown, so that they give up). */
+  wakeAll(): void {
+    for (const queue of this.queues.values()) for (const waiter of queue) waiter.wake();
+  }
+
   /** A lock on this key set was released in this process: the head may try now. */
   wakeHead(id: string): void {
     this.queues.get(id)?.[0].wake();

@@ -49,6 +49,8 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
   private readonly leases = new Set<Lease>();
   /** Releases that run after a scope returned; shutdown waits for them. */
   private readonly releasing = new Set<Promise<void>>();
+  /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
+  private shutDown = false;
 
   constructor(
     readonly backend: LockBackend = new MemoryLockBackend(),
@@ -165,6 +167,10 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
   }
 
   async onApplicationShutdown(): Promise<void> {
+    // Waiters give up now, not at the end of their wait: their timers would keep the process
+    // alive, and the backend they wait on is about to close. They leave its line on the way out.
+    this.shutDown = true;
+    this.queue.wakeAll();
     // Release before closing the backend: its connections are needed to delete the keys.
     await Promise.allSettled([...this.leases].map((lease) => lease.forceRelease()));
     await Promise.allSettled([...this.releasing]);
@@ -218,6 +224,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     const autoExtend = options?.autoExtend ?? this.options.autoExtend;
     const signal = options?.signal;
     signal?.throwIfAborted();
+    if (this.shutDown) throw this.shutDownError(keys);
 
     const owner = newOwnerToken();
     const started = performance.now();
@@ -292,6 +299,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     try {
       for (;;) {
         signal?.throwIfAborted();
+        if (this.shutDown) throw this.shutDownError(keys);
         if (performance.now() >= deadline) return giveUp();
         if (!this.queue.isHead(id, waiter)) {
           // Its attempt may be long past once it is first: it then tries again.
@@ -322,6 +330,10 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
       this.queue.leave(id, waiter);
       leaveLine();
     }
+  }
+
+  private shutDownError(keys: readonly string[]): LockBackendError {
+    return new LockBackendError(this.backend.name, `acquire of ${keys.join(', ')} failed: the application is shutting down.`);
   }
 
   /** Keeps a background request (a release) in the set that shutdown waits for. */

@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import { LockBackendError, LockLostError, LockNotAcquiredError, LockService, MemoryLockBackend, type LockBackend } from '../lib/index.js';
+import { activeTimers } from './support/wait.js';
 
 describe('LockService and LockHandle', () => {
   let locks: LockService;
@@ -129,6 +130,25 @@ describe('LockService and LockHandle', () => {
     }
     await new Promise((resolve) => handle.signal.addEventListener('abort', resolve));
     expect((handle.signal.reason as LockLostError).reason).toBe('expired');
+  });
+
+  it('on shutdown, fails every waiting acquisition at once and refuses new ones, leaving no timer', async () => {
+    locks = new LockService();
+    const timersBefore = activeTimers();
+    const held = await locks.acquire('busy', { ttl: 60_000 });
+    // The first waiter of the process and one queued behind it, both willing to wait a minute.
+    const waiting = [locks.acquire('busy', { wait: 60_000 }), locks.using('busy', () => 'ran', { wait: 60_000 })].map((p) => p.catch((e: unknown) => e));
+    await new Promise((resolve) => setImmediate(resolve));
+    const started = Date.now();
+    await locks.onApplicationShutdown();
+    for (const error of await Promise.all(waiting)) {
+      expect(error).toBeInstanceOf(LockBackendError);
+      expect((error as Error).message).toBe("Lock backend 'memory' failed: acquire of lock:busy failed: the application is shutting down.");
+    }
+    expect(Date.now() - started).toBeLessThan(5_000);
+    expect(held.isHeld).toBe(false);
+    await expect(locks.acquire('other')).rejects.toThrow('the application is shutting down');
+    expect(activeTimers()).toBe(timersBefore);
   });
 
   it('turns a failing backend into LockBackendError within the wait, never a hang', async () => {

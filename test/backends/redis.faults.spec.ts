@@ -163,6 +163,28 @@ describe('Redis backend under faults, with real processes', () => {
     server.resume();
   });
 
+  it('an app whose Redis died while it held and waited for a lock closes and exits at once: the waiter gives up, no timer stays', async () => {
+    const doomed = await RedisServer.start();
+    const app = fork(resolve(fixtures, 'redis-app-shutdown.mjs'), [doomed.url], { stdio: ['ignore', 'pipe', 'inherit', 'ipc'] });
+    try {
+      let output = '';
+      app.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
+      const exited = once(app, 'exit');
+      const [ready] = (await Promise.race([once(app, 'message'), exited])) as [unknown];
+      expect(ready).toBe('holding');
+      await doomed.stop();
+      app.send('close');
+      const [code] = (await exited) as [number];
+      expect(code).toBe(0);
+      const { exitMs } = JSON.parse(output.trim()) as { exitMs: number };
+      // ioredis's default (2 s per connection to wait for a close that never comes) failed this.
+      expect(exitMs).toBeLessThan(1_500);
+    } finally {
+      app.kill();
+      await doomed.stop();
+    }
+  });
+
   it('d: an app whose Redis is unreachable at start-up fails with a clear error and exits', async () => {
     const dead = await RedisServer.start();
     const url = dead.url;
