@@ -1,8 +1,8 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import { Cluster, type ClusterOptions } from 'ioredis';
+import { Cluster, type ClusterOptions, type Redis } from 'ioredis';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
 import { keySlot, lockKeyLayout } from '../../lib/backends/redis/redis.keys.js';
-import { InvalidLockKeyError, LockBackendError, LockService } from '../../lib/index.js';
+import { InvalidLockKeyError, LockBackendError, LockService, type LockHandle } from '../../lib/index.js';
 import { describeBackendConformance } from '../conformance/lock-backend.conformance.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { freePort } from '../support/redis-server.js';
@@ -74,6 +74,21 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
   async function keysInCluster(): Promise<number> {
     const sizes = await Promise.all(cluster.servers.map((s) => cluster.admin(s.port).dbsize()));
     return sizes.reduce((a, b) => a + b, 0);
+  }
+
+  /** The sharded channels that wake waiters for `key`, as the node `admin` talks to has them. */
+  async function wakeChannels(admin: Redis, key: string): Promise<string[]> {
+    return (await admin.call('PUBSUB', 'SHARDCHANNELS', `${lockKeyLayout(key).queue}:*`)) as string[];
+  }
+
+  /** Releases `holder`; the waiter must get the lock long before its 60 s poll, with a greater token. */
+  async function handsOverOnRelease(holder: LockHandle, waiting: Promise<LockHandle>): Promise<void> {
+    const releasedAt = Date.now();
+    await holder.release();
+    const handle = await waiting;
+    expect(Date.now() - releasedAt).toBeLessThan(5_000);
+    expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken!);
+    await handle.release();
   }
 
   it('locks keys with a common user hash tag together, and refuses keys in different slots at once, leaving nothing behind', async () => {
@@ -155,24 +170,16 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
     const holder = await a.acquire(key, { ttl: 60_000 });
     const waiting = b.acquire(key, { wait: 30_000 });
     const from = await cluster.portOf(key);
-    const shardChannels = async (port: number) => (await cluster.admin(port).call('PUBSUB', 'SHARDCHANNELS', `${lockKeyLayout(key).queue}:*`)) as string[];
-    await until(async () => (await shardChannels(from)).length === 1, 5_000, `the waiter to subscribe on ${from}`);
+    await until(async () => (await wakeChannels(cluster.admin(from), key)).length === 1, 5_000, `the waiter to subscribe on ${from}`);
 
     const to = cluster.servers.map((s) => s.port).find((port) => port !== from)!;
     await cluster.moveSlot(await cluster.slotOf(key), to);
     // The lock, its line and its counter moved with the slot; the subscription did not: the old
     // master dropped it (SUNSUBSCRIBE), and the waiter's process subscribes again on the new one.
     expect(await cluster.admin(to).get(key)).toBe(holder.leases[0].owner);
-    expect(await shardChannels(from)).toEqual([]);
-    await until(async () => (await shardChannels(to)).length === 1, 5_000, `the waiter to subscribe again on ${to}`);
-
-    const releasedAt = Date.now();
-    await holder.release();
-    const handle = await waiting;
-    // Neither the ttl nor the poll (60 s each) could have done it.
-    expect(Date.now() - releasedAt).toBeLessThan(5_000);
-    expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken!);
-    await handle.release();
+    expect(await wakeChannels(cluster.admin(from), key)).toEqual([]);
+    await until(async () => (await wakeChannels(cluster.admin(to), key)).length === 1, 5_000, `the waiter to subscribe again on ${to}`);
+    await handsOverOnRelease(holder, waiting);
   }, 30_000);
 
   it('after a failover to a replica that has the lock, the holder keeps it, and a waiter across the failover gets it on release, not at its poll', async () => {
@@ -197,23 +204,15 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       // a lock lost in it (the Sentinel failover test shows that), so the replica must have it.
       await failing.admin(master).call('WAIT', 1, 5_000);
       const waiting = b.acquire(key, { wait: 40_000 });
-      const channels = `${lockKeyLayout(key).queue}:*`;
-      await until(async () => ((await failing.admin(master).call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 5_000, 'the waiter to subscribe');
+      await until(async () => (await wakeChannels(failing.admin(master), key)).length === 1, 5_000, 'the waiter to subscribe');
 
       await failing.servers.find((s) => s.port === master)!.kill();
       await failing.promote(replica.port);
       // The holder's client finds the new master, where its lock still is.
       await until(async () => (await a.inspect(key).catch(() => undefined))?.heldHere === true, 20_000, 'the holder to reach the new master');
       // The waiter's process subscribes again there (its old shard is gone with the old master).
-      await until(async () => ((await failing.admin(replica.port).call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 20_000, 'the waiter to subscribe on the new master');
-
-      const releasedAt = Date.now();
-      await holder.release();
-      const handle = await waiting;
-      // The waiter's poll is 60 s: only the release's message, or its try after subscribing again, could do it.
-      expect(Date.now() - releasedAt).toBeLessThan(5_000);
-      expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken!);
-      await handle.release();
+      await until(async () => (await wakeChannels(failing.admin(replica.port), key)).length === 1, 20_000, 'the waiter to subscribe on the new master');
+      await handsOverOnRelease(holder, waiting);
     } finally {
       await Promise.all(services.map((s) => s.onApplicationShutdown()));
       for (const client of own) client.disconnect();
