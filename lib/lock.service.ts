@@ -247,6 +247,13 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
           retryAfterMs = result.retryAfterMs;
           return undefined;
         }
+        if (this.shutDown) {
+          // Won while the application shut down: nothing would release it later, so it goes now.
+          inLine = false;
+          lastError = this.shutDownError(keys);
+          this.track(this.backend.release(keys, owner).then(() => undefined, () => undefined));
+          return undefined;
+        }
         const lease = new Lease(this.backend, keys, owner, result.fencingToken, ttl, sentAt + (result.validityMs ?? ttl), autoExtend, this);
         this.leases.add(lease);
         acquired = true;

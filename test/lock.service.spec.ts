@@ -153,6 +153,31 @@ describe('LockService and LockHandle', () => {
     expect(activeTimers()).toBeLessThanOrEqual(timersBefore);
   });
 
+  it('gives back a lock won while the application shut down, and fails that acquisition', async () => {
+    let answer: (result: { acquired: true; fencingToken: number }) => void = () => undefined;
+    const released: string[] = [];
+    const slow: LockBackend = {
+      name: 'slow',
+      fencing: true,
+      tryAcquire: () => new Promise((resolve) => (answer = resolve)),
+      extend: async () => ({ extended: true }),
+      release: async (_keys, owner) => {
+        released.push(owner);
+        return true;
+      },
+      inspect: async () => undefined,
+    };
+    locks = new LockService(slow);
+    const acquiring = locks.acquire('late', { wait: 60_000 }).catch((e: unknown) => e);
+    const shuttingDown = locks.onApplicationShutdown();
+    answer({ acquired: true, fencingToken: 1 });
+    const error = await acquiring;
+    await shuttingDown;
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toContain('the application is shutting down');
+    expect(released).toHaveLength(1);
+  });
+
   it('turns a failing backend into LockBackendError within the wait, never a hang', async () => {
     const down: LockBackend = {
       name: 'down',
