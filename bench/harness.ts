@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 /** One measured line: what ran, which implementation, and its figures. */
 export interface Row {
@@ -107,3 +108,19 @@ export function settledHeap(): number {
 }
 
 export const round = (value: number, digits = 2): number => Number(value.toFixed(digits));
+
+/**
+ * One hot-key worker: `count` times takes the lock, stays `sectionMs` inside and releases, pushing
+ * each wait and each section's real length (ms); `lock` resolves to the lock's release.
+ */
+export async function timedSections(lock: () => Promise<() => Promise<unknown>>, count: number, sectionMs: number, waits: number[], inside: number[]): Promise<void> {
+  for (let i = 0; i < count; i++) {
+    const asked = performance.now();
+    const release = await lock();
+    const entered = performance.now();
+    waits.push(entered - asked);
+    await sleep(sectionMs);
+    inside.push(performance.now() - entered);
+    await release();
+  }
+}

@@ -1,8 +1,7 @@
 import 'reflect-metadata';
 import { Redis } from 'ioredis';
-import { performance } from 'node:perf_hooks';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { LockService, RedisLockBackend } from '../lib/index.js';
+import { timedSections } from './harness.js';
 
 /**
  * One hot-key worker as its own process (forked by redis.bench.ts): `warm` runs a few unmeasured
@@ -10,18 +9,11 @@ import { LockService, RedisLockBackend } from '../lib/index.js';
  */
 const [port, key, sections, sectionMs] = process.argv.slice(2);
 const locks = new LockService(new RedisLockBackend(new Redis(Number(port), '127.0.0.1')));
-
-async function rounds(count: number, waits: number[], inside: number[]): Promise<void> {
-  for (let i = 0; i < count; i++) {
-    const asked = performance.now();
-    const handle = await locks.acquire(key, { wait: 60_000 });
-    const entered = performance.now();
-    waits.push(entered - asked);
-    await sleep(Number(sectionMs));
-    inside.push(performance.now() - entered);
-    await handle.release();
-  }
-}
+const lock = async () => {
+  const handle = await locks.acquire(key, { wait: 60_000 });
+  return () => handle.release();
+};
+const rounds = (count: number, waits: number[], inside: number[]) => timedSections(lock, count, Number(sectionMs), waits, inside);
 
 process.on('message', async (message) => {
   if (message === 'warm') {

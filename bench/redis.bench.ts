@@ -10,7 +10,7 @@ import { Mutex } from 'redis-semaphore';
 import { createLock, IoredisAdapter } from 'redlock-universal';
 import { LockService, RedisLockBackend } from '../lib/index.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { compareRates, latencies, percentile, round, type Report, type Row } from './harness.js';
+import { compareRates, latencies, percentile, round, timedSections, type Report, type Row } from './harness.js';
 import { Orders, ordersApp } from './orders.fixture.js';
 
 /** The part of the redlock package's public API the bench uses. */
@@ -175,20 +175,7 @@ function hotKeyRow(impl: string, elapsedMs: number, waits: number[], inside: num
 async function hotKey(report: Report, client: () => Redis, service: (redis: Redis) => LockService, port: number): Promise<void> {
   const { workers, sections, sectionMs } = HOT_KEY;
   const rounds = (key: string, lockFor: (worker: number) => LockOnce, count: number, waits: number[], inside: number[]) =>
-    Promise.all(
-      Array.from({ length: workers }, async (_, worker) => {
-        const lock = lockFor(worker);
-        for (let i = 0; i < count; i++) {
-          const asked = performance.now();
-          const release = await lock(key);
-          const entered = performance.now();
-          waits.push(entered - asked);
-          await sleep(sectionMs);
-          inside.push(performance.now() - entered);
-          await release();
-        }
-      }),
-    );
+    Promise.all(Array.from({ length: workers }, (_, worker) => timedSections(() => lockFor(worker)(key), count, sectionMs, waits, inside)));
   const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
     const key = `hot:${impl}`;
     // A short unmeasured run first, for every implementation alike: connections, scripts,

@@ -248,10 +248,11 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
           return undefined;
         }
         if (this.shutDown) {
-          // Won while the application shut down: nothing would release it later, so it goes now.
-          inLine = false;
+          // Won while the application shut down: nothing would release it later, so it goes now,
+          // by the same background release that takes a waiter out of the line.
           lastError = this.shutDownError(keys);
-          this.track(this.backend.release(keys, owner).then(() => undefined, () => undefined));
+          inLine = true;
+          leaveLine();
           return undefined;
         }
         const lease = new Lease(this.backend, keys, owner, result.fencingToken, ttl, sentAt + (result.validityMs ?? ttl), autoExtend, this);
@@ -271,7 +272,8 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
       if (!inLine || acquired) return;
       inLine = false;
       // Release by an owner that holds nothing only takes it out of the backend's line, so a
-      // waiter that gave up does not hold up the others. Not awaited; shutdown waits for it.
+      // waiter that gave up does not hold up the others (one that holds the keys frees them).
+      // Not awaited; shutdown waits for it.
       this.track(this.backend.release(keys, owner).then(() => undefined, () => undefined));
     };
     const giveUp = (): NotAcquired => {

@@ -348,7 +348,7 @@ export class RedisLockBackend implements LockBackend {
         () => {
           lost = false;
           this.listening = true;
-          for (const wake of [...this.wakers.values()]) wake();
+          this.wakeAllWaiters();
         },
         () => undefined, // still lost: the next reconnection tries again
       );
@@ -367,9 +367,13 @@ export class RedisLockBackend implements LockBackend {
       if (!this.closed) subscriber.refreshSlotsCache();
     });
     subscriber.on('subscribersReady', () => {
-      if (this.closed) return;
-      for (const wake of [...this.wakers.values()]) wake();
+      if (!this.closed) this.wakeAllWaiters();
     });
+  }
+
+  /** Every waiter of this process tries again: a release meant for one of them may be lost. */
+  private wakeAllWaiters(): void {
+    for (const wake of [...this.wakers.values()]) wake();
   }
 
   private waitsHere(keys: readonly string[]): boolean {
