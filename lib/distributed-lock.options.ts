@@ -55,13 +55,26 @@ export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   maxKeyLength: 512,
 };
 
-type Check = [accepts: string, ok: (value: unknown) => boolean];
+/** The longest delay a Node timer keeps: beyond it, setTimeout fires after 1 ms. */
+export const MAX_TIMER_MS = 2_147_483_647;
 
-const positiveMs: Check = ['a positive finite number of milliseconds', (v) => typeof v === 'number' && Number.isFinite(v) && v > 0];
-const waitMs: Check = ['0 (try once) or a positive finite number of milliseconds', (v) => typeof v === 'number' && Number.isFinite(v) && v >= 0];
+/** What an option accepts, the test, and a sentence that goes after "must be ..., got ...". */
+type Check = [accepts: string, ok: (value: unknown) => boolean, hint?: string];
+
+const withinTimers = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v > 0 && v <= MAX_TIMER_MS;
+const MAX_HINT = `At most ${MAX_TIMER_MS} (about 24.8 days)`;
+const positiveMs: Check = ['a positive finite number of milliseconds', withinTimers, `${MAX_HINT}.`];
+// A lease reaches Redis as PX, which takes whole milliseconds: the Redis backends round it up, as
+// they do with extend(ms), rather than refuse what every other backend takes.
+const leaseMs: Check = [
+  'a positive finite number of milliseconds',
+  withinTimers,
+  `${MAX_HINT}; the Redis backends round a fraction up to whole milliseconds.`,
+];
+const waitMs: Check = ['0 (try once) or a positive finite number of milliseconds', (v) => v === 0 || withinTimers(v), `${MAX_HINT}.`];
 const bool: Check = ['true or false', (v) => typeof v === 'boolean'];
 
-const LOCK_OPTIONS: Record<string, Check> = { ttl: positiveMs, wait: waitMs, autoExtend: bool };
+const LOCK_OPTIONS: Record<string, Check> = { ttl: leaseMs, wait: waitMs, autoExtend: bool };
 const USING_OPTIONS: Record<string, Check> = {
   ...LOCK_OPTIONS,
   onBusy: ["'throw' or 'skip'", (v) => v === 'throw' || v === 'skip'],
@@ -98,9 +111,9 @@ function check(options: unknown, checks: Record<string, Check>, where: string): 
       );
     }
     if (value === undefined) continue;
-    const [accepts, ok] = rule;
+    const [accepts, ok, hint] = rule;
     if (!ok(value)) {
-      throw new InvalidLockOptionsError(name, `${where}: option '${name}' must be ${accepts}, got ${show(value)}.`);
+      throw new InvalidLockOptionsError(name, `${where}: option '${name}' must be ${accepts}, got ${show(value)}.${hint ? ` ${hint}` : ''}`);
     }
   }
 }
@@ -121,11 +134,23 @@ export function checkAcquireOptions(options: unknown, where: string): void {
   check(options, ACQUIRE_OPTIONS, where);
 }
 
-/** Checks module options at start-up and fills in the defaults. */
-export function resolveModuleOptions(options: DistributedLockModuleOptions | undefined): ResolvedModuleOptions {
+/** Checks module options at start-up, against the backend in use, and fills in the defaults. */
+export function resolveModuleOptions(options: DistributedLockModuleOptions | undefined, backend?: LockBackend): ResolvedModuleOptions {
   check(options, MODULE_OPTIONS, 'DistributedLockModule');
   const defined = Object.fromEntries(
     Object.entries(options ?? {}).filter(([name, value]) => name !== 'backend' && value !== undefined),
   );
-  return { ...MODULE_DEFAULTS, ...defined };
+  const resolved: ResolvedModuleOptions = { ...MODULE_DEFAULTS, ...defined };
+  const waiterTimeout = backend?.waiterTimeout;
+  // A waiter asks again at least every pollInterval; asking less often than the backend keeps its
+  // place in line, it would lose that place between polls and be overtaken by every newcomer.
+  if (waiterTimeout !== undefined && resolved.pollInterval >= waiterTimeout) {
+    throw new InvalidLockOptionsError(
+      'pollInterval',
+      `DistributedLockModule: option 'pollInterval' (${resolved.pollInterval} ms${'pollInterval' in defined ? '' : ', the default'}) must be below ` +
+        `the ${backend!.name} backend's waiterTimeout (${waiterTimeout} ms), or waiters lose their place in line between polls. ` +
+        `Lower pollInterval, or raise waiterTimeout (well above pollInterval) in the backend's options.`,
+    );
+  }
+  return resolved;
 }

@@ -1,7 +1,7 @@
 export { DistributedLockModule, type DistributedLockModuleAsyncOptions } from './distributed-lock.module.js';
 export { DISTRIBUTED_LOCK_OPTIONS } from './distributed-lock.constants.js';
 export type { AcquireOptions, DistributedLockModuleOptions, LockOptions, OnBusy, UsingOptions } from './distributed-lock.options.js';
-export { Locked, LOCKED_METADATA } from './locked.decorator.js';
+export { Locked, LOCKED_METADATA, type LockableMethod, type LockedDecorator } from './locked.decorator.js';
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LockService, type LockInfo } from './lock.service.js';
 export { LockHandle } from './lock.handle.js';

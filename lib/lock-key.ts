@@ -1,4 +1,5 @@
 import { InvalidLockKeyError } from './lock.errors.js';
+import type { ParameterInfo } from './parameter-names.js';
 
 /** A key part a function may return; numbers and strings with the same text are the same key. */
 export type LockKeyValue = string | number | bigint;
@@ -22,7 +23,8 @@ export interface KeyOrigin {
   methodName: string;
 }
 
-type Part = string | { placeholder: string; argIndex: number; path: string[] };
+/** `rest`: the placeholder names a rest parameter, whose value is the array of the arguments from argIndex on. */
+type Part = string | { placeholder: string; argIndex: number; rest: boolean; path: string[] };
 
 /** A key source checked against the method's parameters once, then resolved per call cheaply. */
 export type KeyResolver = (args: readonly unknown[]) => string[];
@@ -38,7 +40,7 @@ const SEGMENT = /^(?:[A-Za-z_$][\w$]*|\d+)$/;
 export function compileKeySource(
   source: LockKeySource,
   origin: KeyOrigin,
-  paramNames: readonly (string | undefined)[] | undefined,
+  params: readonly ParameterInfo[] | undefined,
 ): KeyResolver {
   const items = Array.isArray(source) ? source : [source];
   const where = `${origin.className}.${origin.methodName}`;
@@ -52,13 +54,13 @@ export function compileKeySource(
         `@Locked on ${where}: a key must be a template string or a function of the arguments, got ${describe(item)}.`,
       );
     }
-    const parts = parseTemplate(item, where, paramNames);
+    const parts = parseTemplate(item, where, params);
     return (args) => [render(parts, item, args, where)];
   });
   return resolvers.length === 1 ? resolvers[0] : (args) => resolvers.flatMap((resolve) => resolve(args));
 }
 
-function parseTemplate(template: string, where: string, paramNames: readonly (string | undefined)[] | undefined): Part[] {
+function parseTemplate(template: string, where: string, params: readonly ParameterInfo[] | undefined): Part[] {
   if (template.length === 0) {
     throw new InvalidLockKeyError(`@Locked on ${where} has an empty key template. Use a template such as 'order:<id>'.`);
   }
@@ -74,22 +76,29 @@ function parseTemplate(template: string, where: string, paramNames: readonly (st
       );
     }
     const head = path[0];
-    let argIndex: number;
-    if (/^\d+$/.test(head)) {
-      argIndex = Number(head);
-    } else {
-      argIndex = paramNames?.indexOf(head) ?? -1;
-      if (argIndex < 0) {
-        const known = paramNames?.filter((n) => n !== undefined) ?? [];
-        throw new InvalidLockKeyError(
-          `@Locked on ${where}: template '${template}' refers to parameter '${head}', but ` +
-            (paramNames
-              ? `the method's parameters are (${known.join(', ') || 'none'}). Fix the name, or use an index such as <0>.`
-              : `its parameter names could not be read from the source. Use an index such as <0> instead.`),
-        );
-      }
+    const byIndex = /^\d+$/.test(head);
+    const argIndex = byIndex ? Number(head) : (params?.findIndex((p) => p.name === head) ?? -1);
+    if (argIndex < 0) {
+      const known = params?.map((p) => p.name).filter((n) => n !== undefined) ?? [];
+      throw new InvalidLockKeyError(
+        `@Locked on ${where}: template '${template}' refers to parameter '${head}', but ` +
+          (params
+            ? `the method's parameters are (${known.join(', ') || 'none'}). Fix the name, or use an index such as <0>.`
+            : `its parameter names could not be read from the source. Use an index such as <0> instead.`),
+      );
     }
-    parts.push({ placeholder: match[0], argIndex, path: path.slice(1) });
+    // An index is an argument's position: past a rest parameter it is one of the rest.
+    const param = params?.[argIndex];
+    const rest = !byIndex && param?.rest === true;
+    if (param?.hasDefault) refuseDefault(where, template, match[0], param.name);
+    if (rest && path.length === 1) {
+      throw new InvalidLockKeyError(
+        `@Locked on ${where}: template '${template}' refers to the rest parameter '${head}', the array of the remaining arguments, ` +
+          `which is not one key. Name one of them, such as <${head}.0>, or lock each with a key function: ` +
+          `@Locked((...${head}) => ${head}.map((x) => \`key:\${x}\`)).`,
+      );
+    }
+    parts.push({ placeholder: match[0], argIndex, rest, path: path.slice(1) });
   }
   if (last < template.length) parts.push(template.slice(last));
   const literal = parts.filter((p): p is string => typeof p === 'string').join('');
@@ -101,6 +110,22 @@ function parseTemplate(template: string, where: string, paramNames: readonly (st
   return parts;
 }
 
+/**
+ * Why refuse rather than apply the default: a default is an expression the method evaluates when
+ * it runs (it may read `this`, other parameters or the clock), while the key is computed before
+ * the call from the arguments as passed, so an omitted argument would be undefined there.
+ * Evaluating the default a second time could give another value than the method's.
+ */
+function refuseDefault(where: string, template: string, placeholder: string, name: string | undefined): never {
+  const param = name ?? 'value';
+  throw new InvalidLockKeyError(
+    `@Locked on ${where}: template '${template}' refers to parameter '${name ?? placeholder}', which has a default value: ` +
+      `the key is computed from the arguments before the method runs, so ${placeholder} would not see the default when ` +
+      `the argument is omitted. Remove the default (let the caller or a pipe supply the value), or use a key function ` +
+      `with the same default, e.g. @Locked((${param} = …) => \`key:\${${param}}\`).`,
+  );
+}
+
 function render(parts: Part[], template: string, args: readonly unknown[], where: string): string {
   let key = '';
   for (const part of parts) {
@@ -108,7 +133,7 @@ function render(parts: Part[], template: string, args: readonly unknown[], where
       key += part;
       continue;
     }
-    let value: unknown = args[part.argIndex];
+    let value: unknown = part.rest ? args.slice(part.argIndex) : args[part.argIndex];
     for (const segment of part.path) {
       value = value === null || value === undefined ? undefined : (value as Record<string, unknown>)[segment];
     }

@@ -1,6 +1,6 @@
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
-import type { LockBackend } from './backends/lock-backend.interface.js';
+import type { ExtendResult, LockBackend } from './backends/lock-backend.interface.js';
 import { leaseScheduler, type Scheduled } from './lease-scheduler.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
 
@@ -18,25 +18,34 @@ const logger = new Logger('DistributedLock');
  * One successful acquisition: the owner token, its deadline and its watchdog. Reentrant handles
  * share a lease and count as holders; the backend lock is released when the last holder lets go.
  *
- * The deadline is local and monotonic (performance.now(), started before the acquire request was
- * sent), so it never lasts longer than the lease the backend granted. The watchdog is called
- * (through the process's LeaseScheduler) at the next extension or at the deadline, whichever is
- * first; if the event loop stalls past the deadline, the call comes late and finds the deadline
- * gone: the lease is declared lost, never silently kept.
+ * The deadline is local and monotonic (performance.now(), started before the request that set it
+ * was sent, with the ttl that request carried), so it never lasts longer than the lease the
+ * backend granted. The watchdog is called (through the process's LeaseScheduler) at the next
+ * extension or at the deadline, whichever is first. A stalled event loop delays that call, so
+ * every read of `state` or `signal` also compares the clock with the deadline: the first read
+ * after it declares the lease lost, in the same tick, never a lease silently kept.
  */
 export class Lease implements Scheduled {
-  state: LeaseState = 'held';
   holders = 1;
   /** @internal For the scheduler. */
   dueAt = 0;
   /** @internal For the scheduler. */
   heapIndex = -1;
+  private current: LeaseState = 'held';
   /** Whether the scheduled call is an extension (else the deadline). */
   private dueExtend = false;
   /** Created on first use: most leases end without anyone reading their signal. */
   private controller: AbortController | undefined;
-  private extending = false;
   private nextExtendAt: number;
+  /** Why the last extension failed, until one succeeds: the cause if the lease runs out. */
+  private lastError: unknown;
+  /** Extensions asked and not answered yet: the one out and those waiting their turn. */
+  private extensions = 0;
+  /** Settles once the last extension asked so far has its answer: the next one goes out after it. */
+  private lastExtension: Promise<unknown> = Promise.resolve();
+  /** Resolves when the lease ends, so an extension queued behind one that never answers gives up. */
+  private ended: Promise<void> | undefined;
+  private resolveEnded: (() => void) | undefined;
 
   constructor(
     readonly backend: LockBackend,
@@ -53,7 +62,14 @@ export class Lease implements Scheduled {
     this.arm();
   }
 
+  /** 'held' until released or lost; read after the deadline, it turns 'lost' then and there. */
+  get state(): LeaseState {
+    this.noticeDeadline();
+    return this.current;
+  }
+
   get signal(): AbortSignal {
+    this.noticeDeadline();
     this.controller ??= new AbortController();
     return this.controller.signal;
   }
@@ -63,23 +79,20 @@ export class Lease implements Scheduled {
     return new Date(Date.now() + (this.deadline - performance.now()));
   }
 
-  /** Extends now, resetting the lease to `ttl` (default: the acquisition's ttl). */
-  async extend(ttl = this.ttl): Promise<void> {
+  /**
+   * Extends to `ttl` (default: the lease's ttl), which the watchdog then keeps extending by.
+   *
+   * Manual and automatic extensions go out one at a time, in the order asked: with two requests
+   * out, the backend keeps the ttl of whichever it ran last, and the answers cannot say which that
+   * was. So a manual extend asked while the watchdog's request is out waits for that answer, then
+   * sends its own ttl, counted from when it goes out: the caller gets the lease it asked for. The
+   * watchdog sends nothing while a manual extension is out or waiting (see arm()): that one renews
+   * the lease and re-arms the watchdog; if no answer comes before the deadline, the lease is lost,
+   * as when the watchdog's own request goes unanswered.
+   */
+  async extend(ttl?: number): Promise<void> {
     this.assertHeld();
-    const sentAt = performance.now();
-    let result;
-    try {
-      result = await this.backend.extend(this.keys, this.owner, ttl);
-    } catch (error) {
-      throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'extend failed', error);
-    }
-    this.assertHeld();
-    if (!result.extended) {
-      this.lose('taken');
-      this.assertHeld();
-    } else {
-      this.renewed(sentAt, ttl, result.validityMs);
-    }
+    if (!(await this.serially(() => this.send(ttl ?? this.ttl)))) this.assertHeld();
   }
 
   /** Drops one holder; the last one deletes the keys on the backend. */
@@ -98,10 +111,19 @@ export class Lease implements Scheduled {
     }
   }
 
-  /** Ends the lease at shutdown whatever its holder count. */
-  async forceRelease(): Promise<void> {
-    this.holders = 1;
-    await this.release();
+  /**
+   * Ends the lease at application shutdown, whatever its holder count. Holders still running are
+   * told first (the signal aborts with LockLostError 'shutdown', `isHeld` turns false), then the
+   * keys are deleted; resolves once the backend answered, so the backend can be closed after.
+   */
+  shutdown(): Promise<void> {
+    if (this.current === 'held' && performance.now() >= this.deadline) return this.expire();
+    return this.lose('shutdown');
+  }
+
+  /** The scheduler's call comes late when the event loop stalls: a read past the deadline declares the loss itself. */
+  private noticeDeadline(): void {
+    if (this.current === 'held' && performance.now() >= this.deadline) void this.expire();
   }
 
   private assertHeld(): void {
@@ -109,63 +131,89 @@ export class Lease implements Scheduled {
     throw this.signal.aborted ? this.signal.reason : new LockLostError(this.keys, 'taken');
   }
 
-  private renewed(sentAt: number, ttl: number, validityMs: number | undefined): void {
-    this.ttl = ttl;
-    this.deadline = sentAt + (validityMs ?? ttl);
-    this.nextExtendAt = extendAt(ttl, this.deadline);
+  /** Runs `send` after every extension asked before it has its answer (or the lease ended). */
+  private async serially(send: () => Promise<boolean>): Promise<boolean> {
+    const ahead = this.extensions > 0 ? this.lastExtension : undefined;
+    this.extensions++;
+    const mine = ahead ? Promise.race([ahead, this.whenEnded()]).then(send) : send();
+    this.lastExtension = mine.catch(() => undefined);
     this.arm();
+    try {
+      return await mine;
+    } finally {
+      this.extensions--;
+      this.arm();
+    }
+  }
+
+  /**
+   * One extend request. Its answer sets the deadline from the ttl this request carried, counted
+   * from before it went out. Resolves false when the lease did not survive it (lost or released
+   * meanwhile; a lease once lost is never revived, even by a late success).
+   */
+  private async send(ttl: number): Promise<boolean> {
+    this.assertHeld();
+    const sentAt = performance.now();
+    let result: ExtendResult;
+    try {
+      result = await this.backend.extend(this.keys, this.owner, ttl);
+    } catch (error) {
+      if (this.current === 'held') {
+        this.lastError = error;
+        // Retry well before the deadline, so one dropped request does not cost the lease.
+        this.nextExtendAt = performance.now() + Math.max(10, Math.min(this.ttl / 3, (this.deadline - performance.now()) / 3));
+      }
+      throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'extend failed', error);
+    }
+    if (this.state !== 'held') return false;
+    this.lastError = undefined;
+    if (!result.extended) {
+      void this.lose('taken');
+      return false;
+    }
+    this.ttl = ttl;
+    this.deadline = sentAt + Math.min(result.validityMs ?? ttl, ttl);
+    this.nextExtendAt = extendAt(ttl, this.deadline);
+    return true;
+  }
+
+  private whenEnded(): Promise<void> {
+    return (this.ended ??= new Promise((resolve) => (this.resolveEnded = resolve)));
   }
 
   private arm(): void {
-    if (this.state !== 'held') {
+    if (this.current !== 'held') {
       leaseScheduler.cancel(this);
       return;
     }
-    this.dueExtend = this.autoExtend && !this.extending && this.nextExtendAt < this.deadline;
+    this.dueExtend = this.autoExtend && this.extensions === 0 && this.nextExtendAt < this.deadline;
     leaseScheduler.schedule(this, this.dueExtend ? this.nextExtendAt : this.deadline);
   }
 
   /** @internal The scheduler's call: the next extension or the deadline has come. */
   fire(): void {
-    this.tick(this.dueExtend);
-  }
-
-  private tick(extendNow: boolean): void {
-    if (this.state !== 'held') return;
+    if (this.current !== 'held') return;
     // The deadline, or an extension due no earlier than it (a stalled event loop): lost.
-    if (!extendNow || performance.now() >= this.deadline) {
-      // An extension still waiting for its answer is a backend that stopped answering (a paused
-      // or partitioned Redis), not a holder that forgot to extend.
-      const cause = this.lastError ?? (this.extending ? new LockBackendError(this.backend.name, 'the extension got no answer before the lease ran out') : undefined);
-      this.lose(cause ? 'backend-error' : 'expired', cause);
+    if (!this.dueExtend || performance.now() >= this.deadline) {
+      void this.expire();
       return;
     }
-    this.extending = true;
-    this.arm();
-    const sentAt = performance.now();
-    this.backend.extend(this.keys, this.owner, this.ttl).then(
-      (result) => {
-        this.extending = false;
-        if (this.state !== 'held') return;
-        this.lastError = undefined;
-        if (result.extended) this.renewed(sentAt, this.ttl, result.validityMs);
-        else this.lose('taken');
-      },
-      (error: unknown) => {
-        this.extending = false;
-        if (this.state !== 'held') return;
-        this.lastError = error;
-        // Retry well before the deadline, so one dropped request does not cost the lease.
-        this.nextExtendAt = performance.now() + Math.max(10, Math.min(this.ttl / 3, (this.deadline - performance.now()) / 3));
-        this.arm();
-      },
-    );
+    // A failure is kept in lastError and retried by the schedule; the deadline decides.
+    this.serially(() => this.send(this.ttl)).catch(() => undefined);
   }
 
-  private lastError: unknown;
+  /** The deadline passed without a successful extension. */
+  private expire(): Promise<void> {
+    // An extension still waiting for its answer is a backend that stopped answering (a paused
+    // or partitioned Redis), not a holder that forgot to extend.
+    const unanswered = this.extensions > 0 ? new LockBackendError(this.backend.name, 'the extension got no answer before the lease ran out') : undefined;
+    const cause = this.lastError ?? unanswered;
+    return this.lose(cause ? 'backend-error' : 'expired', cause);
+  }
 
-  private lose(reason: LockLostReason, cause?: unknown): void {
-    if (this.state !== 'held') return;
+  /** Tells the holders (the signal aborts), then frees the keys if they are still ours. */
+  private lose(reason: LockLostReason, cause?: unknown): Promise<void> {
+    if (this.current !== 'held') return Promise.resolve();
     this.end('lost');
     const error = new LockLostError(this.keys, reason, cause);
     logger.warn(error.message);
@@ -173,15 +221,16 @@ export class Lease implements Scheduled {
     this.controller.abort(error);
     // Frees the keys at once if they are still ours (after a stall), so waiters need not sit out
     // the rest of the TTL. Compare-and-delete: it never touches another owner's lock.
-    this.backend
+    return this.backend
       .release(this.keys, this.owner)
-      .catch(() => undefined)
+      .then(() => undefined, () => undefined)
       .finally(() => this.tracker.leaseFreed(this));
   }
 
   private end(state: LeaseState): void {
-    this.state = state;
+    this.current = state;
     leaseScheduler.cancel(this);
+    this.resolveEnded?.();
     this.tracker.leaseEnded(this);
   }
 }

@@ -3,6 +3,8 @@
  * while the waiter is busy (between an attempt and its next sleep) is kept, so none is lost.
  */
 export class Waiter {
+  /** Its first attempt is on its way to the backend (see LockWaitQueue.allTrying). */
+  trying = false;
   private pending = false;
   private resolve: (() => void) | undefined;
 
@@ -24,7 +26,8 @@ export class Waiter {
         this.pending = false;
         resolve();
       };
-      const timer = setTimeout(done, Math.max(0, ms));
+      // Node fires a longer timer after 1 ms: a waiter would spin instead of sleeping.
+      const timer = setTimeout(done, Math.min(Math.max(0, ms), 2_147_483_647));
       signal?.addEventListener('abort', done);
       this.resolve = done;
     });
@@ -39,8 +42,9 @@ export class Waiter {
 export class LockWaitQueue {
   private readonly queues = new Map<string, Waiter[]>();
 
-  has(id: string): boolean {
-    return this.queues.has(id);
+  /** Nobody waits on this key set yet: the queue is empty, or all in it are on their first attempt. */
+  allTrying(id: string): boolean {
+    return this.queues.get(id)?.every((waiter) => waiter.trying) ?? true;
   }
 
   join(id: string): Waiter {

@@ -25,7 +25,8 @@ export class LockNotAcquiredError extends DistributedLockError {
 export type LockLostReason =
   | 'expired' // the lease's local deadline passed without a successful extension
   | 'taken' // an extension found the key gone or owned by someone else
-  | 'backend-error'; // extensions failed (backend unreachable) until the lease ran out
+  | 'backend-error' // extensions failed (backend unreachable) until the lease ran out
+  | 'shutdown'; // the application shut down and released the lock while its holder still ran
 
 /** Fired on `LockHandle.signal` when the lease is lost while the holder still runs. */
 export class LockLostError extends DistributedLockError {
@@ -46,6 +47,12 @@ function describeLoss(reason: LockLostReason): string {
       return 'the backend no longer has this owner on the key (it expired and another owner took it, or it was deleted). Stop writing: another holder may be working.';
     case 'backend-error':
       return 'the backend could not be reached to extend the lease before it ran out. Stop writing: another holder may acquire it.';
+    case 'shutdown':
+      return (
+        'the application is shutting down and released this lock while its holder still ran. Stop the work now: another instance ' +
+        'may take the lock. To let work finish under the lock, stop starting new work and wait for running work in ' +
+        'beforeApplicationShutdown or onModuleDestroy, which Nest calls before this.'
+      );
   }
 }
 

@@ -1,4 +1,7 @@
+import { Logger } from '@nestjs/common';
 import type { Lease } from './lock-lease.js';
+
+const logger = new Logger('DistributedLock');
 
 /**
  * A held lock. Release it exactly once (or use `await using`); it keeps its lease alive on its
@@ -36,8 +39,13 @@ export class LockHandle implements AsyncDisposable {
     return this.leases.find((lease) => lease.keys.includes(key))?.fencingToken;
   }
 
-  /** Aborts with a LockLostError when the lease is lost while held. */
+  /**
+   * Aborts with a LockLostError when the lease is lost while held. Reading it checks the clock: a
+   * signal read after the deadline is already aborted, even when a stalled event loop has not yet
+   * let the watchdog's timer run.
+   */
   get signal(): AbortSignal {
+    this.readLeases();
     this.combinedSignal ??= this.leases.length === 1 ? this.leases[0].signal : AbortSignal.any(this.leases.map((l) => l.signal));
     return this.combinedSignal;
   }
@@ -47,9 +55,21 @@ export class LockHandle implements AsyncDisposable {
     return new Date(Math.min(...this.leases.map((lease) => lease.expiresAt.getTime())));
   }
 
-  /** Neither released by this handle nor lost. */
+  /** Neither released by this handle nor lost; past the deadline it is false, and `signal` aborts. */
   get isHeld(): boolean {
-    return !this.released && this.leases.every((lease) => lease.state === 'held');
+    return this.readLeases() && !this.released;
+  }
+
+  /**
+   * Throws the LockLostError that aborts `signal` if the lease is lost: `signal.throwIfAborted()`
+   * that checks the clock first, so a stall past the deadline is noticed here, in the same tick.
+   * Call it before each write that must happen under the lock. A handle you released yourself is
+   * not lost (see `isHeld`).
+   */
+  throwIfLost(): void {
+    if (this.readLeases()) return;
+    if (this.combinedSignal?.aborted) throw this.combinedSignal.reason;
+    for (const lease of this.leases) if (lease.state === 'lost') throw lease.signal.reason;
   }
 
   /**
@@ -70,7 +90,29 @@ export class LockHandle implements AsyncDisposable {
     if (failed) throw failed.reason;
   }
 
+  /**
+   * The end of an `await using` block. A failed release is logged, not thrown: thrown here, it
+   * would replace the block's result, or wrap its error in a SuppressedError. The lease then
+   * expires on its own. Call `release()` to see the error.
+   */
   async [Symbol.asyncDispose](): Promise<void> {
-    await this.release();
+    await this.releaseQuietly();
+  }
+
+  /** @internal Releases, logging a failure instead of throwing it: the end of a scope (`using()`, `await using`). */
+  async releaseQuietly(): Promise<void> {
+    try {
+      await this.release();
+    } catch (error) {
+      const cause = error instanceof Error && error.cause !== undefined ? ` (cause: ${String(error.cause)})` : '';
+      logger.warn(`Release of ${this.keys.join(', ')} failed; the lease will expire on its own. ${String(error)}${cause}`);
+    }
+  }
+
+  /** Reads every lease's state, so each one past its deadline is declared lost now; true if all are held. */
+  private readLeases(): boolean {
+    let held = true;
+    for (const lease of this.leases) if (lease.state !== 'held') held = false;
+    return held;
   }
 }

@@ -1,4 +1,4 @@
-import { Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import { Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import { MemoryLockBackend } from './backends/memory.backend.js';
@@ -12,6 +12,7 @@ import {
   type UsingOptions,
 } from './distributed-lock.options.js';
 import { heldLocks, runHolding } from './lock-context.js';
+import { holdWhileSubscribed } from './lock-observable.js';
 import { Lease, type LeaseTracker } from './lock-lease.js';
 import { LockWaitQueue } from './lock-wait-queue.js';
 import { DistributedLockError, InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
@@ -36,8 +37,6 @@ interface NotAcquired {
   retryAfterMs?: number;
 }
 
-const logger = new Logger('DistributedLock');
-
 /**
  * Manual lock control, and the engine behind @Locked. Use it from Nest (inject it) or on its own:
  * `new LockService(backend, options)`.
@@ -47,7 +46,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
   readonly options: ResolvedModuleOptions;
   private readonly queue = new LockWaitQueue();
   private readonly leases = new Set<Lease>();
-  /** Releases that run after a scope returned; shutdown waits for them. */
+  /** Requests that run in the background (releases after a scope returned, attempts in flight); shutdown waits for them. */
   private readonly releasing = new Set<Promise<void>>();
   /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
   private shutDown = false;
@@ -56,7 +55,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     readonly backend: LockBackend = new MemoryLockBackend(),
     options?: DistributedLockModuleOptions,
   ) {
-    this.options = resolveModuleOptions(options);
+    this.options = resolveModuleOptions(options, backend);
   }
 
   /**
@@ -110,7 +109,7 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
    * Inside a @Locked method this is how to reach the fencing token.
    */
   current(key?: string): LockHandle | undefined {
-    const held = heldLocks();
+    const held = heldLocks(this.backend);
     if (!held) return undefined;
     if (key !== undefined) {
       const handle = held.get(this.fullKeys(key)[0]);
@@ -128,15 +127,19 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
       if (options?.onBusy === 'skip') return undefined;
       throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs);
     }
+    // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
+    // marked released at once (no re-entry), and the release request is sent before any later
+    // request of this process. The method's own result or error wins over a failed release.
+    const release = (): void => this.track(result.releaseQuietly());
+    let handedOver = false;
     try {
-      return await runHolding(result, () => fn(result));
+      const value = await runHolding(result, () => fn(result));
+      // An Observable's work runs while it is subscribed: the lock goes with it.
+      const held = holdWhileSubscribed(value, result, release, (subscribe) => this.run(keys, subscribe, options));
+      handedOver = held !== undefined;
+      return held ? (held as T) : value;
     } finally {
-      // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
-      // marked released at once (no re-entry), and the release request is sent before any later
-      // request of this process. The method's own result or error wins over a failed release.
-      this.track(
-        result.release().catch((error: unknown) => logger.warn(`Release of ${keys.join(', ')} failed; the lease will expire on its own. ${describeError(error)}`)),
-      );
+      if (!handedOver) release();
     }
   }
 
@@ -171,9 +174,13 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     // alive, and the backend they wait on is about to close. They leave its line on the way out.
     this.shutDown = true;
     this.queue.wakeAll();
-    // Release before closing the backend: its connections are needed to delete the keys.
-    await Promise.allSettled([...this.leases].map((lease) => lease.forceRelease()));
-    await Promise.allSettled([...this.releasing]);
+    // Every lease still here has a holder that is running: its signal aborts (LockLostError
+    // 'shutdown') before its keys are deleted, so it can stop before another instance enters.
+    // Released before closing the backend: its connections are needed to delete the keys.
+    await Promise.allSettled([...this.leases].map((lease) => lease.shutdown()));
+    // Attempts in flight (bounded by the backend's own timeouts) may still win, and what they win
+    // is given back by a release sent after they answer: wait until nothing is left.
+    while (this.releasing.size > 0) await Promise.allSettled([...this.releasing]);
     await this.backend.close?.();
   }
 
@@ -187,35 +194,62 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     this.queue.wakeHead(lease.keys.join('\n'));
   }
 
-  /** Acquires what the context does not hold yet, and re-enters what it does. */
+  /**
+   * Acquires what the context does not hold yet through this service's backend, and re-enters
+   * what it does.
+   */
   private async hold(keys: string[], options: AcquireOptions | undefined): Promise<LockHandle | NotAcquired> {
-    const held = heldLocks();
-    const covering = new Set<Lease>();
-    let missing = keys;
-    if (held) {
-      missing = [];
-      for (const key of keys) {
-        const lease = held.get(key)?.leases.find((l) => l.keys.includes(key));
-        if (lease?.state === 'held') covering.add(lease);
-        else missing.push(key);
+    const started = performance.now();
+    for (;;) {
+      const held = heldLocks(this.backend);
+      const covering = new Set<Lease>();
+      let missing = keys;
+      if (held) {
+        missing = [];
+        for (const key of keys) {
+          const lease = held.get(key)?.leases.find((l) => l.keys.includes(key));
+          if (lease?.state === 'held') covering.add(lease);
+          else missing.push(key);
+        }
+        if (covering.size > 0 && missing.length > 0) this.checkOrder(missing, covering);
       }
-    }
-    let fresh: Lease | undefined;
-    if (missing.length > 0) {
-      const result = await this.acquireLease(missing, options);
-      if (!(result instanceof Lease)) return result;
-      fresh = result;
-    }
-    for (const lease of covering) {
-      if (lease.state !== 'held') {
-        // The outer lock was lost while we waited for the rest: never re-enter a lost lock.
-        await fresh?.release();
-        throw lease.signal.reason;
+      let fresh: Lease | undefined;
+      if (missing.length > 0) {
+        const result = await this.acquireLease(missing, options);
+        if (!(result instanceof Lease)) return result;
+        fresh = result;
       }
+      const ended = [...covering].find((lease) => lease.state !== 'held');
+      if (!ended) {
+        for (const lease of covering) lease.holders++;
+        const leases = fresh ? [...covering, fresh] : [...covering];
+        return new LockHandle(keys, leases, covering.size > 0);
+      }
+      // The outer holder let go while we waited for the rest. Lost: never re-enter a lost lock.
+      // Released: a released lock is never re-entered either, so everything is acquired anew, as
+      // one request, within what is left of the wait.
+      await fresh?.release().catch(() => undefined);
+      if (ended.state === 'lost') throw ended.signal.reason;
+      const wait = options?.wait ?? this.options.wait;
+      options = { ...options, wait: Math.max(0, wait - (performance.now() - started)) };
     }
-    for (const lease of covering) lease.holders++;
-    const leases = fresh ? [...covering, fresh] : [...covering];
-    return new LockHandle(keys, leases, covering.size > 0);
+  }
+
+  /**
+   * Keys are taken in one global order (sorted), which is what keeps callers from deadlocking. A
+   * request that holds some of its keys already and would take one that sorts before them breaks
+   * that order (holding b, taking a, while another caller holding a waits for b), so it is refused.
+   */
+  private checkOrder(missing: readonly string[], covering: ReadonlySet<Lease>): void {
+    const heldKeys = [...covering].flatMap((lease) => lease.keys);
+    const greatestHeld = heldKeys.reduce((a, b) => (a > b ? a : b));
+    const before = missing.filter((key) => key < greatestHeld);
+    if (before.length === 0) return;
+    throw new InvalidLockKeyError(
+      `Cannot add ${before.join(', ')} to the lock on ${heldKeys.join(', ')} held by this context: keys are taken in sorted order, and ` +
+        `${before[0]} sorts before ${greatestHeld}, so two callers doing this could deadlock. Lock all of them together in the outer ` +
+        `call, or nest the locks in sorted order.`,
+    );
   }
 
   private async acquireLease(keys: string[], options: AcquireOptions | undefined): Promise<Lease | NotAcquired> {
@@ -235,30 +269,26 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     let inLine = false;
     // A caller that does not wait stays out of the backend's line: no release to leave it after.
     const willWait = wait > 0;
-    let acquired = false;
+    let acquired: Lease | undefined;
+    /** This call gave up (or failed): its owner holds nothing it knows of. */
+    let finished = false;
 
+    // An attempt reported as failed (timed out) may still win in the backend. The owner is one per
+    // call, shared by its attempts: the backend's line knows a waiter by it, and a release hands
+    // the lock to it. So a late win is this call's own lock: while it still tries, a later attempt
+    // finds the lock already its own, and giving up frees it; while it holds, it is in use. Only
+    // when it gave up, or its lease already ended, would nobody free it.
+    const onLateAcquire = (): void => {
+      if (!finished && !acquired) inLine = true;
+      else if (acquired?.state !== 'held') this.track(this.backend.release(keys, owner).then(() => undefined, () => undefined));
+    };
     const attempt = async (): Promise<Lease | undefined> => {
       const sentAt = performance.now();
+      let result;
       try {
-        const result = await this.backend.tryAcquire(keys, owner, ttl, { willWait });
-        lastError = undefined;
-        if (!result.acquired) {
-          inLine = willWait;
-          retryAfterMs = result.retryAfterMs;
-          return undefined;
-        }
-        if (this.shutDown) {
-          // Won while the application shut down: nothing would release it later, so it goes now,
-          // by the same background release that takes a waiter out of the line.
-          lastError = this.shutDownError(keys);
-          inLine = true;
-          leaveLine();
-          return undefined;
-        }
-        const lease = new Lease(this.backend, keys, owner, result.fencingToken, ttl, sentAt + (result.validityMs ?? ttl), autoExtend, this);
-        this.leases.add(lease);
-        acquired = true;
-        return lease;
+        const request = this.backend.tryAcquire(keys, owner, ttl, { willWait, onLateAcquire });
+        this.track(request.then(() => undefined, () => undefined));
+        result = await request;
       } catch (error) {
         // A caller's mistake the backend found (keys a Redis Cluster cannot lock together): no
         // retry can fix it, so it is not a backend failure to wait out.
@@ -267,8 +297,28 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
         lastError = error;
         return undefined;
       }
+      lastError = undefined;
+      if (!result.acquired) {
+        inLine = willWait;
+        retryAfterMs = result.retryAfterMs;
+        return undefined;
+      }
+      if (this.shutDown || signal?.aborted) {
+        // Won while the application shut down, or after the caller stopped wanting it: nothing
+        // would release it later, so it goes now, by the background release that takes a waiter
+        // out of the line.
+        inLine = true;
+        leaveLine();
+        signal?.throwIfAborted();
+        throw this.shutDownError(keys);
+      }
+      const lease = new Lease(this.backend, keys, owner, result.fencingToken, ttl, sentAt + (result.validityMs ?? ttl), autoExtend, this);
+      this.leases.add(lease);
+      acquired = lease;
+      return lease;
     };
     const leaveLine = (): void => {
+      finished = true;
       if (!inLine || acquired) return;
       inLine = false;
       // Release by an owner that holds nothing only takes it out of the backend's line, so a
@@ -293,19 +343,23 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     // Whether a release right after our last failed attempt still reaches us once we watch: the
     // backend listened before the attempt went out and keeps a wake-up until it is watched.
     let heard = false;
-    // Nobody of ours is queued: try at once. Concurrent first tries of this process join the
-    // backend's line in the order their answers come back, which is the order they line up here.
-    if (!this.queue.has(id)) {
-      heard = this.backend.watching?.(keys) === true;
-      const lease = await attempt();
-      if (lease) return lease;
-    }
-
     // Callers of this process line up here: only the first of them talks to the backend, so a
-    // newcomer never overtakes a waiter of the same process.
+    // newcomer never overtakes a waiter of the same process. The exception: while nobody of ours
+    // waits yet (the queue is empty, or all in it still await their first answer), a caller tries
+    // at once. It joins the queue before its attempt goes out, so the queue keeps the order in which
+    // attempts reach the backend (one connection: in order), which is the order of the backend's
+    // line: the waiter the backend hands the lock to is always the first here, the one listening.
+    const first = this.queue.allTrying(id);
     const waiter = this.queue.join(id);
     let unwatch: (() => void) | undefined;
     try {
+      if (first) {
+        heard = this.backend.watching?.(keys) === true;
+        waiter.trying = true;
+        const lease = await attempt();
+        waiter.trying = false;
+        if (lease) return lease;
+      }
       for (;;) {
         signal?.throwIfAborted();
         if (this.shutDown) throw this.shutDownError(keys);
@@ -350,11 +404,6 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     const tracked = request.finally(() => this.releasing.delete(tracked));
     this.releasing.add(tracked);
   }
-}
-
-function describeError(error: unknown): string {
-  const cause = error instanceof Error && error.cause !== undefined ? ` (cause: ${String(error.cause)})` : '';
-  return `${String(error)}${cause}`;
 }
 
 function describeKeys(value: unknown): string {

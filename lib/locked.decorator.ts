@@ -1,13 +1,15 @@
+import type { Observable } from 'rxjs';
 import { checkUsingOptions, type UsingOptions } from './distributed-lock.options.js';
 import { compileKeySource, type KeyResolver, type LockKeySource } from './lock-key.js';
+import { isObservableType, lockOnSubscribe } from './lock-observable.js';
 import { LockModuleNotImportedError } from './lock.errors.js';
 import type { LockService } from './lock.service.js';
-import { parameterNames } from './parameter-names.js';
+import { declaredParameters } from './parameter-names.js';
 
 /** Metadata key under which @Locked records a LockedMethod on the method it decorates. */
 export const LOCKED_METADATA = 'nest-distributed-lock:locked';
 
-/** Set on each provider and controller instance by the module at start-up. */
+/** Set by the module at start-up on each provider and controller instance, and on the classes with static @Locked methods. */
 export const LOCK_SERVICE = Symbol('nest-distributed-lock:service');
 
 /**
@@ -23,6 +25,7 @@ export class LockedMethod {
     private readonly ctor: abstract new (...args: never[]) => unknown,
     private readonly source: LockKeySource,
     readonly options: UsingOptions | undefined,
+    readonly isStatic = false,
   ) {}
 
   /** Throws the typed error that makes start-up fail when the template or options are wrong. */
@@ -31,7 +34,7 @@ export class LockedMethod {
       try {
         checkUsingOptions(this.options, `@Locked on ${this.className}.${this.methodName}`);
         const origin = { className: this.className, methodName: this.methodName };
-        this.compiled = compileKeySource(this.source, origin, parameterNames(this.ctor, this.methodName));
+        this.compiled = compileKeySource(this.source, origin, declaredParameters(this.ctor, this.methodName, this.isStatic));
       } catch (error) {
         this.compiled = error as Error;
       }
@@ -42,6 +45,20 @@ export class LockedMethod {
 }
 
 type Method = (...args: any[]) => any;
+
+/**
+ * What a @Locked method may return. The wrapper answers asynchronously (a Promise, or an
+ * Observable that takes the lock on subscription), so a method typed to return a plain value would
+ * lie to its callers; and the lock must cover the work, which a Promise or an Observable describes.
+ */
+export type LockableMethod = (...args: any[]) => PromiseLike<unknown> | Observable<unknown>;
+
+/** The decorator @Locked returns: any other method fails to compile, the error saying what to do. */
+export type LockedDecorator = <M extends Method>(
+  target: object,
+  propertyKey: string | symbol,
+  descriptor: TypedPropertyDescriptor<M> & (M extends LockableMethod ? unknown : '@Locked needs a method that returns a Promise (make it async) or an Observable'),
+) => void;
 
 const activeServices: LockService[] = [];
 
@@ -57,19 +74,22 @@ export function registerFallbackService(service: LockService): () => void {
 /**
  * Runs the method holding the lock named by `key`, resolved from its arguments (after Nest's
  * pipes): `@Locked('order:<id>')`, `@Locked('cart:<dto.cartId>')`, `@Locked((a, b) => ...)`,
- * `@Locked(['account:<from>', 'account:<to>'])`. The decorated method returns a Promise.
+ * `@Locked(['account:<from>', 'account:<to>'])`. The method must return a Promise or an
+ * Observable; an Observable holds the lock while it is subscribed (lock-observable.ts).
  */
-export function Locked(key: LockKeySource, options?: UsingOptions): MethodDecorator {
+export function Locked(key: LockKeySource, options?: UsingOptions): LockedDecorator {
   return (target, propertyKey, descriptor) => {
     const original = descriptor.value as unknown as Method;
     const methodName = String(propertyKey);
-    const ctor = (target as { constructor: abstract new (...args: never[]) => unknown }).constructor;
+    // A static method is decorated on the class itself, an instance method on its prototype.
+    const isStatic = typeof target === 'function';
+    const ctor = (isStatic ? target : target.constructor) as abstract new (...args: never[]) => unknown;
     if (typeof original !== 'function') {
       throw new TypeError(`@Locked can only decorate methods; ${ctor.name}.${methodName} is not a method.`);
     }
-    const spec = new LockedMethod(ctor.name, methodName, ctor, key, options);
+    const spec = new LockedMethod(ctor.name, methodName, ctor, key, options, isStatic);
 
-    const locked = function (this: Record<symbol, LockService | undefined>, ...args: unknown[]) {
+    const call = function (this: Record<symbol, LockService | undefined>, args: unknown[]): Promise<unknown> {
       const service = this?.[LOCK_SERVICE] ?? activeServices[activeServices.length - 1];
       if (!service) {
         return Promise.reject(
@@ -86,6 +106,16 @@ export function Locked(key: LockKeySource, options?: UsingOptions): MethodDecora
         return Promise.reject(error);
       }
     };
+    // Only a declared return type is recorded at run time: a method whose Observable type is
+    // inferred returns a Promise of its Observable, which Nest awaits and then subscribes to.
+    const declaresObservable = isObservableType(Reflect.getMetadata('design:returntype', target, propertyKey));
+    const locked = declaresObservable
+      ? function (this: Record<symbol, LockService | undefined>, ...args: unknown[]) {
+          return lockOnSubscribe(() => call.call(this, args));
+        }
+      : function (this: Record<symbol, LockService | undefined>, ...args: unknown[]) {
+          return call.call(this, args);
+        };
 
     // Route, guard, swagger and any other metadata already on the method must stay visible.
     for (const metadataKey of Reflect.getOwnMetadataKeys(original)) {
@@ -95,6 +125,5 @@ export function Locked(key: LockKeySource, options?: UsingOptions): MethodDecora
     Object.defineProperty(locked, 'length', { value: original.length });
     Reflect.defineMetadata(LOCKED_METADATA, spec, locked);
     descriptor.value = locked as never;
-    return descriptor;
   };
 }

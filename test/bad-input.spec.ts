@@ -10,7 +10,9 @@ import {
   LockService,
   Locked,
   MemoryLockBackend,
+  RedisLockBackend,
 } from '../lib/index.js';
+import { resolveRedlockOptions } from '../lib/backends/redlock/redlock.options.js';
 import { activeTimers } from './support/wait.js';
 
 const backend = new MemoryLockBackend();
@@ -112,6 +114,9 @@ describe('bad input', () => {
       [{ keyPrefix: 3 }, /option 'keyPrefix' must be a string/],
       [{ backend: {} }, /option 'backend' must be an object implementing LockBackend/],
       [{ maxKeyLength: 1.5 }, /option 'maxKeyLength' must be a positive integer/],
+      [{ wait: 1e20 }, /option 'wait' must be 0 \(try once\) or a positive finite number of milliseconds, got 100000000000000000000\. At most 2147483647/],
+      [{ ttl: 1e20 }, /option 'ttl' must be a positive finite number of milliseconds, got 100000000000000000000\. At most 2147483647/],
+      [{ pollInterval: 3_000_000_000 }, /option 'pollInterval' .* got 3000000000\. At most 2147483647 \(about 24\.8 days\)/],
       [{ retries: 3 }, /unknown option 'retries'/],
     ])('stops the app on module option %p', async (options, message) => {
       @Module({ imports: [DistributedLockModule.forRoot(options as never)] })
@@ -120,6 +125,23 @@ describe('bad input', () => {
       expect(error).toBeInstanceOf(InvalidLockOptionsError);
       expect((error as Error).message).toMatch(/^DistributedLockModule: /);
       expect((error as Error).message).toMatch(message);
+    });
+
+    it('stops the app when waiters would poll Redis less often than Redis keeps their place in line', async () => {
+      // A URL: the backend connects on first use, so nothing here needs a server.
+      const backend = new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 1_000 });
+      @Module({ imports: [DistributedLockModule.forRoot({ backend, pollInterval: 1_000 })] })
+      class SlowPollModule {}
+      const error = await boot(SlowPollModule).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(InvalidLockOptionsError);
+      expect((error as InvalidLockOptionsError).option).toBe('pollInterval');
+      expect((error as Error).message).toMatch(/option 'pollInterval' \(1000 ms\) must be below the redis backend's waiterTimeout \(1000 ms\)/);
+      expect((error as Error).message).toMatch(/Lower pollInterval, or raise waiterTimeout/);
+      // The default pollInterval (500 ms) counts too.
+      expect(() => new LockService(new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 400 }))).toThrow(
+        /'pollInterval' \(500 ms, the default\) must be below the redis backend's waiterTimeout \(400 ms\)/,
+      );
+      expect(new LockService(new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 400 }), { pollInterval: 100 }).options.pollInterval).toBe(100);
     });
 
     it('stops the app on a @Locked option of the wrong type, naming the method', async () => {
@@ -133,6 +155,27 @@ describe('bad input', () => {
       const error = await boot(BadLockedModule).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(InvalidLockOptionsError);
       expect((error as Error).message).toContain('@Locked on BadLocked.run');
+    });
+
+    it.each([
+      ['waiterTimeout', 3_000_000_000],
+      ['commandTimeout', 3_000_000_000],
+      ['waiterTimeout', Number.NaN],
+    ])("refuses the Redis backend's option %s = %p, saying what it accepts", (option, value) => {
+      const create = () => new RedisLockBackend('redis://127.0.0.1:1', { [option]: value });
+      expect(create).toThrow(InvalidLockOptionsError);
+      expect(create).toThrow(new RegExp(`option '${option}' must be a positive finite number of milliseconds, got ${value}\\. At most 2147483647`));
+    });
+
+    it("rounds a fractional waiterTimeout up to whole milliseconds, as Redis's PEXPIRE needs", () => {
+      expect(new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 2_500.5 }).waiterTimeout).toBe(2_501);
+    });
+
+    it.each(['masterTimeout', 'subscribeTimeout'])("refuses Redlock's %s beyond what a timer keeps", (option) => {
+      const master = (port: number) => ({ evalsha: () => undefined, eval: () => undefined, duplicate: () => undefined, options: { host: 'h', port } });
+      const resolve = () => resolveRedlockOptions({ clients: [master(1), master(2), master(3)] as never, [option]: 3_000_000_000 }, () => undefined as never);
+      expect(resolve).toThrow(InvalidLockOptionsError);
+      expect(resolve).toThrow(new RegExp(`option '${option}' must be a positive number of milliseconds, got 3000000000\\. At most 2147483647`));
     });
 
     it.each([

@@ -20,7 +20,7 @@ import { Reflector } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { Test } from '@nestjs/testing';
 import request from 'supertest';
-import { DistributedLockModule, InvalidLockKeyError, LockService, Locked, LockModuleNotImportedError } from '../lib/index.js';
+import { DistributedLockModule, InvalidLockKeyError, LockNotAcquiredError, LockService, Locked, LockModuleNotImportedError } from '../lib/index.js';
 
 const ROLE = 'test:role';
 const Role = (role: string) => SetMetadata(ROLE, role);
@@ -252,6 +252,107 @@ describe('@Locked', () => {
     expect((error as Error).message).toContain('Broken.pay');
     expect((error as Error).message).toContain("'order:<orderId>'");
     expect((error as Error).message).toContain('(id)');
+  });
+
+  it('gives a rest parameter the array of the remaining arguments', async () => {
+    @Injectable()
+    class Accounts {
+      constructor(readonly locks: LockService) {}
+      @Locked(['account:<ids.0>', 'account:<ids.1>'])
+      async transfer(...ids: string[]) {
+        return this.locks.current()?.keys;
+      }
+      @Locked(['ledger:<book>', 'account:<ids.0>', 'account:<ids.1>'])
+      async post(book: string, ...ids: string[]) {
+        return this.locks.current()?.keys;
+      }
+    }
+    @Module({ imports: [DistributedLockModule.forRoot()], providers: [Accounts] })
+    class AccountsModule {}
+    const accounts = (await boot(undefined, AccountsModule)).get(Accounts);
+    expect(await accounts.transfer('alice', 'bob')).toEqual(['lock:account:alice', 'lock:account:bob']);
+    expect(await accounts.post('main', 'alice', 'bob')).toEqual(['lock:account:alice', 'lock:account:bob', 'lock:ledger:main']);
+  });
+
+  it.each([
+    [
+      'a parameter with a default value',
+      'report:<day>',
+      /Reports\.run: template 'report:<day>' refers to parameter 'day', which has a default value/,
+    ],
+    ['a whole rest parameter', 'account:<ids>', /Reports\.run: template 'account:<ids>' refers to the rest parameter 'ids'/],
+  ])('fails start-up on a template naming %s, saying what to write instead', async (_what, template, message) => {
+    @Injectable()
+    class Reports {
+      @Locked(template)
+      async run(day = 'today', ...ids: string[]) {
+        return [day, ids];
+      }
+    }
+    @Module({ imports: [DistributedLockModule.forRoot()], providers: [Reports] })
+    class ReportsModule {}
+    const error = await boot(undefined, ReportsModule).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(InvalidLockKeyError);
+    expect((error as Error).message).toMatch(message);
+  });
+
+  it('locks static methods like instance methods, checked at start-up and named Class.method', async () => {
+    let locks: LockService | undefined;
+    @Injectable()
+    class Nightly {
+      @Locked('nightly:<day>')
+      static async run(day: string) {
+        return locks?.current()?.keys;
+      }
+    }
+    @Module({ imports: [DistributedLockModule.forRoot()], providers: [Nightly] })
+    class NightlyModule {}
+    const nightlyApp = await boot(undefined, NightlyModule);
+    locks = nightlyApp.get(LockService);
+    expect(await Nightly.run('monday')).toEqual(['lock:nightly:monday']);
+    await nightlyApp.close();
+
+    @Injectable()
+    class BrokenStatic {
+      @Locked('nightly:<date>')
+      static async run(day: string) {
+        return day;
+      }
+    }
+    @Module({ imports: [DistributedLockModule.forRoot()], providers: [BrokenStatic] })
+    class BrokenStaticModule {}
+    const error = await boot(undefined, BrokenStaticModule).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(InvalidLockKeyError);
+    expect((error as Error).message).toContain('BrokenStatic.run');
+    expect((error as Error).message).toContain('(day)');
+  });
+
+  it('runs a static @Locked method with the service of the app that declared its class', async () => {
+    @Injectable()
+    class Nightly {
+      @Locked('nightly:<day>', { wait: 0 })
+      static async run(day: string) {
+        return day;
+      }
+    }
+    @Module({ imports: [DistributedLockModule.forRoot()], providers: [Nightly] })
+    class NightlyModule {}
+    @Module({ imports: [DistributedLockModule.forRoot()] })
+    class OtherModule {}
+    const nightlyApp = await Test.createTestingModule({ imports: [NightlyModule] }).compile();
+    await nightlyApp.init();
+    // Started later, so without a binding the class would fall back to this app's service.
+    const other = await Test.createTestingModule({ imports: [OtherModule] }).compile();
+    await other.init();
+    try {
+      const handle = await nightlyApp.get(LockService).acquire('nightly:friday');
+      await expect(Nightly.run('friday')).rejects.toBeInstanceOf(LockNotAcquiredError);
+      await handle.release();
+      expect(await Nightly.run('friday')).toBe('friday');
+    } finally {
+      await other.close();
+      await nightlyApp.close();
+    }
   });
 
   it('refuses to run where DistributedLockModule is not imported', async () => {

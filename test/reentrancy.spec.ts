@@ -2,7 +2,7 @@ import 'reflect-metadata';
 import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
-import { DistributedLockModule, LockLostError, LockService, Locked, MemoryLockBackend } from '../lib/index.js';
+import { DistributedLockModule, InvalidLockKeyError, LockLostError, LockService, Locked, MemoryLockBackend } from '../lib/index.js';
 
 const backend = new MemoryLockBackend();
 
@@ -166,5 +166,55 @@ describe('reentrancy', () => {
       expect(locks.current('order:8')).toBeUndefined();
     });
     expect(locks.current('order:7')).toBeUndefined();
+  });
+
+  it('re-enters only through the service that holds the lock: another backend acquires for itself', async () => {
+    // Two services of one process on different backends (say in-memory and Redis), and a second
+    // instance on the second backend: holding a key in the first says nothing about the second.
+    const shared = new MemoryLockBackend();
+    const other = new LockService(shared);
+    const otherInstance = new LockService(shared);
+    // The second instance asks from outside the holders' async context, as another process would.
+    const inside = deferred();
+    const probed = inside.promise.then(() => otherInstance.tryAcquire('order:9'));
+    try {
+      await locks.using('order:9', async () => {
+        await other.using('order:9', async (handle) => {
+          expect(handle.reentrant).toBe(false);
+          inside.open();
+          expect(await probed).toBeUndefined();
+        });
+      });
+    } finally {
+      await other.onApplicationShutdown();
+      await otherInstance.onApplicationShutdown();
+    }
+  });
+
+  it('refuses to add a key that sorts before one it holds, naming the keys, and takes nothing', async () => {
+    await locks.using('b', async () => {
+      const adding = locks.using(['a', 'b'], async () => 'ran');
+      await expect(adding).rejects.toThrow(InvalidLockKeyError);
+      await expect(adding).rejects.toThrow(/lock:a.*lock:b/);
+      expect(await locks.isLocked('a')).toBe(false);
+      // Keys that sort after the held ones keep the global order: allowed.
+      await expect(locks.using(['b', 'c'], async () => 'ran')).resolves.toBe('ran');
+    });
+  });
+
+  it('acquires everything anew when the outer holder released while a nested call waited for more', async () => {
+    const busy = await locks.acquire('y');
+    let nested!: Promise<{ reentrant: boolean; held: boolean }>;
+    const asked = deferred();
+    await locks.using('x', async () => {
+      nested = locks.using(['x', 'y'], async (h) => ({ reentrant: h.reentrant, held: await locks.isLocked('x') }), { wait: 5_000 });
+      // Asked, and waiting for 'y' (the outer one is its only holder until it has both).
+      await new Promise((resolve) => setImmediate(resolve));
+      asked.open();
+    });
+    await asked.promise;
+    expect(await locks.isLocked('x')).toBe(false);
+    await busy.release();
+    await expect(nested).resolves.toEqual({ reentrant: false, held: true });
   });
 });

@@ -16,6 +16,13 @@ export interface LockBackend {
    */
   readonly fencing: boolean;
 
+  /**
+   * Optional, for a backend that keeps waiters in a line: how long (ms) a waiter keeps its place
+   * there without asking again. The service refuses a `pollInterval` that is not below it, as its
+   * waiters would lose their place between polls.
+   */
+  readonly waiterTimeout?: number;
+
   /** One attempt, no waiting: take every key or none. */
   tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult>;
 
@@ -77,6 +84,13 @@ export interface TryAcquireOptions {
    * so nobody has to take it out again. Default true.
    */
   willWait?: boolean;
+  /**
+   * Called when this attempt, already reported as failed (it timed out), turns out to have won:
+   * the keys are set for `owner` though the caller was told otherwise. Only the caller knows
+   * whether that owner is still trying or holding (then the lock is in use) or gave up (then it
+   * must be freed), so the backend leaves it to this callback; without one it frees the keys.
+   */
+  onLateAcquire?: () => void;
 }
 
 export type ExtendResult = { extended: true; validityMs?: number } | { extended: false };

@@ -24,6 +24,10 @@ afterAll(async () => {
   await cluster?.stop();
 });
 
+// Waiters in these tests poll once a minute (only a wake-up lets them in within a test), so they
+// must keep their place in Redis's line longer than that: a LockService refuses anything less.
+const KEEP_PLACE = { waiterTimeout: 120_000 };
+
 function clusterClient(options: ClusterOptions = {}): Cluster {
   const client = new Cluster(cluster.nodes, options);
   clients.push(client);
@@ -32,7 +36,7 @@ function clusterClient(options: ClusterOptions = {}): Cluster {
 
 describeBackendConformance('redis cluster', {
   // Each "process" gets its own Cluster client, passed in as users do.
-  connect: async () => new RedisLockBackend(clusterClient()),
+  connect: async () => new RedisLockBackend(clusterClient(), KEEP_PLACE),
   reset: async () => {
     for (const client of clients.splice(0)) client.disconnect();
     await cluster.flushAll();
@@ -49,7 +53,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
   });
 
   function backend(client: Cluster | ConstructorParameters<typeof RedisLockBackend>[0] = clusterClient()): RedisLockBackend {
-    const created = new RedisLockBackend(client);
+    const created = new RedisLockBackend(client, KEEP_PLACE);
     closing.push(created);
     return created;
   }
@@ -190,7 +194,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
     const connect = () => {
       const client = new Cluster(failing.nodes);
       own.push(client);
-      const created = new LockService(new RedisLockBackend(client), { keyPrefix: '', pollInterval: 60_000 });
+      const created = new LockService(new RedisLockBackend(client, KEEP_PLACE), { keyPrefix: '', pollInterval: 60_000 });
       services.push(created);
       return created;
     };
@@ -297,7 +301,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
   it('creates its own Cluster client from { clusterNodes }, and on shutdown releases, then closes every connection', async () => {
     for (const client of clients.splice(0)) client.disconnect();
     await until(async () => (await cluster.clientCounts()).every((n) => n === 0), 5_000, 'earlier test clients to go');
-    const created = () => service(new RedisLockBackend({ clusterNodes: cluster.nodes }), { keyPrefix: 'lock:', pollInterval: 60_000 });
+    const created = () => service(new RedisLockBackend({ clusterNodes: cluster.nodes }, KEEP_PLACE), { keyPrefix: 'lock:', pollInterval: 60_000 });
     const [holder, waiter] = [created(), created()];
     const keys = await keyPerMaster('created', 'lock:');
     for (const key of keys) {

@@ -9,6 +9,9 @@ import { eventually, until } from '../support/wait.js';
 // A real master and a real sentinel: the client asks the sentinel where the master is, which a
 // fake cannot show, nor whether every connection (to the sentinel too) is closed on shutdown.
 let setup: RedisSentinel;
+// Waiters in these tests poll once a minute (only a wake-up lets them in within a test), so they
+// must keep their place in Redis's line longer than that: a LockService refuses anything less.
+const KEEP_PLACE = { waiterTimeout: 120_000 };
 /** Plain connections to the master and to the sentinel, for inspection. */
 let master: Redis;
 let sentinel: Redis;
@@ -29,7 +32,7 @@ const viaSentinel = () => ({ sentinels: setup.sentinels, name: setup.name });
 
 describeBackendConformance('redis sentinel', {
   // Each "process" gets a backend that finds the master through the sentinel, and closes its client.
-  connect: async () => new RedisLockBackend(viaSentinel()),
+  connect: async () => new RedisLockBackend(viaSentinel(), KEEP_PLACE),
   reset: async () => void (await master.flushall()),
 });
 
@@ -54,7 +57,7 @@ describe('RedisLockBackend through a real Sentinel', () => {
 
   it('acquires, wakes a waiter on release, and on shutdown releases, then closes its connections to master and sentinel', async () => {
     await until(async () => (await clients(master)) === 0 && (await clients(sentinel)) === 0, 5_000, 'earlier clients to go');
-    const [a, b] = [service(new RedisLockBackend(viaSentinel())), service(new RedisLockBackend(viaSentinel()))];
+    const [a, b] = [service(new RedisLockBackend(viaSentinel(), KEEP_PLACE)), service(new RedisLockBackend(viaSentinel(), KEEP_PLACE))];
     const first = await a.acquire('order:1', { ttl: 60_000 });
     expect(await master.get('lock:order:1')).toBe((await a.backend.inspect('lock:order:1'))?.owner);
     const waiting = b.acquire('order:1', { wait: 20_000 });
@@ -76,7 +79,7 @@ describe('RedisLockBackend through a real Sentinel', () => {
   it('uses a Sentinel client passed in, and leaves it open', async () => {
     const client = new Redis(viaSentinel());
     try {
-      const lock = service(new RedisLockBackend(client));
+      const lock = service(new RedisLockBackend(client, KEEP_PLACE));
       await lock.using('job', async (handle) => {
         expect(await master.exists('lock:job')).toBe(1);
         expect(handle.fencingToken).toBeGreaterThan(0);

@@ -57,6 +57,7 @@ interface Handover {
 export class RedisLockBackend implements LockBackend {
   readonly name = 'redis';
   readonly fencing = true;
+  readonly waiterTimeout: number;
 
   private readonly options: ResolvedRedisLockBackendOptions;
   private readonly connection: CheckedConnection;
@@ -67,6 +68,8 @@ export class RedisLockBackend implements LockBackend {
   private readonly ioredis: IoredisPackage | undefined;
   private client: Redis | Cluster | undefined;
   private creating: Promise<Redis | Cluster> | undefined;
+  /** Callers waiting for the client to be created: see connected(). */
+  private awaitingClient = 0;
   private readonly subscriber: RedisReleaseSubscriber;
   private readonly deadlines: CommandDeadlines;
   private closed = false;
@@ -96,6 +99,7 @@ export class RedisLockBackend implements LockBackend {
   constructor(connection: RedisLockConnection, options?: RedisLockBackendOptions) {
     this.connection = checkConnection(connection);
     this.options = resolveBackendOptions(options);
+    this.waiterTimeout = this.options.waiterTimeout;
     if (this.connection.kind === 'client') {
       this.client = this.connection.client;
       this.owned = false;
@@ -131,8 +135,12 @@ export class RedisLockBackend implements LockBackend {
     const ttl = Math.ceil(ttlMs);
     // The third value: on success, 1 if the key had a line; on failure, the key's last token.
     const [acquired, value, third] = (await this.run(client, 'acquire', keys, ACQUIRE, redisKeys, [owner, ttl, this.options.waiterTimeout, willWait ? 1 : 0, this.id], (late) => {
-      // It answered after we gave up on it: nobody uses this lease, so free it for the others.
-      if ((late as number[])[0] === 1) this.release(keys, owner).catch(() => undefined);
+      // It answered after we reported a failure. Freeing the keys here would be wrong when the
+      // same owner tries again (a later attempt, queued behind this one, finds the lock its own)
+      // or holds the lock by now: the caller decides.
+      if ((late as number[])[0] !== 1) return;
+      if (options?.onLateAcquire) options.onLateAcquire();
+      else this.release(keys, owner).catch(() => undefined);
     })) as [number, number, number?];
     if (acquired === 1) {
       this.line.delete(owner);
@@ -271,14 +279,24 @@ export class RedisLockBackend implements LockBackend {
 
   /** The client once it exists, without awaiting anything: an await per operation adds up. */
   private openClient(): Redis | Cluster | undefined {
-    return this.closed ? undefined : this.client;
+    return this.closed || this.awaitingClient > 0 ? undefined : this.client;
   }
 
+  /**
+   * The client, once created. Requests must reach Redis in the order they were made (a waiter's
+   * place in Redis's line is the order of its process's queue), so while earlier callers still
+   * wait to resume with the new client, later ones wait behind them instead of sending first.
+   */
   private async connected(op: string, keys: readonly string[]): Promise<Redis | Cluster> {
     if (this.closed) throw this.closedError(op, keys);
-    if (this.client) return this.client;
-    this.creating ??= this.createClient();
-    return this.creating;
+    if (this.client && this.awaitingClient === 0) return this.client;
+    this.awaitingClient++;
+    try {
+      this.creating ??= this.createClient();
+      return await this.creating;
+    } finally {
+      this.awaitingClient--;
+    }
   }
 
   private async createClient(): Promise<Redis | Cluster> {

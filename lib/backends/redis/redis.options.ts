@@ -1,4 +1,5 @@
 import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from 'ioredis';
+import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
 import { InvalidLockOptionsError } from '../../lock.errors.js';
 
 /** Cluster nodes for a Cluster client the backend creates: `{ clusterNodes: [{ host, port }] }`. */
@@ -26,8 +27,9 @@ export interface RedisLockBackendOptions {
   commandTimeout?: number;
   /**
    * How long a waiter keeps its place in the line of a busy lock without asking again, in ms.
-   * Waiters ask on every release and at least every `pollInterval`, so keep it well above that;
-   * a waiter that crashed holds up the others for at most this long. Default 3 000.
+   * Waiters ask on every release and at least every `pollInterval`, so keep it well above that
+   * (a LockService whose pollInterval is not below it refuses to start); a waiter that crashed
+   * holds up the others for at most this long. Whole ms (a fraction is rounded up). Default 3 000.
    */
   waiterTimeout?: number;
 }
@@ -103,6 +105,10 @@ export function checkConnection(connection: unknown): CheckedConnection {
   return { kind: 'options', options: connection as RedisOptions };
 }
 
+/**
+ * Both options are milliseconds; waiterTimeout reaches Redis (PEXPIRE, a lease's PX), which takes
+ * whole milliseconds only, so fractions are rounded up, as the backends do with a lock's ttl.
+ */
 export function resolveBackendOptions(options: unknown): ResolvedRedisLockBackendOptions {
   const resolved: ResolvedRedisLockBackendOptions = { commandTimeout: 2_000, waiterTimeout: 3_000 };
   if (options === undefined) return resolved;
@@ -114,10 +120,14 @@ export function resolveBackendOptions(options: unknown): ResolvedRedisLockBacken
       throw new InvalidLockOptionsError(name, `RedisLockBackend: unknown option '${name}'. Accepted options: ${Object.keys(resolved).join(', ')}.`);
     }
     if (value === undefined) continue;
-    if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) {
-      throw new InvalidLockOptionsError(name, `RedisLockBackend: option '${name}' must be a positive finite number of milliseconds, got ${show(value)}.`);
+    if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > MAX_TIMER_MS) {
+      throw new InvalidLockOptionsError(
+        name,
+        `RedisLockBackend: option '${name}' must be a positive finite number of milliseconds, got ${show(value)}. ` +
+          `At most ${MAX_TIMER_MS} (about 24.8 days); fractions are rounded up to whole milliseconds.`,
+      );
     }
-    resolved[name as keyof ResolvedRedisLockBackendOptions] = value;
+    resolved[name as keyof ResolvedRedisLockBackendOptions] = Math.ceil(value);
   }
   return resolved;
 }

@@ -12,9 +12,8 @@ export interface RedisScript {
 }
 
 /**
- * How long a fencing counter lives once started (or last set by a multi-key acquisition). Tokens
- * stay increasing without it (they start from the server clock), so this only bounds the memory
- * of keys nobody locks anymore.
+ * How long a fencing counter lives after its last token. Tokens stay increasing without it (none
+ * is below the server clock), so this only bounds the memory of keys nobody locks anymore.
  */
 const FENCE_RETENTION_MS = 24 * 60 * 60 * 1000;
 
@@ -27,15 +26,18 @@ function script(name: string, lua: string): RedisScript {
  * counters, n lines and n waiter records (see redis.keys.ts).
  *
  * - clock(): the server time in µs, read at most once per call.
- * - nextToken(counter): one more than the counter's last token; a missing counter (never locked,
- *   expired, or Redis restarted empty) starts from the server time in µs instead. Strictly greater
- *   than every earlier token of the key while the counter lives, and after that as long as the
- *   server clock has not gone back: tokens grow by one per acquisition, far slower than the clock.
- *   The counter's retention is only set when it starts, so it bounds the memory of keys nobody
- *   locks anymore; the clock takes over when it runs out.
- * - front(i): the first waiter in line i that still has its place, with its deadline (ms), the
- *   ttl it asked for (0 for a multi-key waiter) and the id of its process's backend. Waiters whose
- *   place ran out are dropped on the way.
+ * - nextToken(counter): one more than the counter's last token, but never below the server time
+ *   in µs, and written back. The counter alone keeps tokens increasing while Redis keeps its data;
+ *   the clock floor keeps them increasing when it does not: a restart from an RDB snapshot or an
+ *   AOF fsynced every second, or a failover to a replica that lagged, brings back an older counter
+ *   (or none), and tokens handed out since were at most the clock when they were issued (one per
+ *   acquisition never outruns one per µs). So a token is greater than every earlier one of its key
+ *   as long as the clock of the server that issues it has not gone back behind the clock of the
+ *   server that issued them. Retention bounds the memory of keys nobody locks anymore.
+ * - standing(i, who): if `who` still has its place in line i, its deadline (ms), the ttl it asked
+ *   for (0 for a multi-key waiter) and the id of its process's backend.
+ * - front(i): the first waiter in line i that still has its place, with the same three values.
+ *   Waiters whose place ran out are dropped on the way.
  */
 const PRELUDE = `
 local n = #KEYS / 4
@@ -48,23 +50,23 @@ local function clock()
   return now
 end
 local function nextToken(counter)
-  local token = redis.call('INCR', counter)
-  if token == 1 then
-    token = clock()
-    redis.call('SET', counter, token, 'PX', ${FENCE_RETENTION_MS})
-  end
+  local token = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, clock())
+  redis.call('SET', counter, token, 'PX', ${FENCE_RETENTION_MS})
   return token
+end
+local function standing(i, who)
+  local record = redis.call('HGET', KEYS[3 * n + i], who)
+  if not record then return nil end
+  local deadline, ttl, process = string.match(record, '^(%d+) (%d+) (%S+)$')
+  if deadline and tonumber(deadline) * 1000 > clock() then return tonumber(deadline), tonumber(ttl), process end
 end
 local function front(i)
   local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
   while true do
     local head = redis.call('ZRANGE', line, 0, 0)[1]
     if not head then return nil end
-    local record = redis.call('HGET', records, head)
-    if record then
-      local deadline, ttl, process = string.match(record, '^(%d+) (%d+) (%S+)$')
-      if deadline and tonumber(deadline) * 1000 > clock() then return head, tonumber(deadline), tonumber(ttl), process end
-    end
+    local deadline, ttl, process = standing(i, head)
+    if deadline then return head, deadline, ttl, process end
     redis.call('ZREM', line, head)
     redis.call('HDEL', records, head)
   end
@@ -83,8 +85,10 @@ end
  * All or nothing: every lock is checked before any is written. A lock this owner already holds
  * (handed over on release, or a request resent after a reconnect) is taken as it is. A free lock
  * still goes to the first waiter in line: the line keeps a process that releases and re-acquires
- * at once from starving the others. Waiters that stopped asking lose their place after the timeout.
- * The usual case, one free key and nobody in line, is three calls: EXISTS, SET NX, INCR.
+ * at once from starving the others. Waiters that stopped asking lose their place after the timeout,
+ * in all their lines at once.
+ * The usual case, one free key and nobody in line, is five calls: EXISTS, SET NX, then GET, TIME
+ * and SET for the fencing token.
  */
 export const ACQUIRE = script(
   'acquire',
@@ -115,11 +119,25 @@ if not wait then
 end
 if wait then
   if ARGV[4] == '0' then return {0, wait, -1} end
-  -- Numbers go to Redis exactly (as %.17g); in a string a 13-digit ms count is exact too.
-  local record = (math.floor(clock() / 1000) + ARGV[3]) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. ARGV[5]
+  -- Numbers go to Redis exactly (as %.17g); into a string they go through %d.
+  local record = string.format('%d', math.floor(clock() / 1000) + tonumber(ARGV[3])) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. ARGV[5]
+  -- One place per waiter, the same in all its lines: any two waiters then stand in the same order
+  -- in every line they share, so neither waits for the other on keys that are free. Places run out
+  -- together (one deadline in every record), but a line drops a waiter only when it looks at it:
+  -- a waiter that lost its place in any of its lines takes a fresh one, at the back of all of them.
+  local place = nil
+  for i = 1, n do
+    local score = redis.call('ZSCORE', KEYS[2 * n + i], owner)
+    if not score or not standing(i, owner) or (place and score ~= place) then
+      place = nil
+      break
+    end
+    place = score
+  end
+  place = place or clock()
   for i = 1, n do
     local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
-    redis.call('ZADD', line, 'NX', clock(), owner)
+    redis.call('ZADD', line, place, owner)
     redis.call('HSET', records, owner, record)
     redis.call('PEXPIRE', line, ARGV[3])
     redis.call('PEXPIRE', records, ARGV[3])
@@ -131,10 +149,9 @@ local token
 if n == 1 then
   token = nextToken(KEYS[2])
 else
-  token = 0
+  token = clock()
   for i = n + 1, 2 * n do
-    local last = tonumber(redis.call('GET', KEYS[i]))
-    token = math.max(token, last and last + 1 or clock())
+    token = math.max(token, (tonumber(redis.call('GET', KEYS[i])) or 0) + 1)
   end
   for i = n + 1, 2 * n do redis.call('SET', KEYS[i], token, 'PX', ${FENCE_RETENTION_MS}) end
 end

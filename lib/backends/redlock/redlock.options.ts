@@ -1,4 +1,5 @@
 import { Logger } from '@nestjs/common';
+import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
 import { InvalidLockOptionsError } from '../../lock.errors.js';
 import type { RedlockMasterClient } from './redlock-master.js';
 
@@ -139,12 +140,13 @@ export function resolveRedlockOptions(
     fail('driftFactor', `option 'driftFactor' must be a number from 0 to below 0.5 (a fraction of the ttl; 0.01 is usual), got ${String(driftFactor)}.`);
   }
   const masterTimeout = options.masterTimeout ?? 250;
-  if (typeof masterTimeout !== 'number' || !Number.isFinite(masterTimeout) || masterTimeout <= 0) {
-    fail('masterTimeout', `option 'masterTimeout' must be a positive number of milliseconds, got ${String(masterTimeout)}.`);
+  // Both are timers only; a lock's ttl is what reaches Redis, and the backend rounds it up.
+  if (typeof masterTimeout !== 'number' || !Number.isFinite(masterTimeout) || masterTimeout <= 0 || masterTimeout > MAX_TIMER_MS) {
+    fail('masterTimeout', `option 'masterTimeout' must be a positive number of milliseconds, got ${String(masterTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`);
   }
   const subscribeTimeout = options.subscribeTimeout ?? masterTimeout;
-  if (typeof subscribeTimeout !== 'number' || !Number.isFinite(subscribeTimeout) || subscribeTimeout <= 0) {
-    fail('subscribeTimeout', `option 'subscribeTimeout' must be a positive number of milliseconds, got ${String(subscribeTimeout)}.`);
+  if (typeof subscribeTimeout !== 'number' || !Number.isFinite(subscribeTimeout) || subscribeTimeout <= 0 || subscribeTimeout > MAX_TIMER_MS) {
+    fail('subscribeTimeout', `option 'subscribeTimeout' must be a positive number of milliseconds, got ${String(subscribeTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`);
   }
   const channelPrefix = options.channelPrefix ?? 'lock-released:';
   if (typeof channelPrefix !== 'string') fail('channelPrefix', `option 'channelPrefix' must be a string, got ${String(channelPrefix)}.`);

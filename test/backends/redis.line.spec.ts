@@ -1,0 +1,112 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { Redis } from 'ioredis';
+import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
+import { LockService } from '../../lib/lock.service.js';
+import type { RedisLockBackendOptions } from '../../lib/backends/redis/redis.options.js';
+import { RedisServer } from '../support/redis-server.js';
+import { until } from '../support/wait.js';
+
+let server: RedisServer;
+let admin: Redis;
+const open: RedisLockBackend[] = [];
+
+beforeAll(async () => {
+  server = await RedisServer.start();
+  admin = new Redis(server.port, '127.0.0.1');
+});
+afterEach(async () => {
+  await Promise.all(open.splice(0).map((b) => b.close()));
+  await admin.flushall();
+});
+afterAll(async () => {
+  admin.disconnect();
+  await server.stop();
+});
+
+function backend(options?: RedisLockBackendOptions): RedisLockBackend {
+  const created = new RedisLockBackend(server.url, options);
+  open.push(created);
+  return created;
+}
+
+/** Whether Redis's clock has reached the deadline (ms) in a waiter's record in the line of `key`. */
+async function placeRanOut(key: string, owner: string): Promise<boolean> {
+  const record = await admin.hget(`{${key}}:waiters`, owner);
+  const [seconds, micros] = await admin.time();
+  return record === null || Number(seconds) * 1000 + Number(micros) / 1000 >= Number(record.split(' ')[0]);
+}
+
+describe('the line of waiters in Redis', () => {
+  it('two multi-key waiters never block each other on free keys after one of them lost its place', async () => {
+    const b = backend({ waiterTimeout: 1_500 });
+    expect((await b.tryAcquire(['a'], 'holder-a', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['b'], 'holder-b', 60_000)).acquired).toBe(true);
+    // X and Y wait for both keys, X first. X stops asking (a paused process); Y keeps asking.
+    expect((await b.tryAcquire(['a', 'b'], 'x', 60_000)).acquired).toBe(false);
+    const askY = async () => expect((await b.tryAcquire(['a', 'b'], 'y', 60_000)).acquired).toBe(false);
+    await until(async () => (await askY(), placeRanOut('a', 'x')), 10_000, "x's place to run out");
+    // A release of b looks at b's line only, and drops X from it; X is still listed in a's line.
+    await b.release(['b'], 'holder-b');
+    await askY();
+    // X comes back and asks again while a is still held.
+    expect((await b.tryAcquire(['a', 'b'], 'x', 60_000)).acquired).toBe(false);
+    await b.release(['a'], 'holder-a');
+
+    // Both keys are free: Y, who kept its place while X lost its own, takes them; X goes next.
+    const [y, x] = [await b.tryAcquire(['a', 'b'], 'y', 60_000), await b.tryAcquire(['a', 'b'], 'x', 60_000)];
+    expect({ y: y.acquired, x: x.acquired }).toEqual({ y: true, x: false });
+    await b.release(['a', 'b'], 'y');
+    expect((await b.tryAcquire(['a', 'b'], 'x', 60_000)).acquired).toBe(true);
+  });
+
+  it('a waiter that asks again in time keeps one place, the same in every line it stands in', async () => {
+    const b = backend({ waiterTimeout: 60_000 });
+    expect((await b.tryAcquire(['c'], 'holder', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['c', 'd'], 'first', 60_000)).acquired).toBe(false);
+    expect((await b.tryAcquire(['d'], 'second', 60_000)).acquired).toBe(false);
+    expect((await b.tryAcquire(['c', 'd'], 'first', 60_000)).acquired).toBe(false);
+    const [inC, inD] = [await admin.zscore('{c}:queue', 'first'), await admin.zscore('{d}:queue', 'first')];
+    expect(inC).toBe(inD);
+    expect(await admin.zrange('{d}:queue', 0, -1)).toEqual(['first', 'second']);
+  });
+
+  it('a fractional waiterTimeout is rounded up to whole milliseconds, and waiting works', async () => {
+    const b = backend({ waiterTimeout: 2_500.5 });
+    expect((await b.tryAcquire(['f'], 'holder', 60_000)).acquired).toBe(true);
+    const waiting = await b.tryAcquire(['f'], 'waiter', 60_000);
+    expect(waiting).toMatchObject({ acquired: false });
+    expect(await admin.pttl('{f}:queue')).toBeGreaterThan(0);
+    await b.release(['f'], 'holder');
+    expect(await admin.get('f')).toBe('waiter');
+    expect(await admin.pttl('f')).toBeLessThanOrEqual(2_501);
+  });
+
+  it('hands the lock only to the waiter its process lets try next: many callers of two processes never stall', async () => {
+    // Redis hands a released lock to the first of its line and tells that waiter's process; only
+    // the first of a process's own queue listens. Were the two orders to differ, the lock would sit
+    // with a waiter that is not listening for as long as a handed-over lease lasts (here its whole
+    // ttl), and every wait below would run out. Fresh clients: the first requests of a process go
+    // out while its connection is still being made.
+    for (let trial = 0; trial < 4; trial++) {
+      const services = [0, 1].map(() => new LockService(backend({ waiterTimeout: 120_000 }), { keyPrefix: `stall${trial}:` }));
+      let sections = 0;
+      try {
+        await Promise.all(
+          Array.from({ length: 40 }, (_, i) =>
+            (async () => {
+              for (let round = 0; round < 3; round++) {
+                await services[i % 2].using('k', async () => {
+                  await new Promise((resolve) => setImmediate(resolve));
+                  sections++;
+                }, { wait: 5_000, ttl: 60_000 });
+              }
+            })(),
+          ),
+        );
+      } finally {
+        await Promise.all(services.map((service) => service.onApplicationShutdown()));
+      }
+      expect(sections).toBe(120);
+    }
+  });
+});

@@ -1,0 +1,94 @@
+import { afterEach, describe, expect, it } from '@jest/globals';
+import { LockLostError, LockService, MemoryLockBackend, type ExtendResult } from '../lib/index.js';
+import { until } from './support/wait.js';
+
+/** One extend request the backend has received and not answered yet. */
+interface HeldRequest {
+  ttl: number;
+  answer(): void;
+}
+
+/**
+ * A memory backend whose extensions wait until the test answers them, in the order they were
+ * sent, as one Redis connection would: the lease the backend keeps is the last one answered.
+ */
+class HeldExtensionsBackend extends MemoryLockBackend {
+  readonly sent: number[] = [];
+  readonly pending: HeldRequest[] = [];
+
+  override extend(keys: readonly string[], owner: string, ttl: number): Promise<ExtendResult> {
+    this.sent.push(ttl);
+    return new Promise((resolve, reject) => {
+      this.pending.push({ ttl, answer: () => super.extend(keys, owner, ttl).then(resolve, reject) });
+    });
+  }
+
+  answerNext(): void {
+    this.pending.shift()!.answer();
+  }
+}
+
+const nextTurn = () => new Promise((resolve) => setImmediate(resolve));
+
+describe('Lease extensions', () => {
+  let locks: LockService | undefined;
+  afterEach(async () => {
+    await locks?.onApplicationShutdown();
+    locks = undefined;
+  });
+
+  it("a manual extend asked while the watchdog's extension is out waits for its answer, then books its own ttl", async () => {
+    const backend = new HeldExtensionsBackend();
+    locks = new LockService(backend);
+    const handle = await locks.acquire('job', { ttl: 1_500 });
+    await until(() => backend.pending.length === 1, 5_000, "the watchdog's extension");
+    const manual = handle.extend(120_000);
+    await nextTurn();
+    expect(backend.sent).toEqual([1_500]);
+
+    backend.answerNext();
+    await until(() => backend.pending.length === 1, 5_000, 'the manual extension');
+    expect(backend.sent).toEqual([1_500, 120_000]);
+    backend.answerNext();
+    await manual;
+
+    const backendEndsAt = Date.now() + (await backend.inspect('lock:job'))!.ttlMs;
+    expect(handle.isHeld).toBe(true);
+    expect(handle.expiresAt.getTime()).toBeGreaterThan(Date.now() + 60_000);
+    // Never later than the backend's own expiry (both clocks count whole milliseconds).
+    expect(handle.expiresAt.getTime()).toBeLessThanOrEqual(backendEndsAt + 2);
+  });
+
+  it('the watchdog sends nothing while a manual extension is out, and an answer after the deadline revives nothing', async () => {
+    const backend = new HeldExtensionsBackend();
+    locks = new LockService(backend);
+    const handle = await locks.acquire('job', { ttl: 300 });
+    const manual = handle.extend(120_000).catch((error: unknown) => error);
+    await new Promise((resolve) => handle.signal.addEventListener('abort', resolve));
+
+    // One request only: a watchdog extension sent behind it with the old ttl would leave the
+    // backend with 300 ms while the manual extension's answer told the handle two minutes.
+    expect(backend.sent).toEqual([120_000]);
+    expect((handle.signal.reason as LockLostError).reason).toBe('backend-error');
+    backend.answerNext();
+    expect(await manual).toBeInstanceOf(LockLostError);
+    expect(handle.isHeld).toBe(false);
+  });
+
+  it('manual extensions go out one at a time in the order asked, so the last one asked is the lease kept', async () => {
+    const backend = new HeldExtensionsBackend();
+    locks = new LockService(backend);
+    const handle = await locks.acquire('job', { ttl: 60_000, autoExtend: false });
+    const both = Promise.all([handle.extend(120_000), handle.extend(30_000)]);
+    await nextTurn();
+    expect(backend.sent).toEqual([120_000]);
+    backend.answerNext();
+    await until(() => backend.pending.length === 1, 5_000, 'the second extension');
+    backend.answerNext();
+    await both;
+
+    expect(backend.sent).toEqual([120_000, 30_000]);
+    const backendEndsAt = Date.now() + (await backend.inspect('lock:job'))!.ttlMs;
+    expect(handle.expiresAt.getTime()).toBeLessThanOrEqual(backendEndsAt + 2);
+  });
+});
