@@ -3,12 +3,13 @@ import { compileKeySource, type KeyResolver, type LockKeySource } from './lock-k
 import { LockModuleNotImportedError } from './lock.errors.js';
 import type { LockService } from './lock.service.js';
 import { parameterNames } from './parameter-names.js';
+import { processShared } from './process-shared.js';
 
 /** Metadata key under which @Locked records a LockedMethod on the method it decorates. */
 export const LOCKED_METADATA = 'nest-distributed-lock:locked';
 
 /** Set on each provider and controller instance by the module at start-up. */
-export const LOCK_SERVICE = Symbol('nest-distributed-lock:service');
+export const LOCK_SERVICE = Symbol.for('nest-distributed-lock:service');
 
 /**
  * What @Locked declared on one method. Checked once (at start-up, or at the first call of an
@@ -43,7 +44,7 @@ export class LockedMethod {
 
 type Method = (...args: any[]) => any;
 
-const activeServices: LockService[] = [];
+const activeServices = processShared('fallback-services@1', (): LockService[] => []);
 
 /** @internal The module registers its service for instances it could not bind (request-scoped). */
 export function registerFallbackService(service: LockService): () => void {
