@@ -50,6 +50,9 @@ export default {
       displayName: 'consumers',
       roots: ['<rootDir>/test/consumers'],
       testMatch: ['**/*.spec.ts'],
+      // Packs the package once for every consumer app (they install it from the tarball).
+      globalSetup: '<rootDir>/test/consumers/pack.mjs',
+      globalTeardown: '<rootDir>/test/consumers/unpack.mjs',
     },
   ],
 };
