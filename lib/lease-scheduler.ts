@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { processShared } from './process-shared.js';
 
 /** Something the scheduler calls back at a time: a lease's next extension or its deadline. */
 export interface Scheduled {
@@ -97,4 +98,4 @@ export class LeaseScheduler {
 }
 
 /** The process's one scheduler: every LockService's leases share its timer. */
-export const leaseScheduler = new LeaseScheduler();
+export const leaseScheduler = processShared('lease-scheduler@1', () => new LeaseScheduler());

@@ -1,6 +1,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import type { LockHandle } from './lock.handle.js';
+import { processShared } from './process-shared.js';
 
 /** The locks the current async context holds through one backend, by full key. */
 export type HeldLocks = ReadonlyMap<string, LockHandle>;
@@ -16,7 +17,8 @@ type Holdings = ReadonlyMap<LockBackend, HeldLocks>;
  * The library's one AsyncLocalStorage. Scopes are entered with run() only: enterWith() would
  * leak a holder's context into code that runs after the scope ended.
  */
-const storage = new AsyncLocalStorage<Holdings>();
+// One per process, shared by the ESM and CommonJS builds if both are loaded.
+const storage = processShared('lock-context@2', () => new AsyncLocalStorage<Holdings>());
 
 /** What the current async context holds through `backend`. */
 export function heldLocks(backend: LockBackend): HeldLocks | undefined {

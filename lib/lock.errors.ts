@@ -1,10 +1,29 @@
+const FAMILY = Symbol.for('nest-distributed-lock:error');
+
 /** Base class of every error this library throws, so callers can catch them as one family. */
 export class DistributedLockError extends Error {
   constructor(message: string, options?: ErrorOptions) {
     super(message, options);
     this.name = new.target.name;
   }
+
+  /**
+   * `instanceof` also accepts the same error class of the package's other build: an app that
+   * loads both the ESM and the CommonJS build (a CommonJS dependency requires it) has two copies
+   * of each class, and `catch (e) { if (e instanceof LockNotAcquiredError) ... }` or a Nest
+   * `@Catch(LockNotAcquiredError)` filter must not depend on which copy threw.
+   */
+  static override [Symbol.hasInstance]<T>(this: abstract new (...args: never[]) => T, value: unknown): value is T {
+    if (Function.prototype[Symbol.hasInstance].call(this, value)) return true;
+    if (typeof value !== 'object' || value === null || !(FAMILY in value)) return false;
+    // An error of the other build: its class, or a class it extends, has this class's name.
+    for (let proto = Object.getPrototypeOf(value) as { constructor?: { name?: string } } | null; proto; proto = Object.getPrototypeOf(proto)) {
+      if (proto.constructor?.name === this.name) return true;
+    }
+    return false;
+  }
 }
+Object.defineProperty(DistributedLockError.prototype, FAMILY, { value: true });
 
 /** The lock was held by someone else for the whole wait. Maps to HTTP 409 with Retry-After. */
 export class LockNotAcquiredError extends DistributedLockError {

@@ -5,12 +5,13 @@ import { isObservableType, lockOnSubscribe } from './lock-observable.js';
 import { LockModuleNotImportedError } from './lock.errors.js';
 import type { LockService } from './lock.service.js';
 import { declaredParameters } from './parameter-names.js';
+import { processShared } from './process-shared.js';
 
 /** Metadata key under which @Locked records a LockedMethod on the method it decorates. */
 export const LOCKED_METADATA = 'nest-distributed-lock:locked';
 
 /** Set by the module at start-up on each provider and controller instance, and on the classes with static @Locked methods. */
-export const LOCK_SERVICE = Symbol('nest-distributed-lock:service');
+export const LOCK_SERVICE = Symbol.for('nest-distributed-lock:service');
 
 /**
  * What @Locked declared on one method. Checked once (at start-up, or at the first call of an
@@ -60,7 +61,7 @@ export type LockedDecorator = <M extends Method>(
   descriptor: TypedPropertyDescriptor<M> & (M extends LockableMethod ? unknown : '@Locked needs a method that returns a Promise (make it async) or an Observable'),
 ) => void;
 
-const activeServices: LockService[] = [];
+const activeServices = processShared('fallback-services@1', (): LockService[] => []);
 
 /** @internal The module registers its service for instances it could not bind (request-scoped). */
 export function registerFallbackService(service: LockService): () => void {

@@ -17,7 +17,7 @@ describe('the published package', () => {
     app = mkdtempSync(join(tmpdir(), 'ndl-package-'));
     const installed = join(app, 'node_modules', 'nest-distributed-lock');
     mkdirSync(installed, { recursive: true });
-    execFileSync(process.execPath, [join(root, 'node_modules/typescript/bin/tsc'), '-p', join(root, 'tsconfig.build.json'), '--outDir', join(installed, 'dist')], { stdio: 'pipe' });
+    execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(installed, 'dist')], { stdio: 'pipe' });
     const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { files: string[]; dependencies: Record<string, string> };
     writeFileSync(join(installed, 'package.json'), JSON.stringify(manifest));
     // The app's required peers and the package's own dependencies, from this repo's node_modules;
@@ -32,10 +32,11 @@ describe('the published package', () => {
   afterAll(() => rmSync(app, { recursive: true, force: true }));
 
   it('ships type declarations next to the entry named in the exports map', () => {
-    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { exports: Record<string, Record<string, string>> };
+    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { exports: Record<string, Record<string, Record<string, string>>> };
     const entry = manifest.exports['.'];
-    expect(existsSync(join(app, 'node_modules/nest-distributed-lock', entry.types))).toBe(true);
-    expect(existsSync(join(app, 'node_modules/nest-distributed-lock', entry.import))).toBe(true);
+    const files = Object.values(entry).flatMap((condition) => Object.values(condition));
+    expect(files).toEqual(expect.arrayContaining(['./dist/index.js', './dist/index.d.ts', './dist/cjs/index.js', './dist/cjs/index.d.ts']));
+    for (const file of files) expect(existsSync(join(app, 'node_modules/nest-distributed-lock', file))).toBe(true);
   });
 
   const script = (load: string) => `
@@ -96,5 +97,88 @@ describe('the published package', () => {
     );
     const out = execFileSync(process.execPath, ['cjs.cjs'], { cwd: app, encoding: 'utf8' });
     expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({ skipped: 'LockNotAcquiredError', ran: 'mon' });
+  }, 30_000);
+});
+
+/**
+ * An ESM app whose CommonJS dependency requires the package loads both builds in one process.
+ * Their state must not split: a lock held through one build is held for the other.
+ */
+describe('the ESM and CommonJS builds loaded in one process', () => {
+  let app: string;
+
+  beforeAll(() => {
+    app = mkdtempSync(join(tmpdir(), 'ndl-dual-'));
+    const installed = join(app, 'node_modules', 'nest-distributed-lock');
+    mkdirSync(installed, { recursive: true });
+    execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(installed, 'dist')], { stdio: 'pipe' });
+    writeFileSync(join(installed, 'package.json'), readFileSync(join(root, 'package.json')));
+    for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', 'acorn']) symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
+  }, 60_000);
+
+  afterAll(() => rmSync(app, { recursive: true, force: true }));
+
+  it('share held locks, the lease scheduler, the module binding of @Locked, and instanceof on errors', () => {
+    writeFileSync(
+      join(app, 'dual.mjs'),
+      `import 'reflect-metadata';
+      import { createRequire } from 'node:module';
+      import * as esm from 'nest-distributed-lock';
+      import { Injectable, Module } from '@nestjs/common';
+      import { NestFactory } from '@nestjs/core';
+      const require = createRequire(import.meta.url);
+      const cjs = require('nest-distributed-lock');
+      const seen = { files: [import.meta.resolve('nest-distributed-lock').split('/node_modules/')[1], require.resolve('nest-distributed-lock').split('/node_modules/')[1]] };
+      seen.twoCopies = esm.LockService !== cjs.LockService;
+
+      const backend = new esm.MemoryLockBackend();
+      const viaEsm = new esm.LockService(backend);
+      const viaCjs = new cjs.LockService(backend);
+      seen.reentered = await viaEsm.using('k', () => viaCjs.using('k', () => 'reentered', { wait: 0 })).catch((e) => e.name);
+
+      const held = await viaEsm.acquire('busy');
+      const error = await viaCjs.using('busy', () => 'ran', { wait: 0 }).catch((e) => e);
+      await held.release();
+      seen.instanceOf = {
+        sameClassOtherBuild: error instanceof esm.LockNotAcquiredError,
+        baseClassOtherBuild: error instanceof esm.DistributedLockError,
+        sameBuild: error instanceof cjs.LockNotAcquiredError,
+        unrelatedClass: error instanceof esm.LockLostError,
+        plainError: new Error('x') instanceof esm.DistributedLockError,
+      };
+
+      const dist = require.resolve('nest-distributed-lock').replace(/cjs\\/index\\.js$/, '');
+      seen.oneScheduler = (await import(dist + 'lease-scheduler.js')).leaseScheduler === require(dist + 'cjs/lease-scheduler.js').leaseScheduler;
+
+      // @Locked from the CommonJS build, in an app whose module comes from the ESM build: on a
+      // provider Nest creates, and on an instance it never saw (bound through the fallback).
+      class Jobs { async nightly(day) { return day; } }
+      const descriptor = Object.getOwnPropertyDescriptor(Jobs.prototype, 'nightly');
+      cjs.Locked('job:<day>', { wait: 0 })(Jobs.prototype, 'nightly', descriptor);
+      Object.defineProperty(Jobs.prototype, 'nightly', descriptor);
+      Injectable()(Jobs);
+      class AppModule {}
+      Module({ imports: [esm.DistributedLockModule.forRoot()], providers: [Jobs] })(AppModule);
+      const nest = await NestFactory.createApplicationContext(AppModule, { logger: false });
+      const locks = nest.get(esm.LockService);
+      const job = await locks.acquire('job:mon');
+      seen.provider = await nest.get(Jobs).nightly('mon').catch((e) => e.name);
+      seen.unmanaged = await new Jobs().nightly('mon').catch((e) => e.name);
+      await job.release();
+      seen.afterRelease = await nest.get(Jobs).nightly('mon');
+      await nest.close();
+      console.log(JSON.stringify(seen));`,
+    );
+    const out = execFileSync(process.execPath, ['dual.mjs'], { cwd: app, encoding: 'utf8' });
+    expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({
+      files: ['nest-distributed-lock/dist/index.js', 'nest-distributed-lock/dist/cjs/index.js'],
+      twoCopies: true,
+      reentered: 'reentered',
+      instanceOf: { sameClassOtherBuild: true, baseClassOtherBuild: true, sameBuild: true, unrelatedClass: false, plainError: false },
+      oneScheduler: true,
+      provider: 'LockNotAcquiredError',
+      unmanaged: 'LockNotAcquiredError',
+      afterRelease: 'mon',
+    });
   }, 30_000);
 });

@@ -107,4 +107,4 @@ export interface LockState {
  * Injection token for the backend. Inject it with `@Inject(LockBackend)`; the interface and the
  * token share one name, so one import gives both.
  */
-export const LockBackend = Symbol('LockBackend');
+export const LockBackend = Symbol.for('nest-distributed-lock:LockBackend');

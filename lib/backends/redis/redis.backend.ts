@@ -1,8 +1,8 @@
 import { Logger } from '@nestjs/common';
 import { randomBytes } from 'node:crypto';
-import { createRequire } from 'node:module';
 import type { Cluster, Redis } from 'ioredis';
 import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
+import { requirePeer } from '../../peer-require.cjs';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { CommandDeadlines } from './command-deadlines.js';
 import { RedisReleaseSubscriber } from './redis-release.subscriber.js';
@@ -521,7 +521,7 @@ type IoredisPackage = { Redis: typeof Redis; Cluster: typeof Cluster };
  */
 function loadIoredis(): IoredisPackage {
   try {
-    return createRequire(import.meta.url)('ioredis') as IoredisPackage;
+    return requirePeer('ioredis') as IoredisPackage;
   } catch (error) {
     throw new InvalidLockOptionsError(
       'connection',

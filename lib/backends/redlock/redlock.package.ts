@@ -1,5 +1,5 @@
-import { createRequire } from 'node:module';
 import { InvalidLockOptionsError } from '../../lock.errors.js';
+import { requirePeer } from '../../peer-require.cjs';
 import type { RedlockMaster, RedlockMasterClient } from './redlock-master.js';
 
 /** The part of redlock 5.0.0-beta.2 this backend drives. */
@@ -51,10 +51,9 @@ let loaded: RedlockPackage | undefined;
  */
 export function loadRedlock(): RedlockPackage {
   if (loaded) return loaded;
-  const require = createRequire(import.meta.url);
   let pkg: RedlockPackage;
   try {
-    pkg = require('redlock') as RedlockPackage;
+    pkg = requirePeer('redlock') as RedlockPackage;
   } catch (error) {
     throw new InvalidLockOptionsError(
       'redlock',
@@ -81,10 +80,9 @@ export interface OwnedClient extends RedlockMasterClient {
 
 /** Opens an ioredis client for a URL, lazily connected; ioredis is loaded on first use only. */
 export function openClient(url: string): OwnedClient {
-  const require = createRequire(import.meta.url);
   let ioredis: { Redis: new (url: string, options: object) => OwnedClient };
   try {
-    ioredis = require('ioredis') as typeof ioredis;
+    ioredis = requirePeer('ioredis') as typeof ioredis;
   } catch (error) {
     throw new InvalidLockOptionsError(
       'clients',
