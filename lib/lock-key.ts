@@ -157,7 +157,7 @@ export function keyText(value: unknown, what: () => string): string {
     if (value.length > 0) return value;
   } else if (typeof value === 'number') {
     if (Number.isFinite(value)) return String(value);
-  } else if (typeof value === 'bigint' || typeof value === 'boolean') {
+  } else if (typeof value === 'bigint') {
     return String(value);
   }
   throw new InvalidLockKeyError(
@@ -173,4 +173,30 @@ function describe(value: unknown): string {
   if (typeof value === 'function') return 'a function';
   if (Array.isArray(value)) return 'an array';
   return typeof value === 'object' ? 'an object' : `${typeof value} ${String(value)}`;
+}
+
+/** C0 and C1 control characters, DEL included. */
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/**
+ * Refuses what a key must not contain. A control character forges log lines wherever the key is
+ * printed, and a line break would make a multi-key request share its process's queue with an
+ * unrelated one (queues are named by the keys joined with one). A lone surrogate is a different
+ * key here than in Redis, which stores it as the same replacement bytes as any other lone one.
+ */
+export function checkKeyCharacters(key: string): void {
+  let problem: string | undefined;
+  if (CONTROL.test(key)) problem = 'contains a control character (a line break, tab, NUL or the like)';
+  else if (LONE_SURROGATE.test(key)) problem = 'is not well-formed Unicode (it has a lone surrogate, half of a character)';
+  if (problem === undefined) return;
+  throw new InvalidLockKeyError(
+    `Lock key ${quoteKey(key.slice(0, 60))}${key.length > 60 ? '…' : ''} ${problem}. Lock an identifier: validate the value ` +
+      `before it reaches the lock (for example with a ParseIntPipe or a DTO pattern).`,
+  );
+}
+
+/** A key for a message: quoted, with control characters and lone surrogates escaped, never raw. */
+export function quoteKey(key: string): string {
+  return JSON.stringify(key);
 }
