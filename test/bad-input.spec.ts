@@ -175,6 +175,22 @@ describe('bad input', () => {
       expect(create).toThrow(new RegExp(`option '${option}' must be a positive finite number of milliseconds, got ${value}\\. At most 2147483647`));
     });
 
+    it.each([
+      ['an unparsable URL', 'redis://:s3cret@no such host:6379', /is not a URL/],
+      ['a URL of another scheme', 'http://user:s3cret@host:6379/?password=s3cret', /must start with redis:\/\//],
+    ])('refuses %s without printing its password', (_what, url, message) => {
+      const error = (() => {
+        try {
+          new RedisLockBackend(url);
+        } catch (caught) {
+          return caught as Error;
+        }
+      })();
+      expect(error).toBeInstanceOf(InvalidLockOptionsError);
+      expect(error!.message).toMatch(message);
+      expect(error!.message).not.toContain('s3cret');
+    });
+
     it("rounds a fractional waiterTimeout up to whole milliseconds, as Redis's PEXPIRE needs", () => {
       expect(new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 2_500.5 }).waiterTimeout).toBe(2_501);
     });
