@@ -27,7 +27,7 @@ export interface KeyOrigin {
 type Part = string | { placeholder: string; argIndex: number; rest: boolean; path: string[] };
 
 /** A key source checked against the method's parameters once, then resolved per call cheaply. */
-export type KeyResolver = (args: readonly unknown[]) => string[];
+export type KeyResolver = (args: readonly unknown[], encodeValues?: boolean) => string[];
 
 const PLACEHOLDER = /<([^<>]*)>/g;
 const SEGMENT = /^(?:[A-Za-z_$][\w$]*|\d+)$/;
@@ -55,9 +55,9 @@ export function compileKeySource(
       );
     }
     const parts = parseTemplate(item, where, params);
-    return (args) => [render(parts, item, args, where)];
+    return (args, encodeValues) => [render(parts, item, args, where, encodeValues)];
   });
-  return resolvers.length === 1 ? resolvers[0] : (args) => resolvers.flatMap((resolve) => resolve(args));
+  return resolvers.length === 1 ? resolvers[0] : (args, encodeValues) => resolvers.flatMap((resolve) => resolve(args, encodeValues));
 }
 
 function parseTemplate(template: string, where: string, params: readonly ParameterInfo[] | undefined): Part[] {
@@ -126,7 +126,13 @@ function refuseDefault(where: string, template: string, placeholder: string, nam
   );
 }
 
-function render(parts: Part[], template: string, args: readonly unknown[], where: string): string {
+/**
+ * With `encodeValues`, each placeholder's value is percent-encoded (encodeURIComponent): with
+ * `order:<a>:<b>`, ('x:y', 'z') and ('x', 'y:z') would otherwise lock the same key, and a `}` in a
+ * value would end a Redis Cluster hash tag the template opened (`order:{<id>}:payment`). Letters,
+ * digits and `-_.!~*'()` are left as they are, so plain ids give the same key either way.
+ */
+function render(parts: Part[], template: string, args: readonly unknown[], where: string, encodeValues = false): string {
   let key = '';
   for (const part of parts) {
     if (typeof part === 'string') {
@@ -137,7 +143,8 @@ function render(parts: Part[], template: string, args: readonly unknown[], where
     for (const segment of part.path) {
       value = value === null || value === undefined ? undefined : (value as Record<string, unknown>)[segment];
     }
-    key += keyText(value, () => `${part.placeholder} in template '${template}' on ${where}`);
+    const text = keyText(value, () => `${part.placeholder} in template '${template}' on ${where}`);
+    key += encodeValues ? encodeURIComponent(text) : text;
   }
   return key;
 }
