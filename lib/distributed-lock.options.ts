@@ -49,6 +49,13 @@ export interface DistributedLockModuleOptions {
    * error and the request. Default: the holder's remaining lease, at most 1 000 ms.
    */
   retryAfter?: number | RetryAfterFunction;
+  /**
+   * Percent-encode the values @Locked templates put into keys, so that no two argument lists
+   * make the same key (`order:<a>:<b>` with 'x:y','z' and 'x','y:z') and a value cannot end a
+   * Cluster hash tag the template opened. Plain ids (letters, digits, `-_.!~*'()`) are unchanged.
+   * Default false: values go in as they are.
+   */
+  encodeKeyValues?: boolean;
 }
 
 /** Milliseconds until a retry is worth it; a result that is not a number of 0 or more falls back to the default. */
@@ -72,6 +79,7 @@ export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   autoExtend: true,
   pollInterval: 500,
   maxKeyLength: 512,
+  encodeKeyValues: false,
 };
 
 /** The longest delay a Node timer keeps: beyond it, setTimeout fires after 1 ms. */
@@ -117,6 +125,7 @@ const MODULE_OPTIONS: Record<string, Check> = {
     'a number of milliseconds (0 or more) or a function (error, context) => milliseconds',
     (v) => typeof v === 'function' || (typeof v === 'number' && Number.isFinite(v) && v >= 0),
   ],
+  encodeKeyValues: bool,
 };
 const MODULE_EXTRAS: Record<string, Check> = { isGlobal: bool, interceptor: bool };
 

@@ -17,6 +17,7 @@ import { Lease, type LeaseTracker } from './lock-lease.js';
 import { LockWaitQueue } from './lock-wait-queue.js';
 import { DistributedLockError, InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
 import { LockHandle } from './lock.handle.js';
+import { checkKeyCharacters, quoteKey } from './lock-key.js';
 import { newOwnerToken } from './owner-token.js';
 
 /** What `inspect()` tells about a key. */
@@ -162,10 +163,11 @@ export class LockService implements OnApplicationShutdown, LeaseTracker {
     const prefixed = keyPrefix + key;
     if (prefixed.length > maxKeyLength) {
       throw new InvalidLockKeyError(
-        `Lock key '${prefixed.slice(0, 60)}…' is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
+        `Lock key ${quoteKey(prefixed.slice(0, 60))}… is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
           `Lock an identifier rather than a payload, or raise maxKeyLength in DistributedLockModule.forRoot().`,
       );
     }
+    checkKeyCharacters(prefixed);
     return prefixed;
   }
 
