@@ -1,18 +1,42 @@
-import { Module, type DynamicModule, type InjectionToken, type ModuleMetadata, type OptionalFactoryDependency, type Provider } from '@nestjs/common';
+import { ConfigurableModuleBuilder, Module, type DynamicModule, type Provider } from '@nestjs/common';
 import { APP_INTERCEPTOR, DiscoveryModule } from '@nestjs/core';
 import { LockBackend } from './backends/lock-backend.interface.js';
 import { MemoryLockBackend } from './backends/memory.backend.js';
 import { DISTRIBUTED_LOCK_OPTIONS } from './distributed-lock.constants.js';
 import { LockedMethodsExplorer } from './distributed-lock.explorer.js';
-import type { DistributedLockModuleOptions } from './distributed-lock.options.js';
+import { checkModuleExtras, type DistributedLockModuleExtras, type DistributedLockModuleOptions } from './distributed-lock.options.js';
 import { LockInterceptor } from './lock.interceptor.js';
 import { LockService } from './lock.service.js';
 
-export interface DistributedLockModuleAsyncOptions extends Pick<ModuleMetadata, 'imports'> {
-  useFactory: (...args: any[]) => DistributedLockModuleOptions | Promise<DistributedLockModuleOptions>;
-  inject?: (InjectionToken | OptionalFactoryDependency)[];
-  /** Make LockService injectable everywhere without importing the module again. */
-  isGlobal?: boolean;
+const { ConfigurableModuleClass, ASYNC_OPTIONS_TYPE, OPTIONS_TYPE } = new ConfigurableModuleBuilder<DistributedLockModuleOptions>({
+  optionsInjectionToken: DISTRIBUTED_LOCK_OPTIONS,
+})
+  .setClassMethodName('forRoot')
+  .setFactoryMethodName('createDistributedLockOptions')
+  .setExtras<DistributedLockModuleExtras>({ isGlobal: false, interceptor: true }, (definition, extras) => {
+    checkModuleExtras(extras);
+    return {
+      ...definition,
+      global: extras.isGlobal,
+      imports: [DiscoveryModule, ...(definition.imports ?? [])],
+      providers: [...(definition.providers ?? []), ...providers, ...(extras.interceptor ? [appWideInterceptor] : [])],
+      exports: [LockService, LockBackend],
+    };
+  })
+  .build();
+
+/** `forRoot` options: the module options, plus `isGlobal` and `interceptor`. */
+export type DistributedLockModuleForRootOptions = typeof OPTIONS_TYPE;
+
+/**
+ * `forRootAsync` options: `useFactory` (with `inject`), `useClass` or `useExisting` (a
+ * DistributedLockOptionsFactory), `imports`, and `isGlobal` and `interceptor` next to them.
+ */
+export type DistributedLockModuleAsyncOptions = typeof ASYNC_OPTIONS_TYPE;
+
+/** What `forRootAsync({ useClass })` and `forRootAsync({ useExisting })` expect. */
+export interface DistributedLockOptionsFactory {
+  createDistributedLockOptions(): DistributedLockModuleOptions | Promise<DistributedLockModuleOptions>;
 }
 
 const providers: Provider[] = [
@@ -27,33 +51,25 @@ const providers: Provider[] = [
   },
   { provide: LockBackend, useFactory: (service: LockService) => service.backend, inject: [LockService] },
   LockedMethodsExplorer,
-  // App-wide, not only on @Locked handlers: a busy lock deep inside a service called by a handler
-  // must still answer 409 (or the transport's equivalent), not 500.
-  { provide: APP_INTERCEPTOR, useClass: LockInterceptor },
 ];
 
+// App-wide, not only on @Locked handlers: a busy lock deep inside a service called by a handler
+// must still answer 409 (or the transport's equivalent), not 500. `interceptor: false` leaves the
+// binding to apps that register LockInterceptor (or a subclass) themselves.
+const appWideInterceptor: Provider = { provide: APP_INTERCEPTOR, useClass: LockInterceptor };
+
 @Module({})
-export class DistributedLockModule {
+export class DistributedLockModule extends ConfigurableModuleClass {
   /** No arguments: the in-memory backend (one process). */
-  static forRoot(options: DistributedLockModuleOptions & { isGlobal?: boolean } = {}): DynamicModule {
-    const { isGlobal, ...rest } = options;
-    return {
-      module: DistributedLockModule,
-      global: isGlobal,
-      imports: [DiscoveryModule],
-      providers: [{ provide: DISTRIBUTED_LOCK_OPTIONS, useValue: rest }, ...providers],
-      exports: [LockService, LockBackend],
-    };
+  static override forRoot(options: DistributedLockModuleForRootOptions = {}): DynamicModule {
+    return super.forRoot(options);
   }
 
-  /** Options from config: `forRootAsync({ imports: [ConfigModule], inject: [ConfigService], useFactory })`. */
-  static forRootAsync(options: DistributedLockModuleAsyncOptions): DynamicModule {
-    return {
-      module: DistributedLockModule,
-      global: options.isGlobal,
-      imports: [DiscoveryModule, ...(options.imports ?? [])],
-      providers: [{ provide: DISTRIBUTED_LOCK_OPTIONS, useFactory: options.useFactory, inject: options.inject ?? [] }, ...providers],
-      exports: [LockService, LockBackend],
-    };
+  /**
+   * Options from config: `forRootAsync({ imports: [ConfigModule], inject: [ConfigService],
+   * useFactory })`, or `useClass` / `useExisting` with a DistributedLockOptionsFactory.
+   */
+  static override forRootAsync(options: DistributedLockModuleAsyncOptions): DynamicModule {
+    return super.forRootAsync(options);
   }
 }

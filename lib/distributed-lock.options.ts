@@ -1,5 +1,6 @@
+import type { ExecutionContext } from '@nestjs/common';
 import type { LockBackend } from './backends/lock-backend.interface.js';
-import { InvalidLockOptionsError } from './lock.errors.js';
+import { InvalidLockOptionsError, type LockNotAcquiredError } from './lock.errors.js';
 
 /** Options for one acquisition (LockService) or one decorated method (@Locked). */
 export interface LockOptions {
@@ -43,6 +44,12 @@ export interface DistributedLockModuleOptions {
   /** Longest key accepted, prefix included. Default 512. */
   maxKeyLength?: number;
   /**
+   * What LockInterceptor tells a client to wait before retrying a busy lock (HTTP `Retry-After`,
+   * rounded up to whole seconds; `retryAfterMs` in the body): milliseconds, or a function of the
+   * error and the request. Default: the holder's remaining lease, at most 1 000 ms.
+   */
+  retryAfter?: number | RetryAfterFunction;
+  /**
    * Percent-encode the values @Locked templates put into keys, so that no two argument lists
    * make the same key (`order:<a>:<b>` with 'x:y','z' and 'x','y:z') and a value cannot end a
    * Cluster hash tag the template opened. Plain ids (letters, digits, `-_.!~*'()`) are unchanged.
@@ -51,7 +58,19 @@ export interface DistributedLockModuleOptions {
   encodeKeyValues?: boolean;
 }
 
-export type ResolvedModuleOptions = Required<Omit<DistributedLockModuleOptions, 'backend'>>;
+/** Milliseconds until a retry is worth it; a result that is not a number of 0 or more falls back to the default. */
+export type RetryAfterFunction = (error: LockNotAcquiredError, context: ExecutionContext) => number;
+
+/** Options of the module definition itself, given to forRoot / forRootAsync next to the others. */
+export interface DistributedLockModuleExtras {
+  /** Make LockService injectable everywhere without importing the module again. Default false. */
+  isGlobal?: boolean;
+  /** Register LockInterceptor app-wide. Default true; false for apps that bind it themselves. */
+  interceptor?: boolean;
+}
+
+export type ResolvedModuleOptions = Required<Omit<DistributedLockModuleOptions, 'backend' | 'retryAfter'>> &
+  Pick<DistributedLockModuleOptions, 'retryAfter'>;
 
 export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   keyPrefix: 'lock:',
@@ -102,8 +121,13 @@ const MODULE_OPTIONS: Record<string, Check> = {
   keyPrefix: ['a string (may be empty)', (v) => typeof v === 'string'],
   pollInterval: positiveMs,
   maxKeyLength: ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0],
+  retryAfter: [
+    'a number of milliseconds (0 or more) or a function (error, context) => milliseconds',
+    (v) => typeof v === 'function' || (typeof v === 'number' && Number.isFinite(v) && v >= 0),
+  ],
   encodeKeyValues: bool,
 };
+const MODULE_EXTRAS: Record<string, Check> = { isGlobal: bool, interceptor: bool };
 
 function check(options: unknown, checks: Record<string, Check>, where: string): void {
   if (options === undefined) return;
@@ -142,9 +166,26 @@ export function checkUsingOptions(options: unknown, where: string): void {
 export function checkAcquireOptions(options: unknown, where: string): void {
   check(options, ACQUIRE_OPTIONS, where);
 }
+/** Checks `isGlobal` and `interceptor` as forRoot / forRootAsync receive them. */
+export function checkModuleExtras(extras: DistributedLockModuleExtras): void {
+  for (const [name, rule] of Object.entries(MODULE_EXTRAS)) {
+    const value = (extras as Record<string, unknown>)[name];
+    if (value !== undefined && !rule[1](value)) {
+      throw new InvalidLockOptionsError(name, `DistributedLockModule: option '${name}' must be ${rule[0]}, got ${show(value)}.`);
+    }
+  }
+}
 
 /** Checks module options at start-up, against the backend in use, and fills in the defaults. */
 export function resolveModuleOptions(options: DistributedLockModuleOptions | undefined, backend?: LockBackend): ResolvedModuleOptions {
+  const extra = Object.keys(options ?? {}).find((name) => name in MODULE_EXTRAS);
+  if (extra !== undefined) {
+    throw new InvalidLockOptionsError(
+      extra,
+      `DistributedLockModule: option '${extra}' shapes the module, so it cannot come from a factory or options class. ` +
+        `Pass it to forRootAsync({ ${extra}, useFactory, ... }) next to useFactory, useClass or useExisting.`,
+    );
+  }
   check(options, MODULE_OPTIONS, 'DistributedLockModule');
   const defined = Object.fromEntries(
     Object.entries(options ?? {}).filter(([name, value]) => name !== 'backend' && value !== undefined),

@@ -1,6 +1,19 @@
-export { DistributedLockModule, type DistributedLockModuleAsyncOptions } from './distributed-lock.module.js';
+export {
+  DistributedLockModule,
+  type DistributedLockModuleAsyncOptions,
+  type DistributedLockModuleForRootOptions,
+  type DistributedLockOptionsFactory,
+} from './distributed-lock.module.js';
 export { DISTRIBUTED_LOCK_OPTIONS } from './distributed-lock.constants.js';
-export type { AcquireOptions, DistributedLockModuleOptions, LockOptions, OnBusy, UsingOptions } from './distributed-lock.options.js';
+export type {
+  AcquireOptions,
+  DistributedLockModuleExtras,
+  DistributedLockModuleOptions,
+  LockOptions,
+  OnBusy,
+  RetryAfterFunction,
+  UsingOptions,
+} from './distributed-lock.options.js';
 export { Locked, LOCKED_METADATA, type LockableMethod, type LockedDecorator } from './locked.decorator.js';
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LockService, type LockInfo } from './lock.service.js';

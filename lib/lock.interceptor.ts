@@ -1,6 +1,15 @@
-import { ConflictException, Injectable, type CallHandler, type ExecutionContext, type NestInterceptor } from '@nestjs/common';
+import { ConflictException, Injectable, Optional, type CallHandler, type ExecutionContext, type NestInterceptor } from '@nestjs/common';
 import { catchError, from, mergeMap, throwError, type Observable } from 'rxjs';
 import { LockNotAcquiredError } from './lock.errors.js';
+import { LockService } from './lock.service.js';
+
+/**
+ * The default wait before a retry. The holder's remaining lease is no estimate of when it
+ * finishes: the watchdog keeps it near the full ttl for as long as the holder runs, so a lock
+ * held 1.5 s would send clients away for 30 s. Nothing better is known, so the lease only bounds
+ * it (a lock that expires sooner frees sooner) and a second caps it.
+ */
+export const DEFAULT_RETRY_AFTER_MS = 1_000;
 
 /** The body every transport gets for a busy lock. */
 export interface LockConflictBody {
@@ -8,7 +17,8 @@ export interface LockConflictBody {
   error: 'Conflict';
   message: string;
   keys: readonly string[];
-  retryAfterMs?: number;
+  /** How long to wait before a retry: the module's `retryAfter`, or the default estimate. */
+  retryAfterMs: number;
 }
 
 /**
@@ -16,10 +26,14 @@ export interface LockConflictBody {
  * RpcException for microservices, WsException for gateways. Every other error passes untouched.
  * DistributedLockModule registers it app-wide (APP_INTERCEPTOR), so a busy lock anywhere under a
  * handler maps, whether @Locked sits on the handler, on a service it calls, or LockService is used
- * directly. Subclass and override a `for*` method to change one transport.
+ * directly (`interceptor: false` turns that off). Subclass and override a `for*` method to change
+ * one transport, or `retryAfterMs` to change the wait it suggests.
  */
 @Injectable()
 export class LockInterceptor implements NestInterceptor {
+  /** The module's LockService, for its `retryAfter` option; without it, the default estimate. */
+  constructor(@Optional() private readonly locks?: LockService) {}
+
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
     return next.handle().pipe(
       catchError((error: unknown) =>
@@ -29,7 +43,8 @@ export class LockInterceptor implements NestInterceptor {
   }
 
   protected async translate(error: LockNotAcquiredError, context: ExecutionContext): Promise<unknown> {
-    const body: LockConflictBody = { statusCode: 409, error: 'Conflict', message: error.message, keys: error.keys, retryAfterMs: error.retryAfterMs };
+    const retryAfterMs = this.retryAfterMs(error, context);
+    const body: LockConflictBody = { statusCode: 409, error: 'Conflict', message: error.message, keys: error.keys, retryAfterMs };
     switch (context.getType<string>()) {
       case 'http':
         return this.forHttp(body, error, context);
@@ -43,10 +58,18 @@ export class LockInterceptor implements NestInterceptor {
     }
   }
 
+  /** Milliseconds until a retry is worth it: the module's `retryAfter`, else the default estimate. */
+  protected retryAfterMs(error: LockNotAcquiredError, context: ExecutionContext): number {
+    const option = this.locks?.options.retryAfter;
+    const chosen = typeof option === 'function' ? option(error, context) : option;
+    if (typeof chosen === 'number' && Number.isFinite(chosen) && chosen >= 0) return chosen;
+    return Math.min(error.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS, DEFAULT_RETRY_AFTER_MS);
+  }
+
   protected forHttp(body: LockConflictBody, error: LockNotAcquiredError, context: ExecutionContext): unknown {
     const response = context.switchToHttp().getResponse<{ header?: Function; setHeader?: Function }>();
-    // Seconds, rounded up, at least 1: the earliest the holder's lease can end, when known.
-    const seconds = String(Math.max(1, Math.ceil((error.retryAfterMs ?? 1000) / 1000)));
+    // Retry-After takes whole seconds: rounded up, so a client never comes back too early.
+    const seconds = String(Math.ceil(body.retryAfterMs / 1000));
     if (typeof response?.header === 'function') response.header('Retry-After', seconds); // Express and Fastify
     else response?.setHeader?.('Retry-After', seconds);
     return new ConflictException(body, { cause: error });

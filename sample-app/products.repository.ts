@@ -43,13 +43,13 @@ export class ProductsRepository {
     return toProduct(rows[0]);
   }
 
-  /** Case 1, step 1: read the stock into the program. */
+  /** Read-modify-write, step 1: read the stock into the program. */
   async readStock(id: number): Promise<number | undefined> {
     const { rows } = await this.db.query<{ stock: number }>('SELECT stock FROM products WHERE id = $1', [id]);
     return rows[0]?.stock;
   }
 
-  /** Case 1, step 3: write the count the program computed, whatever happened since the read. */
+  /** Read-modify-write, last step: write the count the program computed, whatever happened since the read. */
   async writeStock(id: number, stock: number, quantity: number, endpoint: Endpoint): Promise<number> {
     const { rows } = await this.db.query<{ id: number }>(
       `WITH sold AS (UPDATE products SET stock = $2 WHERE id = $1 RETURNING id)
@@ -60,7 +60,7 @@ export class ProductsRepository {
   }
 
   /**
-   * Case 1, step 3, fenced: the write only lands if `token` is newer than the last token that
+   * Read-modify-write, last step, fenced: the write only lands if `token` is newer than the last token that
    * wrote this row. A holder that lost its lock (paused past its lease) carries an older token
    * than the holder after it, so its write is refused: undefined.
    */
@@ -74,7 +74,7 @@ export class ProductsRepository {
   }
 
   /**
-   * Case 2: the database decrements, refusing to go below zero. Row locking inside PostgreSQL
+   * One statement, no lock: the database decrements, refusing to go below zero. Row locking inside PostgreSQL
    * serialises concurrent decrements and re-checks `stock >= $2` after waiting.
    */
   async decrementStock(id: number, quantity: number): Promise<{ orderId: number; stock: number } | undefined> {

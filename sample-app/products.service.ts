@@ -42,7 +42,7 @@ export class ProductsService {
   }
 
   /**
-   * The seeds' Case 1 without a lock: read the stock, subtract in the program, write the result
+   * Read-modify-write without a lock: read the stock, subtract in the program, write the result
    * back. Between the read and the write, other buyers read the same stock; each writes
    * "stock - 1" over the others, and every one of them gets an order. That is overselling.
    */
@@ -72,7 +72,7 @@ export class ProductsService {
     return { orderId, productId: id, quantity, endpoint: 'locked', stockLeft: stock - quantity, fencingToken: token };
   }
 
-  /** The seeds' Case 2: no lock, one statement; the database decrements and refuses below zero. */
+  /** No lock, one statement: the database decrements and refuses below zero. */
   async purchaseAtomic(id: number, quantity: number): Promise<Purchase> {
     const sold = await this.products.decrementStock(id, quantity);
     if (!sold) {

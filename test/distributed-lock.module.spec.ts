@@ -1,9 +1,14 @@
 import 'reflect-metadata';
 import { describe, expect, it } from '@jest/globals';
-import { Inject, Injectable, Module } from '@nestjs/common';
+import { Controller, Inject, Injectable, Module, Post, UseInterceptors } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
+import request from 'supertest';
 import {
   DistributedLockModule,
+  InvalidLockOptionsError,
+  LockInterceptor,
+  type DistributedLockModuleOptions,
+  type DistributedLockOptionsFactory,
   LockBackend,
   LockService,
   Locked,
@@ -32,6 +37,42 @@ class Jobs {
   async run(name: string) {
     return this.locks.current()!.keys;
   }
+}
+
+@Injectable()
+class Reports {
+  @Locked('job:<name>', { wait: 0 })
+  async run(name: string) {
+    return name;
+  }
+}
+
+@Controller('jobs')
+class JobsController {
+  constructor(private readonly reports: Reports) {}
+  @Post('report')
+  report() {
+    return this.reports.run('report');
+  }
+}
+
+/** Options from a class, as `useClass` and `useExisting` take them. */
+@Injectable()
+class LockOptionsFromClass implements DistributedLockOptionsFactory {
+  async createDistributedLockOptions(): Promise<DistributedLockModuleOptions> {
+    return { keyPrefix: 'from-class:', ttl: 7_000 };
+  }
+}
+
+/** Busy from the start: whatever status a request gets is the interceptor's doing (or its absence). */
+async function statusWhileBusy(module: unknown): Promise<number> {
+  const app = (await Test.createTestingModule({ imports: [module as never] }).compile()).createNestApplication({ logger: false });
+  await app.init();
+  const held = await app.get(LockService).acquire('job:report');
+  const { status } = await request(app.getHttpServer()).post('/jobs/report');
+  await held.release();
+  await app.close();
+  return status;
 }
 
 describe('DistributedLockModule', () => {
@@ -129,5 +170,64 @@ describe('DistributedLockModule', () => {
     expect((await second).isHeld).toBe(true);
     await locks.onApplicationShutdown();
     expect(store.size).toBe(0);
+  });
+
+  it('forRootAsync takes useClass: Nest creates the class and calls createDistributedLockOptions()', async () => {
+    @Module({ imports: [DistributedLockModule.forRootAsync({ useClass: LockOptionsFromClass })], providers: [Jobs] })
+    class AppModule {}
+    const app = await Test.createTestingModule({ imports: [AppModule] }).compile();
+    await app.init();
+    expect(app.get(LockService).options).toMatchObject({ keyPrefix: 'from-class:', ttl: 7_000 });
+    expect(await app.get(Jobs).run('x')).toEqual(['from-class:job:x']);
+    await app.close();
+  });
+
+  it('forRootAsync takes useExisting: a provider the imported module already has', async () => {
+    @Module({ providers: [LockOptionsFromClass], exports: [LockOptionsFromClass] })
+    class LockConfigModule {}
+    @Module({
+      imports: [DistributedLockModule.forRootAsync({ imports: [LockConfigModule], useExisting: LockOptionsFromClass, isGlobal: true })],
+      providers: [Jobs],
+    })
+    class AppModule {}
+    const app = await Test.createTestingModule({ imports: [AppModule] }).compile();
+    await app.init();
+    expect(app.get(LockService).options.keyPrefix).toBe('from-class:');
+    expect(await app.get(Jobs).run('y')).toEqual(['from-class:job:y']);
+    await app.close();
+  });
+
+  it('maps a busy lock to 409 app-wide, unless interceptor: false; then the app binds LockInterceptor itself', async () => {
+    @Module({ imports: [DistributedLockModule.forRoot()], providers: [Reports], controllers: [JobsController] })
+    class Default {}
+    @Module({ imports: [DistributedLockModule.forRoot({ interceptor: false })], providers: [Reports], controllers: [JobsController] })
+    class WithoutInterceptor {}
+    @Controller('jobs')
+    @UseInterceptors(LockInterceptor)
+    class BoundController extends JobsController {}
+    @Module({
+      imports: [DistributedLockModule.forRootAsync({ interceptor: false, useFactory: () => ({}) })],
+      providers: [Reports],
+      controllers: [BoundController],
+    })
+    class BoundByTheApp {}
+
+    expect(await statusWhileBusy(Default)).toBe(409);
+    expect(await statusWhileBusy(WithoutInterceptor)).toBe(500);
+    expect(await statusWhileBusy(BoundByTheApp)).toBe(409);
+  });
+
+  it('refuses a wrong isGlobal, interceptor or retryAfter, and module-shaping options from a factory', async () => {
+    expect(() => DistributedLockModule.forRoot({ interceptor: 'no' as never })).toThrow(
+      new InvalidLockOptionsError('interceptor', "DistributedLockModule: option 'interceptor' must be true or false, got 'no'."),
+    );
+    expect(() => DistributedLockModule.forRootAsync({ isGlobal: 1 as never, useFactory: () => ({}) })).toThrow(/option 'isGlobal' must be true or false, got 1/);
+    expect(() => new LockService(undefined, { retryAfter: -1 })).toThrow(/option 'retryAfter' must be a number of milliseconds \(0 or more\) or a function/);
+
+    @Module({ imports: [DistributedLockModule.forRootAsync({ useFactory: () => ({ isGlobal: true }) as DistributedLockModuleOptions })] })
+    class FactoryWithExtras {}
+    await expect(Test.createTestingModule({ imports: [FactoryWithExtras] }).compile()).rejects.toThrow(
+      /option 'isGlobal' shapes the module, so it cannot come from a factory or options class. Pass it to forRootAsync/,
+    );
   });
 });

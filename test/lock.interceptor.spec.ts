@@ -3,7 +3,7 @@ import { BadRequestException, ConflictException, type CallHandler, type Executio
 import { RpcException } from '@nestjs/microservices';
 import { WsException } from '@nestjs/websockets';
 import { lastValueFrom, throwError } from 'rxjs';
-import { LockInterceptor, LockNotAcquiredError } from '../lib/index.js';
+import { LockInterceptor, LockNotAcquiredError, LockService, MemoryLockBackend, type DistributedLockModuleOptions } from '../lib/index.js';
 
 function contextOf(type: string, response?: object): ExecutionContext {
   return {
@@ -16,8 +16,16 @@ function failWith(error: unknown): CallHandler {
   return { handle: () => throwError(() => error) };
 }
 
-async function intercepted(type: string, error: unknown, response?: object): Promise<unknown> {
-  return lastValueFrom(new LockInterceptor().intercept(contextOf(type, response), failWith(error))).catch((e: unknown) => e);
+async function intercepted(type: string, error: unknown, response?: object, options?: DistributedLockModuleOptions): Promise<unknown> {
+  const interceptor = new LockInterceptor(options && new LockService(new MemoryLockBackend(), options));
+  return lastValueFrom(interceptor.intercept(contextOf(type, response), failWith(error))).catch((e: unknown) => e);
+}
+
+/** The Retry-After header and the body's retryAfterMs an HTTP client gets for `error`. */
+async function retryAfterOf(error: LockNotAcquiredError, options?: DistributedLockModuleOptions) {
+  const headers: Record<string, string> = {};
+  const mapped = await intercepted('http', error, { header: (name: string, value: string) => (headers[name] = value) }, options);
+  return { header: headers['Retry-After'], ms: ((mapped as ConflictException).getResponse() as { retryAfterMs: number }).retryAfterMs };
 }
 
 describe('LockInterceptor', () => {
@@ -26,7 +34,7 @@ describe('LockInterceptor', () => {
   it('maps to RpcException with the conflict body for microservices', async () => {
     const error = await intercepted('rpc', busy);
     expect(error).toBeInstanceOf(RpcException);
-    expect((error as RpcException).getError()).toMatchObject({ statusCode: 409, keys: ['lock:order:1'], retryAfterMs: 2_100 });
+    expect((error as RpcException).getError()).toMatchObject({ statusCode: 409, keys: ['lock:order:1'], retryAfterMs: 1_000 });
   });
 
   it('maps to WsException for gateways', async () => {
@@ -35,11 +43,27 @@ describe('LockInterceptor', () => {
     expect((error as WsException).getError()).toMatchObject({ statusCode: 409, error: 'Conflict' });
   });
 
-  it('maps to 409 with Retry-After rounded up to whole seconds on HTTP', async () => {
+  it('maps to 409 with Retry-After on HTTP', async () => {
     const headers: Record<string, string> = {};
     const error = await intercepted('http', busy, { header: (name: string, value: string) => (headers[name] = value) });
     expect(error).toBeInstanceOf(ConflictException);
-    expect(headers['Retry-After']).toBe('3');
+    expect(headers['Retry-After']).toBe('1');
+  });
+
+  it("suggests the holder's remaining lease, at most 1 s, by default", async () => {
+    expect(await retryAfterOf(new LockNotAcquiredError(['lock:a'], 0, 29_000))).toEqual({ header: '1', ms: 1_000 });
+    expect(await retryAfterOf(new LockNotAcquiredError(['lock:a'], 0, 300))).toEqual({ header: '1', ms: 300 });
+    expect(await retryAfterOf(new LockNotAcquiredError(['lock:a'], 0))).toEqual({ header: '1', ms: 1_000 });
+  });
+
+  it('suggests the module option: a number, or what a function returns, rounded up to whole seconds', async () => {
+    expect(await retryAfterOf(busy, { retryAfter: 2_500 })).toEqual({ header: '3', ms: 2_500 });
+    expect(await retryAfterOf(busy, { retryAfter: 0 })).toEqual({ header: '0', ms: 0 });
+    const byKey = { retryAfter: (error: LockNotAcquiredError) => (error.keys[0].startsWith('lock:report:') ? 60_000 : 2_000) };
+    expect(await retryAfterOf(new LockNotAcquiredError(['lock:report:daily'], 0, 29_000), byKey)).toEqual({ header: '60', ms: 60_000 });
+    expect(await retryAfterOf(busy, byKey)).toEqual({ header: '2', ms: 2_000 });
+    // A function that returns no usable number does not turn the 409 into a 500: the default applies.
+    expect(await retryAfterOf(busy, { retryAfter: () => Number.NaN })).toEqual({ header: '1', ms: 1_000 });
   });
 
   it('maps to a ConflictException for GraphQL and other context types', async () => {

@@ -138,6 +138,13 @@ class OrdersController {
 @Module({ imports: [DistributedLockModule.forRoot()], providers: [Orders, ApiKeyGuard], controllers: [OrdersController] })
 class AppModule {}
 
+@Module({
+  imports: [DistributedLockModule.forRoot({ retryAfter: (error) => (error.keys.includes('lock:order:9') ? 4_200 : 0) })],
+  providers: [Orders, ApiKeyGuard],
+  controllers: [OrdersController],
+})
+class RetryAfterModule {}
+
 const platforms = [
   ['express', async (moduleRef: Awaited<ReturnType<ReturnType<typeof Test.createTestingModule>['compile']>>) => moduleRef.createNestApplication({ logger: false })],
   [
@@ -217,7 +224,6 @@ describe('@Locked', () => {
         const app = await boot(platform);
         const handle = await app.get(LockService).acquire('order:9', { ttl: 4_500 });
         const busy = await request(app.getHttpServer()).post('/orders/9/slow').expect(409);
-        expect(busy.headers['retry-after']).toBe('5');
         expect(busy.body).toMatchObject({ statusCode: 409, error: 'Conflict', keys: ['lock:order:9'] });
         await handle.release();
         await request(app.getHttpServer()).post('/orders/9/slow').expect(201);
@@ -225,11 +231,33 @@ describe('@Locked', () => {
         await request(app.getHttpServer()).get('/orders/not-a-number').expect(400);
       });
 
+      it('suggests a retry in 1 s, not after the 30 s the watchdog keeps ahead of a running holder', async () => {
+        const app = await boot(platform);
+        const handle = await app.get(LockService).acquire('order:9'); // the default ttl, 30 s
+        const busy = await request(app.getHttpServer()).post('/orders/9/slow').expect(409);
+        expect(busy.headers['retry-after']).toBe('1');
+        expect(busy.body.retryAfterMs).toBe(1_000);
+        await handle.release();
+      });
+
+      it('suggests the retry the module option sets, per key', async () => {
+        const app = await boot(platform, RetryAfterModule);
+        const locks = app.get(LockService);
+        const report = await locks.acquire('order:9');
+        const other = await locks.acquire('order:7');
+        const busy = await request(app.getHttpServer()).post('/orders/9/slow').expect(409);
+        expect(busy.headers['retry-after']).toBe('5'); // 4 200 ms, rounded up
+        expect(busy.body.retryAfterMs).toBe(4_200);
+        const fixed = await request(app.getHttpServer()).post('/orders/7/ship').expect(409);
+        expect(fixed.headers['retry-after']).toBe('0');
+        await Promise.all([report.release(), other.release()]);
+      });
+
       it('answers 409 too when the busy lock is met in a service the handler calls', async () => {
         const app = await boot(platform);
         const handle = await app.get(LockService).acquire('order:7', { ttl: 1_500 });
         const busy = await request(app.getHttpServer()).post('/orders/7/ship').expect(409);
-        expect(busy.headers['retry-after']).toBe('2');
+        expect(busy.headers['retry-after']).toBe('1');
         expect(busy.body).toMatchObject({ statusCode: 409, keys: ['lock:order:7'] });
         await handle.release();
         await request(app.getHttpServer()).post('/orders/7/ship').expect(201, { shipped: '7' });

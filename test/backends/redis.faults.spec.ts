@@ -91,7 +91,7 @@ describe('Redis backend under faults, with real processes', () => {
     const holder = await Holder.start(server.url, 'paused', 1_000);
     cleanup.push(() => holder.kill());
     const stale = (await holder.next('acquired')).token!;
-    holder.child.kill('SIGSTOP'); // the seeds' GC pause: the process does nothing, not even extend
+    holder.child.kill('SIGSTOP'); // as in a long GC pause: the process does nothing, not even extend
     cleanup.push(() => holder.child.kill('SIGCONT'));
 
     const locks = service();

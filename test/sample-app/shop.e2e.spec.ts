@@ -188,7 +188,7 @@ describe('the shop, one process, embedded PostgreSQL', () => {
     }
 
     /**
-     * The seeds' GC-pause story in one process: a holder reads the stock and stalls; its lease ends
+     * A holder paused past its lease (a long GC pause), in one process: a holder reads the stock and stalls; its lease ends
      * under it (here the backend drops it, as expiry during a long pause or a Redis failover would);
      * a second buyer takes the lock and sells; then the first one's write arrives.
      * shop-processes.e2e.spec.ts tells it with a real paused process (SIGSTOP) and a lapsed lease.
