@@ -78,7 +78,7 @@ export class LockAcquisition {
     // A caller that does not wait tries once, whoever else is queued here.
     if (this.wait === 0) return (await this.attempt()) ?? this.giveUp();
 
-    // Callers of this process line up here: only the first of them talks to the backend, so a
+    // Callers of this process queue up here: only the first of them talks to the backend, so a
     // newcomer never overtakes a waiter of the same process. The exception: while nobody of ours
     // waits yet (the queue is empty, or all in it still await their first answer), a caller tries
     // at once. It joins the queue before its attempt goes out, so the queue keeps the order in which
