@@ -13,7 +13,7 @@ import {
 } from './distributed-lock.options.js';
 import { heldLocks, runHolding } from './lock-context.js';
 import { holdWhileSubscribed } from './lock-observable.js';
-import { LockAcquisition, type AcquisitionHost, type NotAcquired } from './lock-acquisition.js';
+import { LockAcquisition, type NotAcquired } from './lock-acquisition.js';
 import { fullLockKeys, type LockKeys } from './lock-key.js';
 import { Lease } from './lock-lease.js';
 import { LockWaitQueue } from './lock-wait-queue.js';
@@ -36,7 +36,8 @@ export interface LockInfo {
  * `new LockService(backend, options)`.
  */
 @Injectable()
-export class LockService implements OnApplicationShutdown, AcquisitionHost {
+// Not `implements AcquisitionHost`: its members are internal, and the published types leave them out.
+export class LockService implements OnApplicationShutdown {
   readonly options: ResolvedModuleOptions;
   /** @internal This process's callers waiting for a key set, in order of arrival. */
   readonly queue = new LockWaitQueue();
