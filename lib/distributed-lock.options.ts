@@ -42,6 +42,13 @@ export interface DistributedLockModuleOptions {
   pollInterval?: number;
   /** Longest key accepted, prefix included. Default 512. */
   maxKeyLength?: number;
+  /**
+   * Percent-encode the values @Locked templates put into keys, so that no two argument lists
+   * make the same key (`order:<a>:<b>` with 'x:y','z' and 'x','y:z') and a value cannot end a
+   * Cluster hash tag the template opened. Plain ids (letters, digits, `-_.!~*'()`) are unchanged.
+   * Default false: values go in as they are.
+   */
+  encodeKeyValues?: boolean;
 }
 
 export type ResolvedModuleOptions = Required<Omit<DistributedLockModuleOptions, 'backend'>>;
@@ -53,6 +60,7 @@ export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   autoExtend: true,
   pollInterval: 500,
   maxKeyLength: 512,
+  encodeKeyValues: false,
 };
 
 /** The longest delay a Node timer keeps: beyond it, setTimeout fires after 1 ms. */
@@ -94,6 +102,7 @@ const MODULE_OPTIONS: Record<string, Check> = {
   keyPrefix: ['a string (may be empty)', (v) => typeof v === 'string'],
   pollInterval: positiveMs,
   maxKeyLength: ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0],
+  encodeKeyValues: bool,
 };
 
 function check(options: unknown, checks: Record<string, Check>, where: string): void {

@@ -27,7 +27,7 @@ export interface KeyOrigin {
 type Part = string | { placeholder: string; argIndex: number; rest: boolean; path: string[] };
 
 /** A key source checked against the method's parameters once, then resolved per call cheaply. */
-export type KeyResolver = (args: readonly unknown[]) => string[];
+export type KeyResolver = (args: readonly unknown[], encodeValues?: boolean) => string[];
 
 const PLACEHOLDER = /<([^<>]*)>/g;
 const SEGMENT = /^(?:[A-Za-z_$][\w$]*|\d+)$/;
@@ -55,9 +55,9 @@ export function compileKeySource(
       );
     }
     const parts = parseTemplate(item, where, params);
-    return (args) => [render(parts, item, args, where)];
+    return (args, encodeValues) => [render(parts, item, args, where, encodeValues)];
   });
-  return resolvers.length === 1 ? resolvers[0] : (args) => resolvers.flatMap((resolve) => resolve(args));
+  return resolvers.length === 1 ? resolvers[0] : (args, encodeValues) => resolvers.flatMap((resolve) => resolve(args, encodeValues));
 }
 
 function parseTemplate(template: string, where: string, params: readonly ParameterInfo[] | undefined): Part[] {
@@ -126,7 +126,13 @@ function refuseDefault(where: string, template: string, placeholder: string, nam
   );
 }
 
-function render(parts: Part[], template: string, args: readonly unknown[], where: string): string {
+/**
+ * With `encodeValues`, each placeholder's value is percent-encoded (encodeURIComponent): with
+ * `order:<a>:<b>`, ('x:y', 'z') and ('x', 'y:z') would otherwise lock the same key, and a `}` in a
+ * value would end a Redis Cluster hash tag the template opened (`order:{<id>}:payment`). Letters,
+ * digits and `-_.!~*'()` are left as they are, so plain ids give the same key either way.
+ */
+function render(parts: Part[], template: string, args: readonly unknown[], where: string, encodeValues = false): string {
   let key = '';
   for (const part of parts) {
     if (typeof part === 'string') {
@@ -137,7 +143,8 @@ function render(parts: Part[], template: string, args: readonly unknown[], where
     for (const segment of part.path) {
       value = value === null || value === undefined ? undefined : (value as Record<string, unknown>)[segment];
     }
-    key += keyText(value, () => `${part.placeholder} in template '${template}' on ${where}`);
+    const text = keyText(value, () => `${part.placeholder} in template '${template}' on ${where}`);
+    key += encodeValues ? encodeURIComponent(text) : text;
   }
   return key;
 }
@@ -157,7 +164,7 @@ export function keyText(value: unknown, what: () => string): string {
     if (value.length > 0) return value;
   } else if (typeof value === 'number') {
     if (Number.isFinite(value)) return String(value);
-  } else if (typeof value === 'bigint' || typeof value === 'boolean') {
+  } else if (typeof value === 'bigint') {
     return String(value);
   }
   throw new InvalidLockKeyError(
@@ -199,10 +206,11 @@ function fullLockKey(key: unknown, { keyPrefix, maxKeyLength }: { keyPrefix: str
   const prefixed = keyPrefix + key;
   if (prefixed.length > maxKeyLength) {
     throw new InvalidLockKeyError(
-      `Lock key '${prefixed.slice(0, 60)}…' is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
+      `Lock key ${quoteKey(prefixed.slice(0, 60))}… is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
         `Lock an identifier rather than a payload, or raise maxKeyLength in DistributedLockModule.forRoot().`,
     );
   }
+  checkKeyCharacters(prefixed);
   return prefixed;
 }
 
@@ -210,4 +218,30 @@ function describeKeys(value: unknown): string {
   if (value === '') return "''";
   if (Array.isArray(value)) return value.length === 0 ? 'an empty array' : 'an array';
   return typeof value === 'string' ? `'${value}'` : String(value);
+}
+
+/** C0 and C1 control characters, DEL included. */
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/**
+ * Refuses what a key must not contain. A control character forges log lines wherever the key is
+ * printed, and a line break would make a multi-key request share its process's queue with an
+ * unrelated one (queues are named by the keys joined with one). A lone surrogate is a different
+ * key here than in Redis, which stores it as the same replacement bytes as any other lone one.
+ */
+export function checkKeyCharacters(key: string): void {
+  let problem: string | undefined;
+  if (CONTROL.test(key)) problem = 'contains a control character (a line break, tab, NUL or the like)';
+  else if (LONE_SURROGATE.test(key)) problem = 'is not well-formed Unicode (it has a lone surrogate, half of a character)';
+  if (problem === undefined) return;
+  throw new InvalidLockKeyError(
+    `Lock key ${quoteKey(key.slice(0, 60))}${key.length > 60 ? '…' : ''} ${problem}. Lock an identifier: validate the value ` +
+      `before it reaches the lock (for example with a ParseIntPipe or a DTO pattern).`,
+  );
+}
+
+/** A key for a message: quoted, with control characters and lone surrogates escaped, never raw. */
+export function quoteKey(key: string): string {
+  return JSON.stringify(key);
 }

@@ -1,4 +1,5 @@
 import { Logger } from '@nestjs/common';
+import { inspect } from 'node:util';
 import type { Lease } from './lock-lease.js';
 
 const logger = new Logger('DistributedLock');
@@ -95,6 +96,18 @@ export class LockHandle implements AsyncDisposable {
    * would replace the block's result, or wrap its error in a SuppressedError. The lease then
    * expires on its own. Call `release()` to see the error.
    */
+  /**
+   * What a log line or a response body shows of a handle. The owner token stays out: whoever has
+   * it can release or extend the lock as its holder.
+   */
+  toJSON(): { keys: readonly string[]; fencingToken?: number; isHeld: boolean; reentrant: boolean; expiresAt: Date } {
+    return { keys: this.keys, fencingToken: this.fencingToken, isHeld: this.isHeld, reentrant: this.reentrant, expiresAt: this.expiresAt };
+  }
+
+  [inspect.custom](depth: number, options: object): string {
+    return `LockHandle ${inspect(this.toJSON(), { ...options, depth })}`;
+  }
+
   async [Symbol.asyncDispose](): Promise<void> {
     await this.releaseQuietly();
   }

@@ -101,7 +101,7 @@ export function Locked(key: LockKeySource, options?: UsingOptions): LockedDecora
         );
       }
       try {
-        const keys = service.fullKeys(spec.check()(args));
+        const keys = service.fullKeys(spec.check()(args, service.options.encodeKeyValues));
         return service.run(keys, () => original.apply(this, args), spec.options);
       } catch (error) {
         return Promise.reject(error);

@@ -43,6 +43,8 @@ function redact(url: string): string {
   try {
     const parsed = new URL(url);
     if (parsed.password) parsed.password = '***';
+    // ioredis and pg also take the password as a query parameter.
+    if (parsed.searchParams.has('password')) parsed.searchParams.set('password', '***');
     return parsed.toString();
   } catch {
     return '(unparsable URL)';

@@ -70,6 +70,10 @@ describe('bad input', () => {
       ['a path through null', (o) => o.checkout(null), /resolved to undefined/],
       ['an empty key from a function', (o) => o.emptyFromFunction(), /key function of @Locked on Orders\.emptyFromFunction resolved to an empty string/],
       ['a key over maxKeyLength', (o) => o.pay('x'.repeat(40)), /over maxKeyLength 40/],
+      ['a boolean', (o) => o.pay(true), /resolved to boolean true/],
+      // A line break would forge a log line where the key is printed; the message shows it escaped.
+      ['a line break', (o) => o.pay('1\r\nWARN forged'), /"lock:order:1\\r\\nWARN forged" contains a control character/],
+      ['a lone surrogate', (o) => o.pay('\ud800'), /"lock:order:\\ud800" is not well-formed Unicode/],
     ];
     for (const [what, call, message] of cases) {
       it(`refuses a placeholder that resolves to ${what}`, async () => {
@@ -80,7 +84,8 @@ describe('bad input', () => {
         expect(error).toBeInstanceOf(InvalidLockKeyError);
         expect(error).toBeInstanceOf(DistributedLockError);
         expect((error as Error).message).toMatch(message);
-        expect((error as Error).message).toMatch(/check that the argument|maxKeyLength/);
+        expect((error as Error).message).toMatch(/check that the argument|maxKeyLength|control character|well-formed/);
+        expect((error as Error).message).not.toMatch(/[\r\n]/);
         await expectNothingLeft(locks, timers);
       });
     }
@@ -91,6 +96,9 @@ describe('bad input', () => {
     it.each([
       ['an empty key', (s: LockService) => s.acquire(''), InvalidLockKeyError, /non-empty string/],
       ['an empty key list', (s: LockService) => s.acquire([]), InvalidLockKeyError, /non-empty array/],
+      // Keys several at once share a local queue named by the keys joined with a line break.
+      ['a key with a line break', (s: LockService) => s.acquire(['a\nb']), InvalidLockKeyError, /contains a control character/],
+      ['a lone surrogate', (s: LockService) => s.acquire('\udc00'), InvalidLockKeyError, /not well-formed Unicode/],
       ['ttl 0', (s: LockService) => s.acquire('k', { ttl: 0 }), InvalidLockOptionsError, /'ttl' must be a positive finite number of milliseconds, got 0/],
       ['a negative ttl', (s: LockService) => s.acquire('k', { ttl: -5 }), InvalidLockOptionsError, /'ttl' .* got -5/],
       ['a NaN ttl', (s: LockService) => s.acquire('k', { ttl: Number.NaN }), InvalidLockOptionsError, /'ttl' .* got NaN/],
@@ -165,6 +173,22 @@ describe('bad input', () => {
       const create = () => new RedisLockBackend('redis://127.0.0.1:1', { [option]: value });
       expect(create).toThrow(InvalidLockOptionsError);
       expect(create).toThrow(new RegExp(`option '${option}' must be a positive finite number of milliseconds, got ${value}\\. At most 2147483647`));
+    });
+
+    it.each([
+      ['an unparsable URL', 'redis://:s3cret@no such host:6379', /is not a URL/],
+      ['a URL of another scheme', 'http://user:s3cret@host:6379/?password=s3cret', /must start with redis:\/\//],
+    ])('refuses %s without printing its password', (_what, url, message) => {
+      const error = (() => {
+        try {
+          new RedisLockBackend(url);
+        } catch (caught) {
+          return caught as Error;
+        }
+      })();
+      expect(error).toBeInstanceOf(InvalidLockOptionsError);
+      expect(error!.message).toMatch(message);
+      expect(error!.message).not.toContain('s3cret');
     });
 
     it("rounds a fractional waiterTimeout up to whole milliseconds, as Redis's PEXPIRE needs", () => {

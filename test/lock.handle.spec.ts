@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
+import { inspect } from 'node:util';
 import { LockBackendError, LockLostError, LockService, MemoryLockBackend } from '../lib/index.js';
 
 /** Blocks the event loop until `at` (performance.now() time): no timer or I/O callback can run. */
@@ -105,5 +106,16 @@ describe('LockHandle', () => {
       const handle = await locks.acquire('explicit');
       await expect(handle.release()).rejects.toBeInstanceOf(LockBackendError);
     });
+  });
+
+  it('never shows its owner token when logged or serialised', async () => {
+    locks = new LockService(new MemoryLockBackend());
+    const handle = await locks.acquire('shown');
+    const owner = handle.leases[0].owner;
+    for (const shown of [inspect(handle), inspect(handle, { depth: 10, showHidden: true }), JSON.stringify(handle), String(JSON.stringify({ handle }))]) {
+      expect(shown).toContain('lock:shown');
+      expect(shown).not.toContain(owner);
+    }
+    await handle.release();
   });
 });

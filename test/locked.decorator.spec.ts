@@ -274,6 +274,34 @@ describe('@Locked', () => {
     expect(await accounts.post('main', 'alice', 'bob')).toEqual(['lock:account:alice', 'lock:account:bob', 'lock:ledger:main']);
   });
 
+  it('with encodeKeyValues, argument lists that join to the same text lock different keys, and hash tags stay closed', async () => {
+    @Injectable()
+    class Orders2 {
+      constructor(readonly locks: LockService) {}
+      @Locked('order:<a>:<b>')
+      async both(a: string, b: string) {
+        return this.locks.current()!.keys[0];
+      }
+      @Locked('order:{<id>}:payment')
+      async pay(id: string) {
+        return this.locks.current()!.keys[0];
+      }
+    }
+    const keysWith = async (encodeKeyValues: boolean) => {
+      @Module({ imports: [DistributedLockModule.forRoot({ encodeKeyValues })], providers: [Orders2] })
+      class EncodingModule {}
+      const booted = await boot(undefined, EncodingModule);
+      const orders = booted.get(Orders2);
+      try {
+        return [await orders.both('x:y', 'z'), await orders.both('x', 'y:z'), await orders.pay('a}b'), await orders.pay('42')];
+      } finally {
+        await booted.close();
+      }
+    };
+    expect(await keysWith(false)).toEqual(['lock:order:x:y:z', 'lock:order:x:y:z', 'lock:order:{a}b}:payment', 'lock:order:{42}:payment']);
+    expect(await keysWith(true)).toEqual(['lock:order:x%3Ay:z', 'lock:order:x:y%3Az', 'lock:order:{a%7Db}:payment', 'lock:order:{42}:payment']);
+  });
+
   it.each([
     [
       'a parameter with a default value',

@@ -3,6 +3,7 @@ import { Redis } from 'ioredis';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
 import type { RedisLockBackendOptions } from '../../lib/backends/redis/redis.options.js';
 import { useRedisServer } from '../support/redis-fixture.js';
+import { until } from '../support/wait.js';
 
 // Redis's default persistence (RDB snapshots, or AOF fsynced every second) loses the last writes
 // on a crash, and a replica promoted on failover may lag its master the same way: the fencing
@@ -91,5 +92,27 @@ describe('fencing tokens after Redis restarts from an older snapshot', () => {
     const state = await after.inspect('h');
     expect(state).toMatchObject({ owner: 'waiter' });
     expect(state!.fencingToken).toBeGreaterThan(Math.max(...lost));
+  });
+});
+
+describe('what a lock leaves in Redis', () => {
+  it('keeps nothing of a key once its lock is released and its lease would have run out', async () => {
+    // One request per distinct key (random ids, mostly unknown ones) must not cost Redis memory
+    // for longer than the lock itself could have lived.
+    const b = backend();
+    const ttl = 1_000;
+    for (let i = 0; i < 50; i++) {
+      expect((await b.tryAcquire([`product:${i}`], `owner-${i}`, ttl, { willWait: false })).acquired).toBe(true);
+      await b.release([`product:${i}`], `owner-${i}`);
+    }
+    // Multi-key and handed-over tokens too.
+    expect((await b.tryAcquire(['pair:a', 'pair:b'], 'pair', ttl, { willWait: false })).acquired).toBe(true);
+    expect((await b.tryAcquire(['pair:a'], 'next', ttl)).acquired).toBe(false);
+    await b.release(['pair:a', 'pair:b'], 'pair');
+    await b.release(['pair:a'], 'next');
+    for (const key of await admin((redis) => redis.keys('*'))) {
+      expect(await admin((redis) => redis.pttl(key))).toBeLessThanOrEqual(ttl);
+    }
+    await until(async () => (await admin((redis) => redis.dbsize())) === 0, 5_000, 'every key to be gone');
   });
 });

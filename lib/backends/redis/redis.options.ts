@@ -59,6 +59,14 @@ export type CheckedConnection =
   | { kind: 'options'; options: RedisOptions }
   | { kind: 'cluster'; nodes: ClusterNode[]; options: ClusterOptions | undefined };
 
+/**
+ * A connection string fit for a message or a log: its password masked, whether it sits in the user
+ * info or in a `password` parameter (which ioredis honours), and whether or not the string parses.
+ */
+export function redactUrl(text: string): string {
+  return text.replace(/(\/\/[^/@]*?:)[^/@]*@/, '$1***@').replace(/([?&]password=)[^&#]*/gi, '$1***');
+}
+
 /** Checks what the constructor got, with a message that says what to pass instead. */
 export function checkConnection(connection: unknown): CheckedConnection {
   const fail = (what: string): never => {
@@ -69,7 +77,7 @@ export function checkConnection(connection: unknown): CheckedConnection {
     try {
       url = new URL(connection);
     } catch {
-      fail(`'${connection}' is not a URL`);
+      fail(`'${redactUrl(connection)}' is not a URL`);
     }
     if (url!.protocol !== 'redis:' && url!.protocol !== 'rediss:') fail(`the URL must start with redis:// or rediss://, got '${url!.protocol}//'`);
     return { kind: 'url', url: connection };

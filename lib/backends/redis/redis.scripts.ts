@@ -11,12 +11,6 @@ export interface RedisScript {
   readonly sha: string;
 }
 
-/**
- * How long a fencing counter lives after its last token. Tokens stay increasing without it (none
- * is below the server clock), so this only bounds the memory of keys nobody locks anymore.
- */
-const FENCE_RETENTION_MS = 24 * 60 * 60 * 1000;
-
 function script(name: string, lua: string): RedisScript {
   return { name, lua, sha: createHash('sha1').update(lua).digest('hex') };
 }
@@ -33,7 +27,9 @@ function script(name: string, lua: string): RedisScript {
  *   (or none), and tokens handed out since were at most the clock when they were issued (one per
  *   acquisition never outruns one per µs). So a token is greater than every earlier one of its key
  *   as long as the clock of the server that issues it has not gone back behind the clock of the
- *   server that issued them. Retention bounds the memory of keys nobody locks anymore.
+ *   server that issued them. So the counter needs to outlive only the lease it was written with:
+ *   after that the clock alone is above every token of the key, and a key nobody locks anymore
+ *   costs no memory (one request per distinct id would otherwise leave a counter per id).
  * - standing(i, who): if `who` still has its place in line i, its deadline (ms), the ttl it asked
  *   for (0 for a multi-key waiter) and the id of its process's backend.
  * - front(i): the first waiter in line i that still has its place, with the same three values.
@@ -49,9 +45,9 @@ local function clock()
   end
   return now
 end
-local function nextToken(counter)
+local function nextToken(counter, lease)
   local token = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, clock())
-  redis.call('SET', counter, token, 'PX', ${FENCE_RETENTION_MS})
+  redis.call('SET', counter, token, 'PX', lease)
   return token
 end
 local function standing(i, who)
@@ -96,7 +92,7 @@ export const ACQUIRE = script(
     `
 local owner, ttl, waiterTimeout, willWait, backendId = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if n == 1 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ttl) then
-  return {1, nextToken(KEYS[2]), 0}
+  return {1, nextToken(KEYS[2], ttl), 0}
 end
 local wait, mine, lined = nil, {}, 0
 for i = 1, n do
@@ -147,13 +143,13 @@ if wait then
 end
 local token
 if n == 1 then
-  token = nextToken(KEYS[2])
+  token = nextToken(KEYS[2], ttl)
 else
   token = clock()
   for i = n + 1, 2 * n do
     token = math.max(token, (tonumber(redis.call('GET', KEYS[i])) or 0) + 1)
   end
-  for i = n + 1, 2 * n do redis.call('SET', KEYS[i], token, 'PX', ${FENCE_RETENTION_MS}) end
+  for i = n + 1, 2 * n do redis.call('SET', KEYS[i], token, 'PX', ttl) end
 end
 for i = 1, n do
   redis.call('SET', KEYS[i], owner, 'PX', ttl)
@@ -230,7 +226,7 @@ for i = 1, n do
       if handed then
         redis.call('ZREM', line, head)
         redis.call('HDEL', records, head)
-        redis.call(publish, channel, head .. ' ' .. string.format('%d', nextToken(KEYS[n + i])) .. ' ' .. lease)
+        redis.call(publish, channel, head .. ' ' .. string.format('%d', nextToken(KEYS[n + i], lease)) .. ' ' .. lease)
       else
         redis.call(publish, channel, head)
       end
