@@ -14,7 +14,7 @@ export type {
   RetryAfterFunction,
   UsingOptions,
 } from './distributed-lock.options.js';
-export { Locked, LOCKED_METADATA, type LockableMethod, type LockedDecorator } from './locked.decorator.js';
+export { Locked, type LockableMethod, type LockedDecorator } from './locked.decorator.js';
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LockService, type LockInfo } from './lock.service.js';
 export { LockHandle } from './lock.handle.js';
@@ -33,7 +33,7 @@ export { LockBackend, type AcquireResult, type ExtendResult, type LockState, typ
 export { MemoryLockBackend } from './backends/memory.backend.js';
 export { RedisLockBackend } from './backends/redis/redis.backend.js';
 export type { RedisClusterConnectionOptions, RedisLockBackendOptions, RedisLockConnection } from './backends/redis/redis.options.js';
-export { RedlockLockBackend, type RedlockAcquireResult, type RedlockLockState } from './backends/redlock/redlock.backend.js';
+export { RedlockLockBackend } from './backends/redlock/redlock.backend.js';
 export type { RedlockLockBackendOptions } from './backends/redlock/redlock.options.js';
 export type { RedlockMasterClient, RedlockSubscriberClient } from './backends/redlock/redlock-master.js';
 export { RedlockQuorumError, type MasterFailure } from './backends/redlock/redlock.errors.js';

@@ -182,6 +182,44 @@ function describe(value: unknown): string {
   return typeof value === 'object' ? 'an object' : `${typeof value} ${String(value)}`;
 }
 
+/** What LockService accepts: one key, or several to lock together. */
+export type LockKeys = string | readonly string[];
+
+/**
+ * Prefixes, checks, de-duplicates and sorts keys given to LockService: one global order means no
+ * lock-order deadlock.
+ */
+export function fullLockKeys(keys: LockKeys, options: { keyPrefix: string; maxKeyLength: number }): string[] {
+  // One key, the usual case: nothing to de-duplicate or sort.
+  if (typeof keys === 'string') return [fullLockKey(keys, options)];
+  if (!Array.isArray(keys) || keys.length === 0) {
+    throw new InvalidLockKeyError(`Lock keys must be a non-empty string or a non-empty array of strings, got ${describeKeys(keys)}.`);
+  }
+  return [...new Set(keys.map((key) => fullLockKey(key, options)))].sort();
+}
+
+/** One key checked and prefixed. */
+function fullLockKey(key: unknown, { keyPrefix, maxKeyLength }: { keyPrefix: string; maxKeyLength: number }): string {
+  if (typeof key !== 'string' || key.length === 0) {
+    throw new InvalidLockKeyError(`A lock key must be a non-empty string, got ${describeKeys(key)}. Name what you lock, e.g. 'order:42'.`);
+  }
+  const prefixed = keyPrefix + key;
+  if (prefixed.length > maxKeyLength) {
+    throw new InvalidLockKeyError(
+      `Lock key ${quoteKey(prefixed.slice(0, 60))}… is ${prefixed.length} characters long, over maxKeyLength ${maxKeyLength}. ` +
+        `Lock an identifier rather than a payload, or raise maxKeyLength in DistributedLockModule.forRoot().`,
+    );
+  }
+  checkKeyCharacters(prefixed);
+  return prefixed;
+}
+
+function describeKeys(value: unknown): string {
+  if (value === '') return "''";
+  if (Array.isArray(value)) return value.length === 0 ? 'an empty array' : 'an array';
+  return typeof value === 'string' ? `'${value}'` : String(value);
+}
+
 /** C0 and C1 control characters, DEL included. */
 const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;

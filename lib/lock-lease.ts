@@ -1,7 +1,7 @@
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { ExtendResult, LockBackend } from './backends/lock-backend.interface.js';
-import { leaseScheduler, type Scheduled } from './lease-scheduler.js';
+import { leaseScheduler } from './lease-scheduler.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
 
 export type LeaseState = 'held' | 'released' | 'lost';
@@ -25,7 +25,9 @@ const logger = new Logger('DistributedLock');
  * every read of `state` or `signal` also compares the clock with the deadline: the first read
  * after it declares the lease lost, in the same tick, never a lease silently kept.
  */
-export class Lease implements Scheduled {
+// A Scheduled for the LeaseScheduler (checked where it is scheduled), not declared as one: the
+// scheduler's fields are internal, and the published types leave them out.
+export class Lease {
   holders = 1;
   /** @internal For the scheduler. */
   dueAt = 0;

@@ -39,6 +39,39 @@ describe('the published package', () => {
     for (const file of files) expect(existsSync(join(app, 'node_modules/nest-distributed-lock', file))).toBe(true);
   });
 
+  it('ships types without internal members, and every declaration file compiles on its own', () => {
+    const dist = join(app, 'node_modules/nest-distributed-lock/dist');
+    for (const dir of [dist, join(dist, 'cjs')]) {
+      const service = readFileSync(join(dir, 'lock.service.d.ts'), 'utf8');
+      for (const member of ['run<', 'fullKeys(', 'leaseEnded(', 'leaseFreed(', 'leaseStarted(', 'track(']) expect(service).not.toContain(member);
+      expect(readFileSync(join(dir, 'lock.handle.d.ts'), 'utf8')).not.toContain('releaseQuietly');
+    }
+    // All of them, not only those the entry reaches, without skipLibCheck; the optional peers' types
+    // come from this repo (the scratch app does not install them).
+    const peer = (name: string) => {
+      const dir = join(root, 'node_modules', name);
+      return [join(dir, (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { types: string }).types)];
+    };
+    const compilerOptions = {
+      strict: true,
+      noEmit: true,
+      module: 'nodenext',
+      types: ['node'],
+      typeRoots: [join(root, 'node_modules/@types')],
+      paths: { ioredis: peer('ioredis'), redlock: peer('redlock') },
+    };
+    writeFileSync(join(app, 'tsconfig.types.json'), JSON.stringify({ compilerOptions, include: ['node_modules/nest-distributed-lock/dist/**/*.d.ts'] }));
+    const tsc = join(root, 'node_modules/typescript/bin/tsc');
+    const errors = (() => {
+      try {
+        return execFileSync(process.execPath, [tsc, '-p', 'tsconfig.types.json'], { cwd: app, encoding: 'utf8' });
+      } catch (error) {
+        return (error as { stdout: string }).stdout;
+      }
+    })();
+    expect(errors).toBe('');
+  }, 60_000);
+
   const script = (load: string) => `
     ${load}
     const { Injectable, Module } = common;

@@ -1,39 +1,25 @@
 import 'reflect-metadata';
-import { afterAll, afterEach, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { describe, expect, it, jest } from '@jest/globals';
 import { Logger, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
 import { DistributedLockModule, InvalidLockKeyError, InvalidLockOptionsError, LockBackendError, LockLostError, LockService } from '../../lib/index.js';
+import { useRedisServer } from '../support/redis-fixture.js';
 import { RedisServer } from '../support/redis-server.js';
 import { activeTimers, until } from '../support/wait.js';
 
-let server: RedisServer;
-let admin: Redis;
-const closing: { close(): Promise<void> }[] = [];
-
-beforeAll(async () => {
-  server = await RedisServer.start();
-  admin = new Redis(server.port, '127.0.0.1');
-});
-afterEach(async () => {
-  await Promise.all(closing.splice(0).map((c) => c.close()));
-  await admin.flushall();
-});
-afterAll(async () => {
-  admin.disconnect();
-  await server.stop();
-});
+const fixture = useRedisServer();
 
 function backend(...args: Partial<ConstructorParameters<typeof RedisLockBackend>>): RedisLockBackend {
-  const created = new RedisLockBackend(args[0] ?? server.url, args[1]);
-  closing.push(created);
+  const created = new RedisLockBackend(args[0] ?? fixture.server.url, args[1]);
+  fixture.cleanup(() => created.close());
   return created;
 }
 
 function service(b = backend(), options: ConstructorParameters<typeof LockService>[1] = {}): LockService {
   const created = new LockService(b, options);
-  closing.push({ close: () => created.onApplicationShutdown() });
+  fixture.cleanup(() => created.onApplicationShutdown());
   return created;
 }
 
@@ -54,7 +40,7 @@ async function commandsDuring(client: Redis, work: () => Promise<unknown>): Prom
 }
 
 async function clientCount(): Promise<number> {
-  return ((await admin.client('LIST')) as string).trim().split('\n').length;
+  return ((await fixture.admin.client('LIST')) as string).trim().split('\n').length;
 }
 
 describe('RedisLockBackend', () => {
@@ -87,15 +73,15 @@ describe('RedisLockBackend', () => {
     });
 
     it('refuses a closed client and bad backend options', async () => {
-      const client = new Redis(server.port, '127.0.0.1', { lazyConnect: true });
+      const client = new Redis(fixture.server.port, '127.0.0.1', { lazyConnect: true });
       client.disconnect();
       expect(() => new RedisLockBackend(client)).toThrow(/the ioredis client given is closed/);
-      expect(() => new RedisLockBackend(server.url, { commandTimeout: 0 })).toThrow(/option 'commandTimeout' must be a positive finite number of milliseconds, got 0/);
-      expect(() => new RedisLockBackend(server.url, { waitTimeout: 5 } as never)).toThrow(/unknown option 'waitTimeout'. Accepted options: commandTimeout, waiterTimeout/);
+      expect(() => new RedisLockBackend(fixture.server.url, { commandTimeout: 0 })).toThrow(/option 'commandTimeout' must be a positive finite number of milliseconds, got 0/);
+      expect(() => new RedisLockBackend(fixture.server.url, { waitTimeout: 5 } as never)).toThrow(/unknown option 'waitTimeout'. Accepted options: commandTimeout, waiterTimeout/);
     });
 
     it('leaves a client you passed open, and closes the ones it created', async () => {
-      const yours = new Redis(server.port, '127.0.0.1');
+      const yours = new Redis(fixture.server.port, '127.0.0.1');
       const locks = new LockService(new RedisLockBackend(yours));
       const handle = await locks.acquire('mine');
       await locks.onApplicationShutdown();
@@ -106,7 +92,7 @@ describe('RedisLockBackend', () => {
       yours.disconnect();
 
       await until(async () => (await clientCount()) === 1, 5_000, 'only the admin connection');
-      const created = new LockService(new RedisLockBackend(server.url));
+      const created = new LockService(new RedisLockBackend(fixture.server.url));
       await created.acquire('ours', { wait: 0 }).then((h) => h.release());
       expect(await clientCount()).toBe(2);
       await created.onApplicationShutdown();
@@ -114,7 +100,7 @@ describe('RedisLockBackend', () => {
     });
 
     it('works through DistributedLockModule.forRootAsync with a client from a factory', async () => {
-      const client = new Redis(server.port, '127.0.0.1');
+      const client = new Redis(fixture.server.port, '127.0.0.1');
       @Module({
         imports: [DistributedLockModule.forRootAsync({ useFactory: () => ({ backend: new RedisLockBackend(client), keyPrefix: 'app:' }) })],
       })
@@ -134,7 +120,7 @@ describe('RedisLockBackend', () => {
 
   describe('one round trip per operation', () => {
     it('acquire, extend, release and inspect are one script call each, EVALSHA once loaded', async () => {
-      const client = new Redis(server.port, '127.0.0.1');
+      const client = new Redis(fixture.server.port, '127.0.0.1');
       const b = backend(client);
       await b.tryAcquire(['warm'], 'w', 1_000); // loads the script
       await b.release(['warm'], 'w');
@@ -152,10 +138,10 @@ describe('RedisLockBackend', () => {
       const b = backend();
       await b.tryAcquire(['free'], 'warm', 1_000); // loads the script and starts the key's counter
       await b.release(['free'], 'warm');
-      await admin.config('RESETSTAT');
+      await fixture.admin.config('RESETSTAT');
       expect((await b.tryAcquire(['free'], 'o', 5_000)).acquired).toBe(true);
       const calls = Object.fromEntries(
-        [...((await admin.info('commandstats')) as string).matchAll(/cmdstat_([\w|]+):calls=(\d+)/g)].map(([, name, n]) => [name, Number(n)]),
+        [...((await fixture.admin.info('commandstats')) as string).matchAll(/cmdstat_([\w|]+):calls=(\d+)/g)].map(([, name, n]) => [name, Number(n)]),
       );
       delete calls['config|resetstat'];
       expect(calls).toEqual({ evalsha: 1, exists: 1, set: 2, get: 1, time: 1 });
@@ -163,7 +149,7 @@ describe('RedisLockBackend', () => {
 
     it('a caller that will not wait costs one round trip on a busy lock and leaves nothing in line', async () => {
       const held = await service().acquire('skip');
-      const client = new Redis(server.port, '127.0.0.1');
+      const client = new Redis(fixture.server.port, '127.0.0.1');
       const skipping = service(backend(client));
       await (await skipping.tryAcquire('warm'))!.release(); // loads the script
       const sent = await commandsDuring(client, async () => {
@@ -171,7 +157,7 @@ describe('RedisLockBackend', () => {
         expect(await skipping.using('skip', () => 'ran', { wait: 0, onBusy: 'skip' })).toBeUndefined();
       });
       expect(sent).toEqual({ evalsha: 2 });
-      expect(await admin.exists('{lock:skip}:queue')).toBe(0);
+      expect(await fixture.admin.exists('{lock:skip}:queue')).toBe(0);
       await held.release();
       client.disconnect();
     });
@@ -179,7 +165,7 @@ describe('RedisLockBackend', () => {
     it('reloads its scripts after Redis forgot them (NOSCRIPT)', async () => {
       const b = backend();
       expect((await b.tryAcquire(['k'], 'o', 5_000)).acquired).toBe(true);
-      await admin.script('FLUSH');
+      await fixture.admin.script('FLUSH');
       expect(await b.release(['k'], 'o')).toBe(true);
       expect((await b.tryAcquire(['k'], 'o2', 5_000)).acquired).toBe(true);
     });
@@ -206,7 +192,7 @@ describe('RedisLockBackend', () => {
     it('stays ahead of a counter that is ahead of the clock', async () => {
       const b = backend();
       const far = 9_000_000_000_000_000; // above today's clock in µs, still a safe integer
-      await admin.set('{k}:fence', String(far));
+      await fixture.admin.set('{k}:fence', String(far));
       const result = await b.tryAcquire(['k'], 'o', 5_000);
       expect(result).toEqual({ acquired: true, fencingToken: far + 1 });
       expect(await b.inspect('k')).toMatchObject({ owner: 'o', fencingToken: far + 1 });
@@ -239,13 +225,13 @@ describe('RedisLockBackend', () => {
 
   describe('wake-ups', () => {
     async function subscriptions(): Promise<{ channels: string[]; subscribers: number }> {
-      const channels = (await admin.pubsub('CHANNELS')) as string[];
-      const clients = ((await admin.client('LIST')) as string).split('\n').filter((line) => /sub=[1-9]/.test(line));
+      const channels = (await fixture.admin.pubsub('CHANNELS')) as string[];
+      const clients = ((await fixture.admin.client('LIST')) as string).split('\n').filter((line) => /sub=[1-9]/.test(line));
       return { channels: channels.sort(), subscribers: clients.length };
     }
 
     it('hands the lock to the first waiter in line on release: it enters with a greater token and no round trip of its own', async () => {
-      const waiterClient = new Redis(server.port, '127.0.0.1');
+      const waiterClient = new Redis(fixture.server.port, '127.0.0.1');
       const [watcher, holder] = [backend(waiterClient), backend()];
       const first = await holder.tryAcquire(['w'], 'h', 5_000);
       expect(first.acquired).toBe(true);
@@ -256,7 +242,7 @@ describe('RedisLockBackend', () => {
       expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
       await holder.release(['w'], 'h');
       // Handed over inside the release script: Redis already names the waiter as holder.
-      expect(await admin.get('w')).toBe('waiter');
+      expect(await fixture.admin.get('w')).toBe('waiter');
       await until(() => woken === 1, 5_000, 'the release message');
       let granted;
       const sent = await commandsDuring(waiterClient, async () => (granted = await watcher.tryAcquire(['w'], 'waiter', 5_000)));
@@ -272,7 +258,7 @@ describe('RedisLockBackend', () => {
     });
 
     it('on a key others wait for, tells the next holder before it answers the release', async () => {
-      const clients = [new Redis(server.port, '127.0.0.1'), new Redis(server.port, '127.0.0.1')];
+      const clients = [new Redis(fixture.server.port, '127.0.0.1'), new Redis(fixture.server.port, '127.0.0.1')];
       const [first, x, y] = [backend(), backend(clients[0]), backend(clients[1])];
       const heard: string[] = [];
       const stops = await Promise.all([x.watch(['o'], () => heard.push('x told'), 'x'), y.watch(['o'], () => heard.push('y told'), 'y')]);
@@ -303,16 +289,16 @@ describe('RedisLockBackend', () => {
 
     it('after its subscriber reconnects, wakes every waiter of the process: a release in the gap is not lost', async () => {
       // No poll for a minute: only a wake-up can let the waiter in within the test.
-      const waiting = service(backend(server.url, { waiterTimeout: 120_000 }), { keyPrefix: '', pollInterval: 60_000 });
+      const waiting = service(backend(fixture.server.url, { waiterTimeout: 120_000 }), { keyPrefix: '', pollInterval: 60_000 });
       const holder = service(backend(), { keyPrefix: '' });
       const first = await holder.acquire('gap', { ttl: 10_000 });
       const second = waiting.acquire('gap', { ttl: 10_000, wait: 20_000 });
-      await until(async () => (await admin.zcard('{gap}:queue')) === 1 && ((await admin.pubsub('CHANNELS')) as string[]).length === 1, 5_000, 'the waiter to queue and listen');
+      await until(async () => (await fixture.admin.zcard('{gap}:queue')) === 1 && ((await fixture.admin.pubsub('CHANNELS')) as string[]).length === 1, 5_000, 'the waiter to join the line and listen');
       expect(waiting.backend.watching?.(['gap'])).toBe(true);
-      await admin.client('KILL', 'TYPE', 'pubsub');
+      await fixture.admin.client('KILL', 'TYPE', 'pubsub');
       // ioredis waits at least 50 ms before it reconnects: this hand-over's message reaches nobody.
       await first.release();
-      expect(await admin.exists('gap')).toBe(1); // handed to the waiter, which has not heard of it
+      expect(await fixture.admin.exists('gap')).toBe(1); // handed to the waiter, which has not heard of it
       let timer: NodeJS.Timeout | undefined;
       const tooLate = new Promise((_, reject) => (timer = setTimeout(() => reject(new Error('the waiter was not woken after the reconnection')), 5_000)));
       const handle = (await Promise.race([second, tooLate]).finally(() => clearTimeout(timer))) as Awaited<typeof second>;
@@ -322,14 +308,14 @@ describe('RedisLockBackend', () => {
     });
 
     it('hands a waiter that died in line the lock for at most waiterTimeout, not its whole ttl', async () => {
-      const [holder, dead] = [backend(server.url, { waiterTimeout: 400 }), backend(server.url, { waiterTimeout: 400 })];
+      const [holder, dead] = [backend(fixture.server.url, { waiterTimeout: 400 }), backend(fixture.server.url, { waiterTimeout: 400 })];
       expect((await holder.tryAcquire(['gone'], 'h', 60_000)).acquired).toBe(true);
       // It joins the line asking for a 60 s lease, then never asks again.
       expect((await dead.tryAcquire(['gone'], 'dead', 60_000)).acquired).toBe(false);
       await holder.release(['gone'], 'h');
-      expect(await admin.get('gone')).toBe('dead');
-      expect(await admin.pttl('gone')).toBeLessThanOrEqual(400);
-      const next = service(backend(server.url, { waiterTimeout: 400 }), { pollInterval: 100 });
+      expect(await fixture.admin.get('gone')).toBe('dead');
+      expect(await fixture.admin.pttl('gone')).toBeLessThanOrEqual(400);
+      const next = service(backend(fixture.server.url, { waiterTimeout: 400 }), { pollInterval: 100 });
       const started = Date.now();
       const handle = await next.acquire('gone', { wait: 5_000 });
       expect(Date.now() - started).toBeLessThan(3_000);
@@ -341,8 +327,8 @@ describe('RedisLockBackend', () => {
       // No poll, and a backend that listens already: the waiter makes one attempt, then only the
       // hand-over can let it in (no later attempt of its own can race the release).
       const [holder, waiting] = [
-        service(backend(server.url, { waiterTimeout: 300 }), { keyPrefix: '', pollInterval: 100 }),
-        service(backend(server.url, { waiterTimeout: 120_000 }), { keyPrefix: '', pollInterval: 60_000 }),
+        service(backend(fixture.server.url, { waiterTimeout: 300 }), { keyPrefix: '', pollInterval: 100 }),
+        service(backend(fixture.server.url, { waiterTimeout: 120_000 }), { keyPrefix: '', pollInterval: 60_000 }),
       ];
       (await waiting.backend.watch!(['warm-up'], () => undefined, 'warm-up'))();
       expect(waiting.backend.watching?.(['short'])).toBe(true);
@@ -355,7 +341,7 @@ describe('RedisLockBackend', () => {
       });
       const first = await holder.acquire('short', { ttl: 5_000 });
       const second = waiting.acquire('short', { ttl: 5_000, wait: 5_000 });
-      await until(async () => (await admin.zcard('{short}:queue')) === 1, 5_000, 'the waiter to queue');
+      await until(async () => (await fixture.admin.zcard('{short}:queue')) === 1, 5_000, 'the waiter to join the line');
       await first.release();
       const handle = await second;
       // Handed over with a 300 ms lease (counted from its last attempt): the watchdog extends it
@@ -363,7 +349,7 @@ describe('RedisLockBackend', () => {
       expect(results.at(-1)).toEqual({ acquired: true, fencingToken: expect.any(Number), validityMs: expect.any(Number) });
       expect((results.at(-1) as { fencingToken: number }).fencingToken).toBeGreaterThan(first.fencingToken!);
       expect((results.at(-1) as { validityMs: number }).validityMs).toBeLessThanOrEqual(300);
-      await until(async () => (await admin.pttl('short')) > 1_000, 2_000, 'the lease to be extended to the ttl');
+      await until(async () => (await fixture.admin.pttl('short')) > 1_000, 2_000, 'the lease to be extended to the ttl');
       await new Promise((resolve) => setTimeout(resolve, 400)); // past the handed-over lease
       expect(handle.isHeld).toBe(true);
       expect((await waiting.inspect('short'))?.heldHere).toBe(true);
@@ -379,7 +365,7 @@ describe('RedisLockBackend', () => {
       await holder.release(['m1'], 'h');
       await until(() => woken === 1, 5_000, 'the release message');
       // Not handed over: the other key may be busy, and a lock is all or nothing.
-      expect(await admin.exists('m1')).toBe(0);
+      expect(await fixture.admin.exists('m1')).toBe(0);
       expect(await watcher.tryAcquire(['m1', 'm2'], 'waiter', 5_000)).toMatchObject({ acquired: true });
       stop();
     });
@@ -387,18 +373,18 @@ describe('RedisLockBackend', () => {
     it('shares one subscriber connection and one channel between all waiters of a process', async () => {
       const [holder, waiting] = [service(), service()];
       const held = await Promise.all(['k1', 'k2', 'k3'].map((key) => holder.acquire(key)));
-      await admin.config('RESETSTAT');
+      await fixture.admin.config('RESETSTAT');
       // Settled into values, so a failing assertion below cannot leave rejections to later suites.
       const waiters = Array.from({ length: 12 }, (_, i) =>
         waiting.using(`k${(i % 3) + 1}`, () => 'ran', { wait: 20_000 }).catch((error: unknown) => error),
       );
-      await until(async () => (await admin.zcard('{lock:k1}:queue')) + (await admin.zcard('{lock:k2}:queue')) + (await admin.zcard('{lock:k3}:queue')) === 12, 15_000, 'the waiters to line up');
+      await until(async () => (await fixture.admin.zcard('{lock:k1}:queue')) + (await fixture.admin.zcard('{lock:k2}:queue')) + (await fixture.admin.zcard('{lock:k3}:queue')) === 12, 15_000, 'the waiters to line up');
       expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
       await Promise.all(held.map((h) => h.release()));
       expect(await Promise.all(waiters)).toEqual(Array(12).fill('ran'));
       // One SUBSCRIBE for twelve waits, and the channel stays for the next ones.
-      expect(await admin.info('commandstats')).toMatch(/cmdstat_subscribe:calls=1,/);
-      expect(await admin.info('commandstats')).not.toMatch(/cmdstat_unsubscribe/);
+      expect(await fixture.admin.info('commandstats')).toMatch(/cmdstat_subscribe:calls=1,/);
+      expect(await fixture.admin.info('commandstats')).not.toMatch(/cmdstat_unsubscribe/);
     });
 
     it('serves processes in arrival order: one that releases and re-acquires at once does not starve another', async () => {
@@ -412,9 +398,9 @@ describe('RedisLockBackend', () => {
           for (let i = 0; i < 3; i++) await busy.using('hot', async () => void order.push('busy'), { wait: 20_000 });
         })(),
       );
-      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 5, 5_000, 'the busy callers to queue');
+      await until(async () => (await fixture.admin.zcard('{lock:hot}:queue')) === 5, 5_000, 'the busy callers to join the line');
       const otherCaller = other.using('hot', async () => void order.push('other'), { wait: 20_000 });
-      await until(async () => (await admin.zcard('{lock:hot}:queue')) === 6, 5_000, 'the other process to queue');
+      await until(async () => (await fixture.admin.zcard('{lock:hot}:queue')) === 6, 5_000, 'the other process to join the line');
       await first.release();
       await Promise.all([...busyCallers, otherCaller]);
       // In arrival order: the five busy callers that came first, then the other process. Without a
@@ -428,7 +414,7 @@ describe('RedisLockBackend', () => {
       const [holder, quitter, next] = [service(), service(), service()];
       const held = await holder.acquire('line');
       await expect(quitter.acquire('line', { wait: 100 })).rejects.toThrow(/not acquired/);
-      await until(async () => (await admin.zcard('{lock:line}:queue')) === 0, 5_000, 'the quitter to leave the line');
+      await until(async () => (await fixture.admin.zcard('{lock:line}:queue')) === 0, 5_000, 'the quitter to leave the line');
       await held.release();
       // With the quitter still first in line this would wait for its waiterTimeout.
       const handle = await next.acquire('line', { wait: 0 });
@@ -442,7 +428,7 @@ describe('RedisLockBackend', () => {
       try {
         const locks = service();
         const handle = await locks.acquire('vanish', { ttl: 600 });
-        await admin.del('lock:vanish');
+        await fixture.admin.del('lock:vanish');
         const reason = await new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
         expect(reason).toBeInstanceOf(LockLostError);
         expect((reason as LockLostError).reason).toBe('taken');

@@ -1,23 +1,15 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
 import { createRequire } from 'node:module';
 import { LockService, RedisLockBackend } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
+import { useRedisServer } from '../support/redis-fixture.js';
 
 // Each Jest project runs the Redis files on one ioredis major (jest.config.js maps 'ioredis' to
 // it); this shows which major a project really ran, as the backend's own client uses it.
 const expectedMajor = (globalThis as { expectedIoredisMajor?: number }).expectedIoredisMajor;
 const version = (createRequire(import.meta.url)('ioredis/package.json') as { version: string }).version;
 
-let server: RedisServer;
-
-beforeAll(async () => {
-  server = await RedisServer.start();
-});
-
-afterAll(async () => {
-  await server.stop();
-});
+const fixture = useRedisServer();
 
 describe(`the ioredis package the Redis tests run on (${version})`, () => {
   it('is the major this Jest project is configured for', () => {
@@ -32,7 +24,7 @@ describe(`the ioredis package the Redis tests run on (${version})`, () => {
       sent.push([command.name, ...command.args.map(String)]);
       return sendCommand.call(this, command, stream);
     };
-    const locks = new LockService(new RedisLockBackend(server.url));
+    const locks = new LockService(new RedisLockBackend(fixture.server.url));
     try {
       const lock = await locks.acquire('version-check');
       await lock.release();

@@ -82,7 +82,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
 
   /** The sharded channels that wake waiters for `key`, as the node `admin` talks to has them. */
   async function wakeChannels(admin: Redis, key: string): Promise<string[]> {
-    return (await admin.call('PUBSUB', 'SHARDCHANNELS', `${lockKeyLayout(key).queue}:*`)) as string[];
+    return (await admin.call('PUBSUB', 'SHARDCHANNELS', `${lockKeyLayout(key).line}:*`)) as string[];
   }
 
   /** Releases `holder`; the waiter must get the lock long before its 60 s poll, with a greater token. */
@@ -135,12 +135,12 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const b = backend();
       const layout = lockKeyLayout(key);
       const slot = await cluster.slotOf(key);
-      for (const companion of [layout.fence, layout.queue, layout.waiters]) expect(await cluster.slotOf(companion)).toBe(slot);
+      for (const companion of [layout.fence, layout.line, layout.records]) expect(await cluster.slotOf(companion)).toBe(slot);
       // Each script names all of them; Redis would answer CROSSSLOT if one were elsewhere.
       expect(await b.tryAcquire([key], 'owner-a', 5_000)).toMatchObject({ acquired: true });
       expect(await b.tryAcquire([key], 'owner-b', 5_000)).toMatchObject({ acquired: false });
       const node = cluster.admin(await cluster.portOf(key));
-      expect(await node.exists(layout.lock, layout.fence, layout.queue, layout.waiters)).toBe(4);
+      expect(await node.exists(layout.lock, layout.fence, layout.line, layout.records)).toBe(4);
       expect(await b.extend([key], 'owner-a', 5_000)).toEqual({ extended: true });
       expect(await b.release([key], 'owner-a')).toBe(true);
       expect(await b.tryAcquire([key], 'owner-b', 5_000)).toMatchObject({ acquired: true });
@@ -156,7 +156,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const waiting = b.acquire(key, { wait: 20_000 });
       const node = cluster.admin(await cluster.portOf(key));
       // The waiter is subscribed on the shard that owns the key, by SSUBSCRIBE, not SUBSCRIBE.
-      const channels = `${lockKeyLayout(key).queue}:*`;
+      const channels = `${lockKeyLayout(key).line}:*`;
       await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 5_000, `SSUBSCRIBE ${key}`);
       expect(await node.call('PUBSUB', 'CHANNELS', '*')).toEqual([]);
       const releasedAt = Date.now();
@@ -279,7 +279,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const node = cluster.admin(await cluster.portOf(`app:${key}`));
       expect(await node.exists(`app:${layout.lock}`, `app:${layout.fence}`)).toBe(2);
       const waiting = b.acquire(key, { wait: 20_000 });
-      await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', `app:${layout.queue}:*`)) as string[]).length === 1, 5_000, 'SSUBSCRIBE');
+      await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', `app:${layout.line}:*`)) as string[]).length === 1, 5_000, 'SSUBSCRIBE');
       await holder.release();
       await (await waiting).release();
     }
@@ -308,7 +308,7 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const held = await holder.acquire(key, { ttl: 60_000 });
       const waiting = waiter.acquire(key, { wait: 20_000 });
       const node = cluster.admin(await cluster.portOf(`lock:${key}`));
-      const channels = `${lockKeyLayout(`lock:${key}`).queue}:*`;
+      const channels = `${lockKeyLayout(`lock:${key}`).line}:*`;
       await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 5_000, 'SSUBSCRIBE');
       await held.release();
       await (await waiting).release();

@@ -1,4 +1,4 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { execFile, fork, type ChildProcess } from 'node:child_process';
@@ -8,6 +8,7 @@ import { promisify } from 'node:util';
 import { LockBackendError, LockLostError, LockService, RedisLockBackend } from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedWrite } from '../fixtures/fenced-store.mjs';
+import { useRedisServer } from '../support/redis-fixture.js';
 import { RedisServer } from '../support/redis-server.js';
 import { until } from '../support/wait.js';
 
@@ -51,32 +52,18 @@ class Holder {
 }
 
 describe('Redis backend under faults, with real processes', () => {
-  let server: RedisServer;
-  let admin: Redis;
-  const cleanup: (() => Promise<unknown> | unknown)[] = [];
+  const fixture = useRedisServer();
 
-  beforeAll(async () => {
-    server = await RedisServer.start();
-    admin = new Redis(server.port, '127.0.0.1');
-  });
-  afterEach(async () => {
-    for (const step of cleanup.splice(0).reverse()) await step();
-  });
-  afterAll(async () => {
-    admin.disconnect();
-    await server.stop();
-  });
-
-  function service(connection: ConstructorParameters<typeof RedisLockBackend>[0] = server.url): LockService {
+  function service(connection: ConstructorParameters<typeof RedisLockBackend>[0] = fixture.server.url): LockService {
     const locks = new LockService(new RedisLockBackend(connection), { keyPrefix: 'fault:' });
-    cleanup.push(() => locks.onApplicationShutdown());
+    fixture.cleanup(() => locks.onApplicationShutdown());
     return locks;
   }
 
-  it('a: another process acquires within the ttl after the holder is SIGKILLed', async () => {
+  it('another process acquires within the ttl after the holder is SIGKILLed', async () => {
     const ttl = 1_500;
-    const holder = await Holder.start(server.url, 'killed', ttl);
-    cleanup.push(() => holder.kill());
+    const holder = await Holder.start(fixture.server.url, 'killed', ttl);
+    fixture.cleanup(() => holder.kill());
     const locks = service();
     expect(await locks.tryAcquire('killed')).toBeUndefined();
     await holder.kill();
@@ -87,17 +74,17 @@ describe('Redis backend under faults, with real processes', () => {
     expect(handle.fencingToken).toBeGreaterThan((await holder.next('acquired')).token!);
   });
 
-  it('b: a holder paused past its ttl loses: its signal fires, the next holder has a larger token, its late write is rejected', async () => {
-    const holder = await Holder.start(server.url, 'paused', 1_000);
-    cleanup.push(() => holder.kill());
+  it('a holder paused past its ttl loses: its signal fires, the next holder has a larger token, its late write is rejected', async () => {
+    const holder = await Holder.start(fixture.server.url, 'paused', 1_000);
+    fixture.cleanup(() => holder.kill());
     const stale = (await holder.next('acquired')).token!;
     holder.child.kill('SIGSTOP'); // as in a long GC pause: the process does nothing, not even extend
-    cleanup.push(() => holder.child.kill('SIGCONT'));
+    fixture.cleanup(() => holder.child.kill('SIGCONT'));
 
     const locks = service();
     const handle = await locks.acquire('paused', { wait: 10_000 });
     expect(handle.fencingToken).toBeGreaterThan(stale);
-    expect(await write(admin, 'fault:store', handle.fencingToken!, 'new holder')).toBe(true);
+    expect(await write(fixture.admin, 'fault:store', handle.fencingToken!, 'new holder')).toBe(true);
 
     holder.child.kill('SIGCONT');
     const lost = await holder.next('lost');
@@ -105,7 +92,7 @@ describe('Redis backend under faults, with real processes', () => {
     expect(['expired', 'taken']).toContain(lost.reason);
     holder.child.send({ type: 'write' });
     expect(await holder.next('wrote')).toMatchObject({ accepted: false, aborted: true });
-    expect(await admin.hget('fault:store', 'value')).toBe('new holder');
+    expect(await fixture.admin.hget('fault:store', 'value')).toBe('new holder');
     // Its lost lease was released by compare-and-delete: the new holder's lock is untouched.
     expect((await locks.inspect('paused'))?.heldHere).toBe(true);
     holder.child.send({ type: 'release' });
@@ -113,19 +100,19 @@ describe('Redis backend under faults, with real processes', () => {
     expect(handle.isHeld).toBe(true);
   });
 
-  it('c: while redis-server is down, acquire fails with LockBackendError within its wait; after a restart it works again', async () => {
+  it('while redis-server is down, acquire fails with LockBackendError within its wait; after a restart it works again', async () => {
     const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-    cleanup.push(() => warn.mockRestore());
+    fixture.cleanup(() => warn.mockRestore());
     const locks = service();
-    const yours = new Redis(server.port, '127.0.0.1'); // a client with ioredis defaults: retries 20 times
-    cleanup.push(() => yours.disconnect());
+    const yours = new Redis(fixture.server.port, '127.0.0.1'); // a client with ioredis defaults: retries 20 times
+    fixture.cleanup(() => yours.disconnect());
     const theirs = service(yours);
     const before = await locks.acquire('restart', { autoExtend: false });
     const beforeToken = before.fencingToken!;
     await before.release();
     await theirs.acquire('restart-2').then((h) => h.release());
 
-    await server.kill();
+    await fixture.server.kill();
     for (const [who, s] of [['created client', locks], ['your client', theirs]] as const) {
       const started = Date.now();
       const error = await s.acquire('restart', { wait: 1_000 }).catch((e: unknown) => e);
@@ -135,7 +122,7 @@ describe('Redis backend under faults, with real processes', () => {
       expect(Date.now() - started).toBeLessThan(6_000);
     }
 
-    await server.restart(); // same port, empty, scripts forgotten
+    await fixture.server.restart(); // same port, empty, scripts forgotten
     const after = await locks.acquire('restart', { wait: 10_000 });
     // Tokens come from the server clock: still increasing after a restart without persistence.
     expect(after.fencingToken).toBeGreaterThan(beforeToken);
@@ -144,13 +131,13 @@ describe('Redis backend under faults, with real processes', () => {
     expect(yoursAfter.isHeld).toBe(true);
   });
 
-  it('c: a holder whose Redis stops answering loses its lock with a backend-error reason when the lease runs out', async () => {
+  it('a holder whose Redis stops answering loses its lock with a backend-error reason when the lease runs out', async () => {
     const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-    cleanup.push(() => warn.mockRestore());
+    fixture.cleanup(() => warn.mockRestore());
     const locks = service();
     const handle = await locks.acquire('frozen', { ttl: 900 });
-    server.pause();
-    cleanup.push(() => server.resume());
+    fixture.server.pause();
+    fixture.cleanup(() => fixture.server.resume());
     const reason = await new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
     expect(reason).toBeInstanceOf(LockLostError);
     expect((reason as LockLostError).reason).toBe('backend-error');
@@ -160,7 +147,7 @@ describe('Redis backend under faults, with real processes', () => {
     expect(error).toBeInstanceOf(LockBackendError);
     expect((error as Error).message).toMatch(/did not answer within 2000 ms/);
     expect(Date.now() - started).toBeLessThan(6_000);
-    server.resume();
+    fixture.server.resume();
   });
 
   it('an app whose Redis died while it held and waited for a lock closes and exits at once: the waiter gives up, no timer stays', async () => {
@@ -185,7 +172,7 @@ describe('Redis backend under faults, with real processes', () => {
     }
   });
 
-  it('d: an app whose Redis is unreachable at start-up fails with a clear error and exits', async () => {
+  it('an app whose Redis is unreachable at start-up fails with a clear error and exits', async () => {
     const dead = await RedisServer.start();
     const url = dead.url;
     await dead.stop();

@@ -1,31 +1,26 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterEach, describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
 import type { RedisLockBackendOptions } from '../../lib/backends/redis/redis.options.js';
-import { RedisServer } from '../support/redis-server.js';
+import { useRedisServer } from '../support/redis-fixture.js';
 import { until } from '../support/wait.js';
 
 // Redis's default persistence (RDB snapshots, or AOF fsynced every second) loses the last writes
 // on a crash, and a replica promoted on failover may lag its master the same way: the fencing
 // counters come back older than the tokens already handed out.
 
-let server: RedisServer;
+// Emptied by hand: the snapshot must be emptied too. A connection per use, as the server restarts.
+const fixture = useRedisServer({ flush: false });
 const open: RedisLockBackend[] = [];
 
-beforeAll(async () => {
-  server = await RedisServer.start();
-});
 afterEach(async () => {
   await Promise.all(open.splice(0).map((b) => b.close()));
   await admin((redis) => redis.flushall());
   await admin((redis) => redis.save());
 });
-afterAll(async () => {
-  await server.stop();
-});
 
 async function admin<T>(work: (redis: Redis) => Promise<T>): Promise<T> {
-  const redis = new Redis(server.port, '127.0.0.1');
+  const redis = new Redis(fixture.server.port, '127.0.0.1');
   try {
     return await work(redis);
   } finally {
@@ -34,7 +29,7 @@ async function admin<T>(work: (redis: Redis) => Promise<T>): Promise<T> {
 }
 
 function backend(options?: RedisLockBackendOptions): RedisLockBackend {
-  const created = new RedisLockBackend(server.url, options);
+  const created = new RedisLockBackend(fixture.server.url, options);
   open.push(created);
   return created;
 }
@@ -49,8 +44,8 @@ async function tokenOf(b: RedisLockBackend, keys: string[], owner: string): Prom
 /** SIGKILL, then start again from the snapshot SAVE wrote: every write after it is lost. */
 async function crashAndRestoreSnapshot(): Promise<void> {
   await Promise.all(open.splice(0).map((b) => b.close()));
-  await server.kill();
-  await server.restart();
+  await fixture.server.kill();
+  await fixture.server.restart();
 }
 
 describe('fencing tokens after Redis restarts from an older snapshot', () => {

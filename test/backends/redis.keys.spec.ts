@@ -34,9 +34,9 @@ describe('Redis key layout', () => {
       keys.push('lock:' + Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''));
     }
     for (const key of keys) {
-      const { lock, fence, queue, waiters } = lockKeyLayout(key);
+      const { lock, fence, line, records } = lockKeyLayout(key);
       expect(lock).toBe(key);
-      for (const companion of [fence, queue, waiters]) {
+      for (const companion of [fence, line, records]) {
         expect([key, companion, keySlot(companion)]).toEqual([key, companion, keySlot(key)]);
         expect(companion.startsWith('{')).toBe(true);
       }
@@ -44,6 +44,15 @@ describe('Redis key layout', () => {
     // Distinct keys never share companions.
     const fences = keys.map((key) => lockKeyLayout(key).fence);
     expect(new Set(fences).size).toBe(new Set(keys).size);
+  });
+
+  it('keeps the names stored in Redis, which processes of other versions read during a rolling upgrade', () => {
+    expect(lockKeyLayout('lock:order:42')).toEqual({
+      lock: 'lock:order:42',
+      fence: '{lock:order:42}:fence',
+      line: '{lock:order:42}:queue',
+      records: '{lock:order:42}:waiters',
+    });
   });
 
   it('accounts for the client key prefix that ioredis adds', () => {

@@ -1,7 +1,6 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import { Redis } from 'ioredis';
+import { describe, expect, it } from '@jest/globals';
 import { LockService, RedisLockBackend, type LockHandle } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
+import { useRedisServer } from '../support/redis-fixture.js';
 import { until } from '../support/wait.js';
 
 /**
@@ -9,28 +8,12 @@ import { until } from '../support/wait.js';
  * `commandTimeout` still runs every request queued on the connection once it goes on.
  */
 describe('Redis backend: late answers', () => {
-  let server: RedisServer;
-  let admin: Redis;
-  const cleanup: (() => Promise<unknown>)[] = [];
-
-  beforeAll(async () => {
-    server = await RedisServer.start();
-    admin = new Redis(server.port, '127.0.0.1');
-  });
-  afterEach(async () => {
-    server.resume();
-    while (cleanup.length) await cleanup.pop()!().catch(() => undefined);
-    await admin.flushall();
-  });
-  afterAll(async () => {
-    admin.disconnect();
-    await server.stop();
-  });
+  const fixture = useRedisServer();
 
   function service(options: { commandTimeout?: number; pollInterval?: number } = {}): LockService {
-    const backend = new RedisLockBackend(server.url, { commandTimeout: options.commandTimeout ?? 2_000 });
+    const backend = new RedisLockBackend(fixture.server.url, { commandTimeout: options.commandTimeout ?? 2_000 });
     const locks = new LockService(backend, { pollInterval: options.pollInterval ?? 100, keyPrefix: '' });
-    cleanup.push(() => locks.onApplicationShutdown());
+    fixture.cleanup(() => locks.onApplicationShutdown().catch(() => undefined));
     return locks;
   }
 
@@ -41,17 +24,18 @@ describe('Redis backend: late answers', () => {
 
     // Redis stalls 1.5 s: the caller's attempts time out one after the other but stay queued on
     // its connection, and all of them run once Redis goes on.
-    server.pause();
+    fixture.server.pause();
     const acquiring = first.acquire('late:k', { wait: 10_000, ttl: 30_000 });
     await new Promise((resolve) => setTimeout(resolve, 1_500)); // the stall itself, not synchronisation
-    server.resume();
+    fixture.server.resume();
     const handle: LockHandle = await acquiring;
-    cleanup.push(() => handle.release());
+    // A lock lost in the test may fail its release: nothing to clean then.
+    fixture.cleanup(() => handle.release().catch(() => undefined));
 
     // Anything the late answers set off was sent before the winning answer came in; a request of
     // the same connection sent now runs after it.
     await first.inspect('late:k');
-    expect(await admin.get('late:k')).toBe(handle.leases[0].owner);
+    expect(await fixture.admin.get('late:k')).toBe(handle.leases[0].owner);
     expect(handle.isHeld).toBe(true);
     expect(await second.tryAcquire('late:k')).toBeUndefined();
   });
@@ -59,10 +43,10 @@ describe('Redis backend: late answers', () => {
   it('a late answer to an acquire that gave up frees the lock it won', async () => {
     const first = service({ commandTimeout: 300 });
     await first.isLocked('late:gave-up');
-    server.pause();
+    fixture.server.pause();
     // One attempt, no waiting: it fails on the timeout while its request still sits in Redis.
     await expect(first.tryAcquire('late:gave-up')).rejects.toThrow(/did not answer/);
-    server.resume();
-    await until(async () => (await admin.exists('late:gave-up')) === 0, 5_000, 'the late lock to be freed');
+    fixture.server.resume();
+    await until(async () => (await fixture.admin.exists('late:gave-up')) === 0, 5_000, 'the late lock to be freed');
   });
 });

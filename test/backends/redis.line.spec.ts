@@ -1,38 +1,22 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import { Redis } from 'ioredis';
+import { describe, expect, it } from '@jest/globals';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
 import { LockService } from '../../lib/lock.service.js';
 import type { RedisLockBackendOptions } from '../../lib/backends/redis/redis.options.js';
-import { RedisServer } from '../support/redis-server.js';
+import { useRedisServer } from '../support/redis-fixture.js';
 import { until } from '../support/wait.js';
 
-let server: RedisServer;
-let admin: Redis;
-const open: RedisLockBackend[] = [];
-
-beforeAll(async () => {
-  server = await RedisServer.start();
-  admin = new Redis(server.port, '127.0.0.1');
-});
-afterEach(async () => {
-  await Promise.all(open.splice(0).map((b) => b.close()));
-  await admin.flushall();
-});
-afterAll(async () => {
-  admin.disconnect();
-  await server.stop();
-});
+const fixture = useRedisServer();
 
 function backend(options?: RedisLockBackendOptions): RedisLockBackend {
-  const created = new RedisLockBackend(server.url, options);
-  open.push(created);
+  const created = new RedisLockBackend(fixture.server.url, options);
+  fixture.cleanup(() => created.close());
   return created;
 }
 
 /** Whether Redis's clock has reached the deadline (ms) in a waiter's record in the line of `key`. */
 async function placeRanOut(key: string, owner: string): Promise<boolean> {
-  const record = await admin.hget(`{${key}}:waiters`, owner);
-  const [seconds, micros] = await admin.time();
+  const record = await fixture.admin.hget(`{${key}}:waiters`, owner);
+  const [seconds, micros] = await fixture.admin.time();
   return record === null || Number(seconds) * 1000 + Number(micros) / 1000 >= Number(record.split(' ')[0]);
 }
 
@@ -65,9 +49,9 @@ describe('the line of waiters in Redis', () => {
     expect((await b.tryAcquire(['c', 'd'], 'first', 60_000)).acquired).toBe(false);
     expect((await b.tryAcquire(['d'], 'second', 60_000)).acquired).toBe(false);
     expect((await b.tryAcquire(['c', 'd'], 'first', 60_000)).acquired).toBe(false);
-    const [inC, inD] = [await admin.zscore('{c}:queue', 'first'), await admin.zscore('{d}:queue', 'first')];
+    const [inC, inD] = [await fixture.admin.zscore('{c}:queue', 'first'), await fixture.admin.zscore('{d}:queue', 'first')];
     expect(inC).toBe(inD);
-    expect(await admin.zrange('{d}:queue', 0, -1)).toEqual(['first', 'second']);
+    expect(await fixture.admin.zrange('{d}:queue', 0, -1)).toEqual(['first', 'second']);
   });
 
   it('a fractional waiterTimeout is rounded up to whole milliseconds, and waiting works', async () => {
@@ -75,10 +59,10 @@ describe('the line of waiters in Redis', () => {
     expect((await b.tryAcquire(['f'], 'holder', 60_000)).acquired).toBe(true);
     const waiting = await b.tryAcquire(['f'], 'waiter', 60_000);
     expect(waiting).toMatchObject({ acquired: false });
-    expect(await admin.pttl('{f}:queue')).toBeGreaterThan(0);
+    expect(await fixture.admin.pttl('{f}:queue')).toBeGreaterThan(0);
     await b.release(['f'], 'holder');
-    expect(await admin.get('f')).toBe('waiter');
-    expect(await admin.pttl('f')).toBeLessThanOrEqual(2_501);
+    expect(await fixture.admin.get('f')).toBe('waiter');
+    expect(await fixture.admin.pttl('f')).toBeLessThanOrEqual(2_501);
   });
 
   it('hands the lock only to the waiter its process lets try next: many callers of two processes never stall', async () => {

@@ -1,9 +1,9 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
 import { execFile } from 'node:child_process';
 import { resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { RedisServer } from '../support/redis-server.js';
+import { useRedisServer } from '../support/redis-fixture.js';
 
 const worker = resolve(import.meta.dirname, '../fixtures/redis-stress-worker.mjs');
 
@@ -14,13 +14,7 @@ interface WorkerResult {
 }
 
 describe('Redis backend mutual exclusion under stress', () => {
-  let server: RedisServer;
-  beforeAll(async () => {
-    server = await RedisServer.start();
-  });
-  afterAll(async () => {
-    await server.stop();
-  });
+  const fixture = useRedisServer();
 
   it('4 processes x 25 callers on 3 hot keys: no lost update, no stale token, over 20,000 acquisitions', async () => {
     const processes = 4;
@@ -30,7 +24,7 @@ describe('Redis backend mutual exclusion under stress', () => {
     const started = Date.now();
     const results = await Promise.all(
       Array.from({ length: processes }, async () => {
-        const { stdout } = await promisify(execFile)(process.execPath, [worker, server.url, String(callers), String(sections), keys.join(',')], {
+        const { stdout } = await promisify(execFile)(process.execPath, [worker, fixture.server.url, String(callers), String(sections), keys.join(',')], {
           timeout: 120_000,
         });
         return JSON.parse(stdout.trim().split('\n').pop()!) as WorkerResult;
@@ -38,7 +32,7 @@ describe('Redis backend mutual exclusion under stress', () => {
     );
     const acquisitions = results.reduce((sum, r) => sum + r.acquisitions, 0);
     const violations = results.flatMap((r) => r.violations);
-    const redis = new Redis(server.port, '127.0.0.1');
+    const redis = new Redis(fixture.server.port, '127.0.0.1');
     const counts = Object.fromEntries(await Promise.all(keys.map(async (key) => [key, Number((await redis.get(`value:${key}`))!.split(':')[0])])));
     redis.disconnect();
     const expected = Object.fromEntries(keys.map((key) => [key, results.reduce((sum, r) => sum + r.perKey[key], 0)]));

@@ -21,6 +21,37 @@ export interface ConformanceTarget {
 }
 
 /**
+ * A new client that tells when a caller waits on it: an attempt failed and, if the backend can
+ * tell of releases, the caller watches for one.
+ */
+async function waitingBackend(connect: () => Promise<LockBackend>): Promise<{ backend: LockBackend; waiting: () => boolean }> {
+  const inner = await connect();
+  let failed = false;
+  let watching = false;
+  const backend: LockBackend = {
+    name: inner.name,
+    fencing: inner.fencing,
+    waiterTimeout: inner.waiterTimeout,
+    tryAcquire: async (...args) => {
+      const result = await inner.tryAcquire(...args);
+      if (!result.acquired) failed = true;
+      return result;
+    },
+    extend: (...args) => inner.extend(...args),
+    release: (...args) => inner.release(...args),
+    inspect: (...args) => inner.inspect(...args),
+    watch: inner.watch && (async (...args) => {
+      const stop = await inner.watch!(...args);
+      watching = true;
+      return stop;
+    }),
+    watching: inner.watching && ((...args) => inner.watching!(...args)),
+    close: inner.close && (() => inner.close!()),
+  };
+  return { backend, waiting: () => failed && (watching || !inner.watch) };
+}
+
+/**
  * The contract every backend keeps, written once. Each backend's spec calls this with its own
  * target: `describeBackendConformance('redis', target)`.
  */
@@ -32,9 +63,9 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
     // A prefix per test, shared by the test's services, keeps tests apart even without reset().
     beforeEach(() => void run++);
 
-    /** A LockService over a new client, as a separate process would build it. */
-    async function newService(options: ConstructorParameters<typeof LockService>[1] = {}): Promise<LockService> {
-      const service = new LockService(await target.connect(), { keyPrefix: `conf${run}:`, ...options });
+    /** A LockService over a new client (or `backend`), as a separate process would build it. */
+    async function newService(options: ConstructorParameters<typeof LockService>[1] = {}, backend?: LockBackend): Promise<LockService> {
+      const service = new LockService(backend ?? (await target.connect()), { keyPrefix: `conf${run}:`, ...options });
       services.push(service);
       return service;
     }
@@ -139,10 +170,12 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
     });
 
     it('wakes a waiter when the holder releases, long before the holder ttl or poll', async () => {
-      const [a, b] = [await newService({ pollInterval: 60_000 }), await newService({ pollInterval: 60_000 })];
+      const watched = await waitingBackend(target.connect);
+      const [a, b] = [await newService({ pollInterval: 60_000 }), await newService({ pollInterval: 60_000 }, watched.backend)];
       const holder = await a.acquire('wake', { ttl: 60_000 });
       const waiting = b.acquire('wake', { wait: 20_000 });
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      // Released only once the waiter waits: its attempt failed and it listens for the release.
+      await until(watched.waiting, 10_000, 'the waiter to be queued');
       const releasedAt = Date.now();
       await holder.release();
       const handle = await waiting;

@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, describe, it } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import fc from 'fast-check';
-import { Redis } from 'ioredis';
 import * as lib from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
+import { useRedisServer } from '../support/redis-fixture.js';
 import { run, scenario, type Clock } from './lock-service.model.js';
 
 // The same random programs as on fake time, on a real redis-server and real time: the Redis
@@ -26,25 +25,16 @@ const realTime: Clock = {
 };
 
 describe('LockService on a real Redis against the model of its promises, with faulty calls', () => {
-  let server: RedisServer;
-  let admin: Redis;
-  beforeAll(async () => {
-    Logger.overrideLogger(false);
-    server = await RedisServer.start();
-    admin = new Redis(server.port, '127.0.0.1');
-  });
-  afterAll(async () => {
-    Logger.overrideLogger(['log', 'error', 'warn']);
-    admin.disconnect();
-    await server.stop();
-  });
+  const fixture = useRedisServer();
+  beforeAll(() => Logger.overrideLogger(false));
+  afterAll(() => Logger.overrideLogger(['log', 'error', 'warn']));
 
   it('keeps every promise on random programs of two processes over one Redis', async () => {
     await fc.assert(
       fc.asyncProperty(scenario, async (s) => {
-        await admin.flushall();
-        const store = new lib.RedisLockBackend(server.url);
-        const waiting = () => (store as unknown as { wakers: Map<string, unknown> }).wakers.size;
+        await fixture.admin.flushall();
+        const store = new lib.RedisLockBackend(fixture.server.url);
+        const waiting = () => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size;
         try {
           const violations = await run(lib, realTime, s, store, waiting);
           if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));

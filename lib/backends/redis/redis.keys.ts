@@ -1,3 +1,5 @@
+import { InvalidLockKeyError } from '../../lock.errors.js';
+
 /**
  * Where a lock lives in Redis. The lock itself is stored under its own key, unchanged, so
  * `GET lock:order:42` and `PTTL lock:order:42` show the owner and the lease. Its companions (the
@@ -18,13 +20,13 @@ export interface LockKeyLayout {
   lock: string;
   fence: string;
   /** The line of waiters, a sorted set: waiting owner -> arrival (server time, µs). */
-  queue: string;
+  line: string;
   /**
    * Hash: waiting owner -> `<deadline ms> <ttl ms> <backend id>`: when it loses its place unless it
    * asks again, the lease it asked for (0 for a multi-key waiter, which is never handed a lock on
    * release), and where to tell it (see RELEASE).
    */
-  waiters: string;
+  records: string;
 }
 
 /**
@@ -33,7 +35,37 @@ export interface LockKeyLayout {
  */
 export function lockKeyLayout(key: string, clientPrefix = ''): LockKeyLayout {
   const base = slotPinnedBase(clientPrefix + key);
-  return { lock: key, fence: `${base}:fence`, queue: `${base}:queue`, waiters: `${base}:waiters` };
+  // The names stored in Redis keep their first spelling (`:queue` for the line, `:waiters` for its
+  // records): during a rolling upgrade processes of two versions share one Redis, and must find
+  // each other's waiters.
+  return { lock: key, fence: `${base}:fence`, line: `${base}:queue`, records: `${base}:waiters` };
+}
+
+/**
+ * The layouts of keys locked together by one script. On Cluster one script can only touch one
+ * slot, so keys in different slots are refused.
+ */
+export function lockKeyLayouts(keys: readonly string[], clientPrefix: string, cluster: boolean): LockKeyLayout[] {
+  if (cluster && keys.length > 1) {
+    const slot = keySlot(clientPrefix + keys[0]);
+    const other = keys.find((key) => keySlot(clientPrefix + key) !== slot);
+    if (other !== undefined) {
+      throw new InvalidLockKeyError(
+        `Keys ${keys.join(', ')} cannot be locked together on Redis Cluster: '${keys[0]}' and '${other}' are in different slots, and one ` +
+          `script can only touch one slot. Give them a common hash tag, e.g. 'order:{42}:payment' and 'order:{42}:stock'.`,
+      );
+    }
+  }
+  return keys.map((key) => lockKeyLayout(key, clientPrefix));
+}
+
+/** The KEYS of the scripts that keep the line: n locks, n fencing counters, n lines, n waiter records. */
+export function lineScriptKeys(layouts: readonly LockKeyLayout[]): string[] {
+  if (layouts.length === 1) {
+    const [{ lock, fence, line, records }] = layouts;
+    return [lock, fence, line, records];
+  }
+  return [...layouts.map((l) => l.lock), ...layouts.map((l) => l.fence), ...layouts.map((l) => l.line), ...layouts.map((l) => l.records)];
 }
 
 function slotPinnedBase(key: string): string {

@@ -90,7 +90,7 @@ export const ACQUIRE = script(
   'acquire',
   PRELUDE +
     `
-local owner, ttl = ARGV[1], ARGV[2]
+local owner, ttl, waiterTimeout, willWait, backendId = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if n == 1 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ttl) then
   return {1, nextToken(KEYS[2], ttl), 0}
 end
@@ -114,9 +114,9 @@ if not wait then
   end
 end
 if wait then
-  if ARGV[4] == '0' then return {0, wait, -1} end
+  if willWait == '0' then return {0, wait, -1} end
   -- Numbers go to Redis exactly (as %.17g); into a string they go through %d.
-  local record = string.format('%d', math.floor(clock() / 1000) + tonumber(ARGV[3])) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. ARGV[5]
+  local record = string.format('%d', math.floor(clock() / 1000) + tonumber(waiterTimeout)) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. backendId
   -- One place per waiter, the same in all its lines: any two waiters then stand in the same order
   -- in every line they share, so neither waits for the other on keys that are free. Places run out
   -- together (one deadline in every record), but a line drops a waiter only when it looks at it:
@@ -135,8 +135,8 @@ if wait then
     local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
     redis.call('ZADD', line, place, owner)
     redis.call('HSET', records, owner, record)
-    redis.call('PEXPIRE', line, ARGV[3])
-    redis.call('PEXPIRE', records, ARGV[3])
+    redis.call('PEXPIRE', line, waiterTimeout)
+    redis.call('PEXPIRE', records, waiterTimeout)
   end
   -- Without a counter, a later hand-over starts one from the clock, so the clock is the bar.
   return {0, wait, n == 1 and (tonumber(redis.call('GET', KEYS[2])) or clock()) or -1}
@@ -166,11 +166,12 @@ return {1, token, lined}
 export const EXTEND = script(
   'extend',
   `
+local owner, ttl = ARGV[1], ARGV[2]
 for _, key in ipairs(KEYS) do
-  if redis.call('GET', key) ~= ARGV[1] then return 0 end
+  if redis.call('GET', key) ~= owner then return 0 end
 end
 for _, key in ipairs(KEYS) do
-  redis.call('PEXPIRE', key, ARGV[2])
+  redis.call('PEXPIRE', key, ttl)
 end
 return 1
 `,
@@ -195,25 +196,25 @@ export const RELEASE = script(
   'release',
   PRELUDE +
     `
-local owner = ARGV[1]
+local owner, publish, maxLease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local released = 0
 for i = 1, n do
   local lock, line, records = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i]
   local held = redis.call('GET', lock) == owner
   local turn = held
   if held then released = released + 1 end
-  local queued = redis.call('EXISTS', line) == 1
+  local lined = redis.call('EXISTS', line) == 1
   -- A holder left the line when it took the lock: only a waiter that gives up is still in it.
-  if queued and not held and redis.call('ZREM', line, owner) == 1 then
+  if lined and not held and redis.call('ZREM', line, owner) == 1 then
     redis.call('HDEL', records, owner)
     turn = true
   end
   local handed = false
-  if queued and turn then
+  if lined and turn then
     local head, _, ttl, process = front(i)
     if head then
-      local channel = ARGV[2] == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
-      local lease = math.min(ttl, tonumber(ARGV[3]))
+      local channel = publish == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
+      local lease = math.min(ttl, maxLease)
       if lease > 0 then
         -- Ours: overwritten for the waiter. After a waiter left: only if nobody holds it.
         if held then
@@ -225,9 +226,9 @@ for i = 1, n do
       if handed then
         redis.call('ZREM', line, head)
         redis.call('HDEL', records, head)
-        redis.call(ARGV[2], channel, head .. ' ' .. string.format('%d', nextToken(KEYS[n + i], lease)) .. ' ' .. lease)
+        redis.call(publish, channel, head .. ' ' .. string.format('%d', nextToken(KEYS[n + i], lease)) .. ' ' .. lease)
       else
-        redis.call(ARGV[2], channel, head)
+        redis.call(publish, channel, head)
       end
     end
   end

@@ -1,0 +1,86 @@
+import type { Cluster, Redis } from 'ioredis';
+import { LockBackendError } from '../../lock.errors.js';
+import { CommandDeadlines } from './command-deadlines.js';
+import type { RedisConnection } from './redis.connection.js';
+import type { RedisScript } from './redis.scripts.js';
+
+class CommandTimeoutError extends Error {}
+
+/** One script call: what it is for (for errors) and what it sends. */
+export interface ScriptCall {
+  /** The operation and the lock keys it is for, as error messages name them. */
+  op: string;
+  keys: readonly string[];
+  script: RedisScript;
+  redisKeys: readonly string[];
+  args: readonly (string | number)[];
+  /** The answer that came after the call was reported as failed (timed out). */
+  onLateAnswer?: (reply: unknown) => void;
+  /** Sent in one write behind a PING (see RedisLockBackend.release). */
+  behindPing?: boolean;
+}
+
+/**
+ * Runs the Lua scripts of one backend: by SHA, and on NOSCRIPT (a restarted or flushed Redis) whole
+ * once; each call bounded by commandTimeout, with failures turned into LockBackendError.
+ */
+export class RedisScriptRunner {
+  private readonly deadlines: CommandDeadlines;
+
+  constructor(
+    private readonly connection: RedisConnection,
+    private readonly backendName: string,
+    private readonly commandTimeout: number,
+  ) {
+    this.deadlines = new CommandDeadlines(commandTimeout);
+  }
+
+  run(client: Redis | Cluster, call: ScriptCall): Promise<unknown> {
+    const { script, redisKeys, args } = call;
+    return new Promise((resolve, reject) => {
+      const command = this.deadlines.track(() =>
+        reject(
+          this.failure(
+            call,
+            client,
+            new CommandTimeoutError(`Redis did not answer within ${this.commandTimeout} ms (commandTimeout); is it paused or overloaded?`),
+          ),
+        ),
+      );
+      const answered = (reply: unknown) => {
+        if (this.deadlines.answered(command)) resolve(reply);
+        else call.onLateAnswer?.(reply);
+      };
+      const failed = (error: unknown) => {
+        if (this.deadlines.answered(command)) reject(this.failure(call, client, error));
+      };
+      const sent = call.behindPing
+        ? (client as Redis)
+            .pipeline()
+            .ping()
+            .evalsha(script.sha, redisKeys.length, ...redisKeys, ...args)
+            .exec()
+            .then((replies) => {
+              const [error, reply] = replies![1];
+              if (error) throw error;
+              return reply;
+            })
+        : client.evalsha(script.sha, redisKeys.length, ...redisKeys, ...args);
+      sent.then(answered, (error: unknown) => {
+        if (error instanceof Error && error.message.startsWith('NOSCRIPT')) {
+          client.eval(script.lua, redisKeys.length, ...redisKeys, ...args).then(answered, failed);
+        } else failed(error);
+      });
+    });
+  }
+
+  private failure({ op, keys }: ScriptCall, client: Redis | Cluster, error: unknown): LockBackendError {
+    const message = sentence(error instanceof Error ? error.message : String(error));
+    return new LockBackendError(this.backendName, `${op} of ${keys.join(', ')} failed: ${message}${this.connection.describeState(client)}`, error);
+  }
+}
+
+/** Messages from ioredis and our own may end in '.' or '?' already; no 'cache..' or 'overloaded?.'. */
+function sentence(text: string): string {
+  return /[.?!]$/.test(text) ? text : `${text}.`;
+}

@@ -1,0 +1,228 @@
+import { performance } from 'node:perf_hooks';
+import type { LockBackend } from './backends/lock-backend.interface.js';
+import type { AcquireOptions, ResolvedModuleOptions } from './distributed-lock.options.js';
+import { Lease, type LeaseTracker } from './lock-lease.js';
+import type { LockWaitQueue, Waiter } from './lock-wait-queue.js';
+import { DistributedLockError, LockBackendError } from './lock.errors.js';
+import { newOwnerToken } from './owner-token.js';
+
+/** A wait that ended without the lock. */
+export interface NotAcquired {
+  waitedMs: number;
+  retryAfterMs?: number;
+}
+
+/** What an acquisition needs from the LockService it runs for. */
+export interface AcquisitionHost extends LeaseTracker {
+  readonly backend: LockBackend;
+  readonly options: ResolvedModuleOptions;
+  /** This process's callers waiting for a key set, in order of arrival. */
+  readonly queue: LockWaitQueue;
+  /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
+  readonly shuttingDown: boolean;
+  /** A lease this acquisition won: the host tracks it until it ends. */
+  leaseStarted(lease: Lease): void;
+  /** Keeps a background request (a release, an attempt in flight) in the set that shutdown waits for. */
+  track(request: Promise<void>): void;
+}
+
+/**
+ * One call's way to a lease on keys the calling context does not hold yet: its attempts, its place
+ * in this process's queue and in the backend's line, and giving up. One object per call.
+ */
+export class LockAcquisition {
+  private readonly ttl: number;
+  private readonly wait: number;
+  private readonly autoExtend: boolean;
+  private readonly signal: AbortSignal | undefined;
+  /**
+   * One per call, shared by its attempts: the backend's line knows a waiter by it, and a release
+   * hands the lock to it.
+   */
+  private readonly owner = newOwnerToken();
+  private readonly started = performance.now();
+  private readonly deadline: number;
+  // A caller that does not wait stays out of the backend's line: no release to leave it after.
+  private readonly willWait: boolean;
+  /** The key set as this process's queue names it. */
+  private readonly id: string;
+  private retryAfterMs: number | undefined;
+  private lastError: unknown;
+  /** A waiting attempt failed, so a backend that keeps a line of waiters may have us in it. */
+  private inLine = false;
+  private acquired: Lease | undefined;
+  /** This call gave up (or failed): its owner holds nothing it knows of. */
+  private finished = false;
+  /** Whether a release right after our last failed attempt still reaches us once we watch. */
+  private heard = false;
+  private unwatch: (() => void) | undefined;
+
+  constructor(
+    private readonly host: AcquisitionHost,
+    private readonly keys: string[],
+    options: AcquireOptions | undefined,
+  ) {
+    this.ttl = options?.ttl ?? host.options.ttl;
+    this.wait = options?.wait ?? host.options.wait;
+    this.autoExtend = options?.autoExtend ?? host.options.autoExtend;
+    this.signal = options?.signal;
+    this.deadline = this.started + this.wait;
+    this.willWait = this.wait > 0;
+    this.id = keys.join('\n');
+  }
+
+  /** The lease, or how long it waited; throws on abort, shutdown or a backend failure. */
+  async run(): Promise<Lease | NotAcquired> {
+    this.signal?.throwIfAborted();
+    if (this.host.shuttingDown) throw this.shutDownError();
+    // A caller that does not wait tries once, whoever else is queued here.
+    if (this.wait === 0) return (await this.attempt()) ?? this.giveUp();
+
+    // Callers of this process queue up here: only the first of them talks to the backend, so a
+    // newcomer never overtakes a waiter of the same process. The exception: while nobody of ours
+    // waits yet (the queue is empty, or all in it still await their first answer), a caller tries
+    // at once. It joins the queue before its attempt goes out, so the queue keeps the order in which
+    // attempts reach the backend (one connection: in order), which is the order of the backend's
+    // line: the waiter the backend hands the lock to is always the first here, the one listening.
+    const queue = this.host.queue;
+    const first = queue.allTrying(this.id);
+    const waiter = queue.join(this.id);
+    try {
+      if (first) {
+        // The backend listened before the attempt went out and keeps a wake-up until it is watched.
+        this.heard = this.host.backend.watching?.(this.keys) === true;
+        waiter.trying = true;
+        const lease = await this.attempt();
+        waiter.trying = false;
+        if (lease) return lease;
+      }
+      return await this.waitInQueue(waiter);
+    } finally {
+      this.unwatch?.();
+      queue.leave(this.id, waiter);
+      this.leaveLine();
+    }
+  }
+
+  /** Sleeps until first in this process's queue, then tries each time it is woken or polls. */
+  private async waitInQueue(waiter: Waiter): Promise<Lease | NotAcquired> {
+    for (;;) {
+      this.signal?.throwIfAborted();
+      if (this.host.shuttingDown) throw this.shutDownError();
+      if (performance.now() >= this.deadline) return this.giveUp();
+      if (!this.host.queue.isHead(this.id, waiter)) {
+        // Its attempt may be long past once it is first: it then tries again.
+        this.heard = false;
+        await waiter.sleep(this.deadline - performance.now(), this.signal);
+        continue;
+      }
+      if (await this.watchThenTryNow(waiter)) {
+        const lease = await this.attempt();
+        if (lease) return lease;
+      }
+      const remaining = this.deadline - performance.now();
+      if (remaining <= 0) return this.giveUp();
+      await waiter.sleep(Math.min(this.pause(), remaining), this.signal);
+    }
+  }
+
+  /**
+   * Subscribes (once) to the releases of the keys; whether to try again at once, since a release
+   * between the failed attempt and the subscription would be missed, unless the backend kept it.
+   */
+  private async watchThenTryNow(waiter: Waiter): Promise<boolean> {
+    const backend = this.host.backend;
+    if (this.unwatch || !backend.watch) return true;
+    this.unwatch = await backend.watch(this.keys, waiter.wake, this.owner).catch(() => undefined);
+    return !(this.heard && this.unwatch);
+  }
+
+  /** Polling is only the fallback for a missed wake-up; a known lease end comes first. */
+  private pause(): number {
+    const poll = this.host.options.pollInterval * (0.75 + Math.random() / 2);
+    return this.lastError === undefined && this.retryAfterMs !== undefined ? Math.min(this.retryAfterMs + 1, poll) : poll;
+  }
+
+  /** One request to the backend: the lease if it won, else undefined (the reason is kept). */
+  private async attempt(): Promise<Lease | undefined> {
+    const { backend } = this.host;
+    const sentAt = performance.now();
+    let result;
+    try {
+      const request = backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire: this.onLateAcquire });
+      this.host.track(request.then(ignore, ignore));
+      result = await request;
+    } catch (error) {
+      // A caller's mistake the backend found (keys a Redis Cluster cannot lock together): no
+      // retry can fix it, so it is not a backend failure to wait out.
+      if (error instanceof DistributedLockError && !(error instanceof LockBackendError)) throw error;
+      this.inLine = this.willWait;
+      this.lastError = error;
+      return undefined;
+    }
+    this.lastError = undefined;
+    if (!result.acquired) {
+      this.inLine = this.willWait;
+      this.retryAfterMs = result.retryAfterMs;
+      return undefined;
+    }
+    if (this.host.shuttingDown || this.signal?.aborted) {
+      // Won while the application shut down, or after the caller stopped wanting it: nothing
+      // would release it later, so it goes now, by the background release that takes a waiter
+      // out of the line.
+      this.inLine = true;
+      this.leaveLine();
+      this.signal?.throwIfAborted();
+      throw this.shutDownError();
+    }
+    const validUntil = sentAt + (result.validityMs ?? this.ttl);
+    const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host);
+    this.host.leaseStarted(lease);
+    this.acquired = lease;
+    return lease;
+  }
+
+  /**
+   * An attempt reported as failed (timed out) may still win in the backend. The owner is shared by
+   * this call's attempts, so a late win is this call's own lock: while it still tries, a later
+   * attempt finds the lock already its own, and giving up frees it; while it holds, it is in use.
+   * Only when it gave up, or its lease already ended, would nobody free it.
+   */
+  private readonly onLateAcquire = (): void => {
+    if (!this.finished && !this.acquired) this.inLine = true;
+    else if (this.acquired?.state !== 'held') this.releaseInBackground();
+  };
+
+  private leaveLine(): void {
+    this.finished = true;
+    if (!this.inLine || this.acquired) return;
+    this.inLine = false;
+    // Release by an owner that holds nothing only takes it out of the backend's line, so a
+    // waiter that gave up does not hold up the others (one that holds the keys frees them).
+    this.releaseInBackground();
+  }
+
+  /** Not awaited; shutdown waits for it. */
+  private releaseInBackground(): void {
+    this.host.track(this.host.backend.release(this.keys, this.owner).then(ignore, ignore));
+  }
+
+  private giveUp(): NotAcquired {
+    this.leaveLine();
+    const error = this.lastError;
+    if (error !== undefined) {
+      throw error instanceof LockBackendError
+        ? error
+        : new LockBackendError(this.host.backend.name, `acquire of ${this.keys.join(', ')} failed: ${String(error)}`, error);
+    }
+    return { waitedMs: performance.now() - this.started, retryAfterMs: this.retryAfterMs };
+  }
+
+  private shutDownError(): LockBackendError {
+    return new LockBackendError(this.host.backend.name, `acquire of ${this.keys.join(', ')} failed: the application is shutting down.`);
+  }
+}
+
+function ignore(): undefined {
+  return undefined;
+}
