@@ -93,7 +93,10 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
                 await new Promise((resolve) => setImmediate(resolve));
                 value = read + 1;
                 inside--;
-              });
+                // A wait long enough for a loaded CI machine (200 sections, one at a time), and a
+                // lease longer still: a hand-over lost to a waiter nobody listens for would keep
+                // the key for the whole lease and still fail the wait.
+              }, { wait: 30_000, ttl: 60_000 });
             }
           })(),
         ),
