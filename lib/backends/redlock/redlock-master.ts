@@ -20,6 +20,7 @@ export interface RedlockSubscriberClient {
   unsubscribe(...channels: string[]): Promise<unknown>;
   on(event: 'message', listener: (channel: string, message: string) => void): unknown;
   on(event: 'error', listener: (error: Error) => void): unknown;
+  once?(event: 'ready', listener: () => void): unknown;
   disconnect(): void;
 }
 

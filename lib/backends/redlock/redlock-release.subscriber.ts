@@ -47,20 +47,29 @@ export class RedlockReleaseSubscriber {
   private join(name: string, onRelease: () => void): Channel {
     let channel = this.channels.get(name);
     if (!channel) {
-      channel = {
-        name,
-        listeners: new Set(),
-        lastOwner: undefined,
-        subscribed: this.masters.map((_, i) =>
-          this.connection(i)
-            .subscribe(name)
-            .then(() => true, () => false),
-        ),
-      };
+      channel = { name, listeners: new Set(), lastOwner: undefined, subscribed: [] };
       this.channels.set(name, channel);
+      for (const i of this.masters.keys()) this.subscribe(channel, i);
     }
     channel.listeners.add(onRelease);
     return channel;
+  }
+
+  /**
+   * ioredis renews on reconnect only the subscriptions a server confirmed: one rejected while the
+   * master was down is asked again here when the connection is back, as long as it is watched.
+   */
+  private subscribe(channel: Channel, i: number): void {
+    const connection = this.connection(i);
+    channel.subscribed[i] = connection.subscribe(channel.name).then(
+      () => true,
+      () => {
+        connection.once?.('ready', () => {
+          if (!this.closed && this.channels.get(channel.name) === channel) this.subscribe(channel, i);
+        });
+        return false;
+      },
+    );
   }
 
   private leave(channel: Channel, onRelease: () => void): void {

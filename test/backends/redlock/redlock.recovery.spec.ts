@@ -117,6 +117,28 @@ describe('redlock backend recovering from master faults', () => {
     expect(heard).toEqual(['marker']);
   });
 
+  it('subscribes again to a master that was down when a waiter started watching, once it is back', async () => {
+    const backend = masters.backend();
+    backends.push(backend);
+    await masters.servers[2].kill();
+    let woken = 0;
+    const stop = await backend.watch(['watched'], () => woken++);
+    // The clients give up a request after one reconnect: let the SUBSCRIBE to master 2 fail.
+    const subscriber = (backend as unknown as { subscriber: { connections: Redis[] } }).subscriber.connections[2];
+    let reconnects = 0;
+    subscriber.on('reconnecting', () => reconnects++);
+    await until(() => reconnects >= 3, 10_000, 'the subscriber to retry master 2');
+    await masters.servers[2].restart();
+    const [, , direct] = masters.connect();
+    // Only master 2 announces this release: it reaches the waiter once that master took the subscription.
+    let n = 0;
+    await until(async () => {
+      await direct.publish('lock-released:watched', `owner-${n++}`);
+      return woken > 0;
+    }, 10_000, "master 2's release message");
+    stop();
+  });
+
   it('shuts down while a master is frozen: its connection is dropped after masterTimeout', async () => {
     const backend = new RedlockLockBackend({ clients: masters.urls(), masterTimeout: 500 });
     const locks = new LockService(backend, { keyPrefix: '' });
