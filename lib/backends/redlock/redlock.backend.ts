@@ -19,6 +19,9 @@ export type RedlockLockState = LockState & { fencingToken?: never };
 /** Upper bound of the random pause before retrying after attempts split the masters, in ms. */
 const SPLIT_RETRY_MS = 50;
 
+/** At most one bare-quorum warning per this many ms and backend; the others are counted. */
+const BARE_QUORUM_LOG_INTERVAL_MS = 10_000;
+
 const logger = new Logger('DistributedLock');
 
 /**
@@ -45,6 +48,8 @@ export class RedlockLockBackend implements LockBackend {
   private readonly isRefusal: (error: Error) => boolean;
   private readonly subscriber: RedlockReleaseSubscriber;
   private readonly identities: RedlockMasterIdentities;
+  private bareQuorumLoggedAt = Number.NEGATIVE_INFINITY;
+  private bareQuorumSince = 0;
 
   constructor(clients: readonly (RedlockMasterClient | string)[] | RedlockLockBackendOptions) {
     // First, so a missing package is reported before any client is opened.
@@ -102,14 +107,15 @@ export class RedlockLockBackend implements LockBackend {
       );
     }
     // Keys we set on a minority would block everyone until they expire: take them back, without
-    // waiting for a frozen master. The clean-up is queued behind our acquire on each connection,
-    // so it also catches a late one.
+    // waiting for a frozen master.
     this.cleanUp(keys, owner, votes.refused);
     if (answer === 'no quorum') throw new RedlockQuorumError('acquire', keys, q, this.masters.length, votes.failures);
     // Every master answered and none of them with a quorum of refusals: competing attempts split
     // the masters, and no release will come to wake us. Retry soon, at a random moment, so they
     // do not split again.
-    if (votes.refused.length < q && votes.failures.length === 0 && votes.pending === 0) return { acquired: false, retryAfterMs: Math.random() * SPLIT_RETRY_MS };
+    if (votes.refused.length < q && votes.failures.length === 0 && votes.pending === 0) {
+      return { acquired: false, retryAfterMs: Math.random() * SPLIT_RETRY_MS };
+    }
     return { acquired: false };
   }
 
@@ -212,13 +218,22 @@ export class RedlockLockBackend implements LockBackend {
    */
   private noteBareQuorum(operation: 'acquire' | 'extend', keys: readonly string[], votes: Votes): void {
     if (votes.granted.length !== this.quorum || this.quorum === this.masters.length) return;
+    // While a master is down every lock is on a bare quorum: one line per interval, with a count.
+    const now = performance.now();
+    if (now - this.bareQuorumLoggedAt < BARE_QUORUM_LOG_INTERVAL_MS) {
+      this.bareQuorumSince++;
+      return;
+    }
+    const more = this.bareQuorumSince > 0 ? ` (and ${this.bareQuorumSince} more since the last such message)` : '';
+    this.bareQuorumLoggedAt = now;
+    this.bareQuorumSince = 0;
     const missing = [
       ...votes.refused.map((master) => `master ${master.name}: held by another owner`),
       ...votes.failures.map((failure) => failure.error.message),
     ];
     logger.warn(
       `RedlockLockBackend: ${operation} of ${keys.join(', ')} won on exactly a quorum (${this.quorum} of ${this.masters.length} masters; ` +
-        `${missing.join('; ')}). One more lost or emptied master could let a second owner in, until an extension re-creates the key there.`,
+        `${missing.join('; ')})${more}. One more lost or emptied master could let a second owner in, until an extension re-creates the key there.`,
     );
   }
 
