@@ -20,10 +20,7 @@ export class RedlockMasterIdentities {
   private refusal: InvalidLockOptionsError | undefined;
   private closed = false;
 
-  constructor(
-    private readonly masters: readonly RedlockMaster[],
-    private readonly timeoutMs: number,
-  ) {}
+  constructor(private readonly masters: readonly RedlockMaster[]) {}
 
   /** Resolves once the masters reachable at first use are identified; rejects with a refusal. */
   async verified(): Promise<void> {

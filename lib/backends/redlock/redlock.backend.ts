@@ -26,9 +26,10 @@ const logger = new Logger('DistributedLock');
 
 /**
  * Locks on several independent Redis masters (the Redlock algorithm); the `redlock` package runs
- * each script on each master, the quorum count is ours. A lock exists while a quorum of masters holds it, so it survives the
- * loss of a minority of masters; it relies on bounded clock drift and process pauses, and it
- * hands out no fencing tokens (`fencing = false`): see the README's Redlock section.
+ * each script on each master, the quorum count is ours. A lock exists while a quorum of masters
+ * holds it, so it survives the loss of a minority of masters; it relies on bounded clock drift and
+ * process pauses, and it hands out no fencing tokens (`fencing = false`): see the README's
+ * Redlock section.
  *
  * ```ts
  * new RedlockLockBackend(['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', 'redis://10.0.0.3:6379'])
@@ -58,7 +59,7 @@ export class RedlockLockBackend implements LockBackend {
     this.quorum = this.options.quorum;
     const patient = new Set([RELEASE_SCRIPT, sha1(RELEASE_SCRIPT), CLEANUP_SCRIPT]);
     this.masters = this.options.clients.map((client) => new RedlockMaster(client, describeMaster(client), this.options.masterTimeout, patient));
-    // retryCount 0: the package must not retry (its retries compute expiry from the first
+    // retryCount 0: we never call its retrying methods (their expiry counts from the first
     // attempt, node-redlock #168/#169/#283); LockService owns waiting. Scripts are passed as
     // functions: 5.0.0-beta.2 ignores scripts given as strings despite its typings.
     this.redlock = new pkg.default(this.masters, { retryCount: 0 }, {
@@ -72,7 +73,7 @@ export class RedlockLockBackend implements LockBackend {
     const { ResourceLockedError } = pkg;
     this.isRefusal = (error) => error instanceof ResourceLockedError;
     this.subscriber = new RedlockReleaseSubscriber(this.masters, this.quorum, this.options.subscribeTimeout);
-    this.identities = new RedlockMasterIdentities(this.masters, this.options.masterTimeout);
+    this.identities = new RedlockMasterIdentities(this.masters);
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<RedlockAcquireResult> {
@@ -198,7 +199,10 @@ export class RedlockLockBackend implements LockBackend {
     await Promise.allSettled((this.options.owned as OwnedClient[]).map((client) => this.quit(client)));
   }
 
-  /** QUIT, so commands already sent get their answers; a frozen master never answers it: dropped after masterTimeout. */
+  /**
+   * QUIT, so commands already sent get their answers; a frozen master keeps the connection open
+   * and never answers it, so the connection is dropped after `masterTimeout`.
+   */
   private async quit(client: OwnedClient): Promise<void> {
     if (client.status !== 'ready') return client.disconnect();
     let timer: NodeJS.Timeout | undefined;
