@@ -25,8 +25,9 @@ const SECTION_MS = 1;
  * redlock package used directly with its defaults.
  */
 export async function redlockBench(report: Report): Promise<void> {
-  report.note('redlock: starting 5 redis-servers');
+  report.note('redlock: starting 6 redis-servers (the sixth is frozen with SIGSTOP for the "one master frozen" rows)');
   const servers = await Promise.all(Array.from({ length: 5 }, () => RedisServer.start()));
+  const frozen = await RedisServer.start();
   const proxies: DelayProxy[] = [];
   const opened: Redis[] = [];
   const closers: (() => Promise<unknown>)[] = [];
@@ -50,7 +51,14 @@ export async function redlockBench(report: Report): Promise<void> {
   try {
     const local = servers.map((server) => server.port);
     report.note('redlock: acquisition latency by number of masters, on localhost');
-    await acquisitionLatency(report, 'redlock: acquisition latency, localhost', local, 2_000, connect, service, redisService);
+    // Two live masters and a frozen one: an attempt must not wait for the frozen master's vote.
+    const oneFrozen = [local[0], local[1], frozen.port];
+    const withFrozen = service(oneFrozen);
+    await (await withFrozen.acquire('warm-up')).release(); // connected before the freeze
+    frozen.pause();
+    await acquisitionLatency(report, 'redlock: acquisition latency, localhost', local, 2_000, connect, service, redisService, {
+      'ours, 3 masters, one frozen': acquireWith(withFrozen),
+    });
 
     // Masters 1, 2, 3, 4 and 5 ms away: a quorum round should cost the quorum-th nearest
     // master's round trip (2 ms of 3, 3 ms of 5), a sequential one the sum (6 ms, 15 ms).
@@ -59,13 +67,18 @@ export async function redlockBench(report: Report): Promise<void> {
     await acquisitionLatency(report, 'redlock: acquisition latency, masters 1-5 ms away', proxies.map((proxy) => proxy.port), 300, connect, service, redisService);
 
     report.note(`redlock: hot key, ${WORKERS} workers x ${SECTIONS} sections x ${SECTION_MS} ms, localhost`);
-    for (const count of [3, 5]) {
-      const workers = Array.from({ length: WORKERS }, () => service(local.slice(0, count)));
+    const hotKeyRows: [string, readonly number[]][] = [
+      ['ours, 3 masters, a service per worker', local.slice(0, 3)],
+      ['ours, 5 masters, a service per worker', local],
+      ['ours, 3 masters, one frozen, a service per worker', oneFrozen],
+    ];
+    for (const [impl, ports] of hotKeyRows) {
+      const workers = Array.from({ length: WORKERS }, () => service(ports));
       const figures = await hotKey(async (worker) => {
         const handle = await workers[worker].acquire('hot', { wait: 60_000 });
         return () => handle.release();
       });
-      report.add({ scenario: 'redlock: hot key', impl: `ours, ${count} masters, a service per worker`, ...figures });
+      report.add({ scenario: 'redlock: hot key', impl, ...figures });
     }
     {
       // The same workers in one process share a LockService: its local FIFO queue hands over.
@@ -96,7 +109,7 @@ export async function redlockBench(report: Report): Promise<void> {
     await Promise.allSettled(closers.map((close) => close()));
     for (const client of opened) client.disconnect();
     await Promise.all(proxies.map((proxy) => proxy.close()));
-    await Promise.all(servers.map((server) => server.stop()));
+    await Promise.all([...servers, frozen].map((server) => server.stop()));
   }
 }
 
@@ -109,6 +122,7 @@ async function acquisitionLatency(
   connect: (ports: readonly number[]) => Redis[],
   service: (ports: readonly number[]) => LockService,
   redisService: (port: number) => LockService,
+  extra: Record<string, () => Promise<number>> = {},
 ): Promise<void> {
   const [single] = connect(ports.slice(0, 1));
   const sequential = connect(ports.slice(0, 3));
@@ -134,6 +148,7 @@ async function acquisitionLatency(
       await Promise.all(sequential.map((client) => client.del(key)));
       return sample;
     },
+    ...extra,
   };
   const samples: Record<string, number[]> = Object.fromEntries(Object.keys(impls).map((name) => [name, []]));
   for (const op of Object.values(impls)) for (let i = 0; i < Math.min(200, count / 4); i++) await op(); // JIT, script cache

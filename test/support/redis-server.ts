@@ -25,16 +25,18 @@ export class RedisServer {
     readonly port: number,
     private readonly extraArgs: readonly string[],
     private readonly configFile: string | undefined,
+    private readonly env: NodeJS.ProcessEnv | undefined,
   ) {}
 
   /**
    * `port`: a port the caller chose (a cluster node needs port + 10000 free too), else a free one.
    * `config`: the text of a config file, written to the server's own directory and passed first;
    * for settings only a file can hold (a sentinel's `sentinel monitor`, which it also rewrites).
+   * `env`: added to the server's environment (e.g. an LD_PRELOAD that shifts its clock).
    */
-  static async start(options: { args?: readonly string[]; port?: number; config?: string } = {}): Promise<RedisServer> {
+  static async start(options: { args?: readonly string[]; port?: number; config?: string; env?: NodeJS.ProcessEnv } = {}): Promise<RedisServer> {
     const port = options.port ?? (await freePort());
-    const server = new RedisServer(port, options.args ?? [], options.config === undefined ? undefined : 'redis.conf');
+    const server = new RedisServer(port, options.args ?? [], options.config === undefined ? undefined : 'redis.conf', options.env);
     if (options.config !== undefined) writeFileSync(join(server.dir, 'redis.conf'), options.config);
     try {
       await server.launch();
@@ -95,7 +97,7 @@ export class RedisServer {
     const child = spawn(
       'redis-server',
       [...config, '--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, ...this.extraArgs],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
+      { stdio: ['ignore', 'pipe', 'pipe'], env: this.env && { ...process.env, ...this.env } },
     );
     this.child = child;
     let output = '';

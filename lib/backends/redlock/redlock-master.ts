@@ -8,6 +8,9 @@ export interface RedlockMasterClient {
   evalsha(sha: string, numKeys: number, ...args: (string | number)[]): Promise<unknown>;
   eval(script: string, numKeys: number, ...args: (string | number)[]): Promise<unknown>;
   duplicate(): RedlockSubscriberClient;
+  /** Asked once per master, to refuse one server listed twice, a replica or a Cluster node. */
+  info(): Promise<string>;
+  once?(event: 'ready', listener: () => void): unknown;
 }
 
 /** The connection `duplicate()` returns, used only for SUBSCRIBE. */
@@ -17,6 +20,7 @@ export interface RedlockSubscriberClient {
   unsubscribe(...channels: string[]): Promise<unknown>;
   on(event: 'message', listener: (channel: string, message: string) => void): unknown;
   on(event: 'error', listener: (error: Error) => void): unknown;
+  once?(event: 'ready', listener: () => void): unknown;
   disconnect(): void;
 }
 
@@ -62,6 +66,10 @@ export class RedlockMaster {
 
   eval(script: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
     return this.request(this.patient.has(script), () => this.client.eval(script, numKeys, ...args));
+  }
+
+  info(): Promise<string> {
+    return this.request(false, () => this.client.info()) as Promise<string>;
   }
 
   private request(patient: boolean, send: () => Promise<unknown>): Promise<unknown> {

@@ -13,6 +13,8 @@ import type { RedlockMaster, RedlockSubscriberClient } from './redlock-master.js
 export class RedlockReleaseSubscriber {
   private readonly connections: (RedlockSubscriberClient | undefined)[];
   private readonly channels = new Map<string, Channel>();
+  /** Per master: channels whose SUBSCRIBE failed, asked again when its connection is back. */
+  private readonly renewals: Set<Channel>[];
   private closed = false;
 
   constructor(
@@ -21,6 +23,7 @@ export class RedlockReleaseSubscriber {
     private readonly timeoutMs: number,
   ) {
     this.connections = masters.map(() => undefined);
+    this.renewals = masters.map(() => new Set());
   }
 
   /** Resolves when a quorum of masters confirmed, or after the timeout (the waiter then polls). */
@@ -47,20 +50,41 @@ export class RedlockReleaseSubscriber {
   private join(name: string, onRelease: () => void): Channel {
     let channel = this.channels.get(name);
     if (!channel) {
-      channel = {
-        name,
-        listeners: new Set(),
-        lastOwner: undefined,
-        subscribed: this.masters.map((_, i) =>
-          this.connection(i)
-            .subscribe(name)
-            .then(() => true, () => false),
-        ),
-      };
+      channel = { name, listeners: new Set(), lastOwner: undefined, subscribed: [] };
       this.channels.set(name, channel);
+      for (const i of this.masters.keys()) this.subscribe(channel, i);
     }
     channel.listeners.add(onRelease);
     return channel;
+  }
+
+  /**
+   * ioredis renews on reconnect only the subscriptions a server confirmed: one rejected while the
+   * master was down is asked again here when the connection is back, as long as it is watched.
+   */
+  private subscribe(channel: Channel, i: number): void {
+    const connection = this.connection(i);
+    channel.subscribed[i] = connection.subscribe(channel.name).then(
+      () => true,
+      () => {
+        if (!this.live(channel)) return false;
+        const renew = this.renewals[i];
+        // One listener per connection, whatever the number of channels to renew.
+        if (renew.size === 0) {
+          connection.once?.('ready', () => {
+            const channels = [...renew];
+            renew.clear();
+            for (const pending of channels) if (this.live(pending)) this.subscribe(pending, i);
+          });
+        }
+        renew.add(channel);
+        return false;
+      },
+    );
+  }
+
+  private live(channel: Channel): boolean {
+    return !this.closed && this.channels.get(channel.name) === channel;
   }
 
   private leave(channel: Channel, onRelease: () => void): void {

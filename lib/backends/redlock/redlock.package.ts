@@ -2,42 +2,31 @@ import { InvalidLockOptionsError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
 import type { RedlockMaster, RedlockMasterClient } from './redlock-master.js';
 
-/** The part of redlock 5.0.0-beta.2 this backend drives. */
-export interface QuorumStats {
-  readonly membershipSize: number;
-  readonly quorumSize: number;
-  readonly votesFor: Set<RedlockMaster>;
-  readonly votesAgainst: Map<RedlockMaster, Error>;
-}
-
-export interface QuorumRound {
-  vote: 'for' | 'against';
-  /** Resolves once every master has voted (each bounded by the master's timeout). */
-  stats: Promise<QuorumStats>;
-}
-
 export interface LoadedScript {
   readonly value: string;
   readonly hash: string;
 }
 
+/** One master's vote, as the package reports it. */
+export type MasterVote = { vote: 'for'; client: RedlockMaster } | { vote: 'against'; client: RedlockMaster; error: Error };
+
 /**
- * One Redlock instance. `_attemptOperation` is the package's quorum round: the script goes to
- * every master in parallel, and the promise settles as soon as a quorum voted one way. It is
- * private in the typings but stable in the exactly pinned version; everything around it (retries,
- * expiry arithmetic, extension, errors) is ours, because that is where 5.0.0-beta.2 goes wrong.
+ * One Redlock instance. `_attemptOperationOnClient` runs a script on one master (by hash, then by
+ * text) and votes "for" when it returned the number of keys; it never rejects. It is private in
+ * the typings but stable in the exactly pinned version; everything around it (the quorum count,
+ * retries, expiry arithmetic, errors) is ours, because that is where 5.0.0-beta.2 goes wrong.
  */
 export interface RedlockQuorum {
   readonly scripts: { acquireScript: LoadedScript; extendScript: LoadedScript; releaseScript: LoadedScript };
   on(event: 'error', listener: (error: Error) => void): unknown;
-  _attemptOperation(script: LoadedScript, keys: readonly string[], args: readonly (string | number)[]): Promise<QuorumRound>;
+  _attemptOperationOnClient(client: RedlockMaster, script: LoadedScript, keys: readonly string[], args: readonly (string | number)[]): Promise<MasterVote>;
 }
 
 interface RedlockPackage {
   default: new (
     clients: Iterable<RedlockMaster>,
     settings: { retryCount: number },
-    scripts: { acquireScript?: string; releaseScript?: string },
+    scripts: { acquireScript?: string; extendScript?: string; releaseScript?: string },
   ) => RedlockQuorum;
   ResourceLockedError: new (message: string) => Error;
 }
@@ -60,11 +49,11 @@ export function loadRedlock(): RedlockPackage {
       `RedlockLockBackend needs the 'redlock' package: npm install redlock@5.0.0-beta.2 ioredis (${error instanceof Error ? error.message : String(error)})`,
     );
   }
-  const quorumRound = (pkg.default?.prototype as Partial<RedlockQuorum> | undefined)?._attemptOperation;
-  if (typeof quorumRound !== 'function' || typeof pkg.ResourceLockedError !== 'function') {
+  const vote = (pkg.default?.prototype as Partial<RedlockQuorum> | undefined)?._attemptOperationOnClient;
+  if (typeof vote !== 'function' || typeof pkg.ResourceLockedError !== 'function') {
     throw new InvalidLockOptionsError(
       'redlock',
-      `RedlockLockBackend is built on redlock 5.0.0-beta.2 and found a version without its quorum primitive. ` +
+      `RedlockLockBackend is built on redlock 5.0.0-beta.2 and found a version without its per-master script call. ` +
         `Install the pinned version: npm install redlock@5.0.0-beta.2.`,
     );
   }

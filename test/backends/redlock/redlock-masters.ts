@@ -12,8 +12,9 @@ export class RedlockMasters {
 
   private constructor(readonly servers: RedisServer[]) {}
 
-  static async start(count: number): Promise<RedlockMasters> {
-    return new RedlockMasters(await Promise.all(Array.from({ length: count }, () => RedisServer.start())));
+  /** `options(i)`: how to start the i-th server (e.g. with its clock shifted). */
+  static async start(count: number, options: (i: number) => Parameters<typeof RedisServer.start>[0] = () => ({})): Promise<RedlockMasters> {
+    return new RedlockMasters(await Promise.all(Array.from({ length: count }, (_, i) => RedisServer.start(options(i)))));
   }
 
   urls(): string[] {

@@ -38,7 +38,7 @@ describe('redlock backend', () => {
       direct.map(async (client) => {
         const stats = await client.info('commandstats');
         const calls = (name: string) => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(stats)?.[1] ?? 0);
-        return calls('evalsha') + calls('eval');
+        return calls('evalsha');
       }),
     );
 
@@ -58,7 +58,7 @@ describe('redlock backend', () => {
     await direct[0].set('split', 'someone-else', 'PX', 30_000);
     await direct[1].set('split', 'someone-else', 'PX', 30_000);
     expect(await backend.tryAcquire(['split'], 'me', 30_000)).toEqual({ acquired: false });
-    expect(await direct[2].exists('split')).toBe(0);
+    await until(async () => (await direct[2].exists('split')) === 0, 5_000, 'the clean-up on master 2');
   });
 
   it('reports the validity Redlock allows: the ttl less the clock drift, counted from the request', async () => {
