@@ -17,7 +17,10 @@ export class DelayProxy {
       upstream.setNoDelay(true);
       client.on('data', (chunk) => setTimeout(() => upstream.write(chunk), delayMs));
       upstream.on('data', (chunk) => client.write(chunk));
-      for (const [from, to] of [[client, upstream], [upstream, client]]) {
+      for (const [from, to] of [
+        [client, upstream],
+        [upstream, client],
+      ]) {
         this.sockets.add(from);
         from.on('close', () => {
           this.sockets.delete(from);

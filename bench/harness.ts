@@ -33,7 +33,8 @@ export class Report {
       const columns = ['impl', ...new Set(rows.flatMap((row) => Object.keys(row).filter((k) => k !== 'scenario' && k !== 'impl')))];
       const cells = rows.map((row) => columns.map((column) => format(row[column])));
       const widths = columns.map((column, i) => Math.max(column.length, ...cells.map((line) => line[i].length)));
-      const line = (values: string[]) => '| ' + values.map((v, i) => (i === 0 ? v.padEnd(widths[i]) : v.padStart(widths[i]))).join(' | ') + ' |';
+      const line = (values: string[]) =>
+        '| ' + values.map((v, i) => (i === 0 ? v.padEnd(widths[i]) : v.padStart(widths[i]))).join(' | ') + ' |';
       console.log(`\n${scenario}`);
       console.log(line(columns));
       console.log('|' + widths.map((w, i) => (i === 0 ? '-'.repeat(w + 2) : '-'.repeat(w + 1) + ':')).join('|') + '|');
@@ -79,7 +80,10 @@ async function loopFor(op: () => Promise<unknown>, ms: number): Promise<number> 
 }
 
 export function median(values: readonly number[]): number {
-  return percentile([...values].sort((a, b) => a - b), 50);
+  return percentile(
+    [...values].sort((a, b) => a - b),
+    50,
+  );
 }
 
 /** Nearest-rank percentile of an ascending array. */
@@ -113,7 +117,13 @@ export const round = (value: number, digits = 2): number => Number(value.toFixed
  * One hot-key worker: `count` times takes the lock, stays `sectionMs` inside and releases, pushing
  * each wait and each section's real length (ms); `lock` resolves to the lock's release.
  */
-export async function timedSections(lock: () => Promise<() => Promise<unknown>>, count: number, sectionMs: number, waits: number[], inside: number[]): Promise<void> {
+export async function timedSections(
+  lock: () => Promise<() => Promise<unknown>>,
+  count: number,
+  sectionMs: number,
+  waits: number[],
+  inside: number[],
+): Promise<void> {
   for (let i = 0; i < count; i++) {
     const asked = performance.now();
     const release = await lock();

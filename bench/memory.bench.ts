@@ -14,7 +14,12 @@ export async function memoryBench(report: Report): Promise<void> {
     'async-mutex': async () => (await mutex.acquire())(),
   });
   for (const [impl, opsPerSec] of Object.entries(pairs)) {
-    report.add({ scenario: 'memory: uncontended acquire+release', impl, opsPerSec: Math.round(opsPerSec), vsAsyncMutex: round(opsPerSec / pairs['async-mutex']) });
+    report.add({
+      scenario: 'memory: uncontended acquire+release',
+      impl,
+      opsPerSec: Math.round(opsPerSec),
+      vsAsyncMutex: round(opsPerSec / pairs['async-mutex']),
+    });
   }
 
   const app = await ordersApp();
@@ -41,7 +46,13 @@ export async function memoryBench(report: Report): Promise<void> {
     const before = settledHeap();
     for (let i = 0; i < cycles; i++) await op();
     const after = settledHeap();
-    report.add({ scenario: 'memory: heap growth after 1,000,000 cycles', impl, cycles, heapBeforeMB: round(before / 2 ** 20), growthKB: round((after - before) / 1024, 1) });
+    report.add({
+      scenario: 'memory: heap growth after 1,000,000 cycles',
+      impl,
+      cycles,
+      heapBeforeMB: round(before / 2 ** 20),
+      growthKB: round((after - before) / 1024, 1),
+    });
   };
   await heap('ours', async () => (await locks.acquire('k')).release());
   await heap('async-mutex', async () => (await mutex.acquire())());

@@ -135,7 +135,10 @@ async function lockedOverhead(report: Report, client: () => Redis): Promise<void
     const ping = percentile(await latencies(() => redis.ping(), calls), 50);
     const plain = percentile(await latencies(() => orders.plain(1), calls), 50);
     const locked = percentile(await latencies(() => orders.locked(1), calls), 50);
-    for (const [impl, p50] of [['plain', plain], ['@Locked', locked]] as const) {
+    for (const [impl, p50] of [
+      ['plain', plain],
+      ['@Locked', locked],
+    ] as const) {
       report.add({
         scenario: 'redis: @Locked method call overhead (p50)',
         impl,
@@ -212,7 +215,9 @@ async function hotKey(report: Report, client: () => Redis, service: (redis: Redi
 async function hotKeyProcesses(report: Report, port: number): Promise<void> {
   const { workers, sections, sectionMs } = HOT_KEY;
   const worker = new URL('./hot-key.worker.js', import.meta.url);
-  const children: ChildProcess[] = Array.from({ length: workers }, () => fork(worker, [String(port), 'hot:processes', String(sections), String(sectionMs)]));
+  const children: ChildProcess[] = Array.from({ length: workers }, () =>
+    fork(worker, [String(port), 'hot:processes', String(sections), String(sectionMs)]),
+  );
   try {
     const answers = (message?: string) =>
       Promise.all(
@@ -227,7 +232,14 @@ async function hotKeyProcesses(report: Report, port: number): Promise<void> {
     const started = performance.now();
     const results = await answers('go');
     const elapsed = performance.now() - started;
-    report.add(hotKeyRow('ours (8 processes)', elapsed, results.flatMap((r) => r.waits), results.flatMap((r) => r.inside)));
+    report.add(
+      hotKeyRow(
+        'ours (8 processes)',
+        elapsed,
+        results.flatMap((r) => r.waits),
+        results.flatMap((r) => r.inside),
+      ),
+    );
   } finally {
     for (const child of children) child.kill();
   }

@@ -64,7 +64,15 @@ export async function redlockBench(report: Report): Promise<void> {
     // master's round trip (2 ms of 3, 3 ms of 5), a sequential one the sum (6 ms, 15 ms).
     report.note('redlock: acquisition latency with masters 1, 2, 3, 4, 5 ms away');
     for (const [i, server] of servers.entries()) proxies.push(await DelayProxy.start(server.port, i + 1));
-    await acquisitionLatency(report, 'redlock: acquisition latency, masters 1-5 ms away', proxies.map((proxy) => proxy.port), 300, connect, service, redisService);
+    await acquisitionLatency(
+      report,
+      'redlock: acquisition latency, masters 1-5 ms away',
+      proxies.map((proxy) => proxy.port),
+      300,
+      connect,
+      service,
+      redisService,
+    );
 
     report.note(`redlock: hot key, ${WORKERS} workers x ${SECTIONS} sections x ${SECTION_MS} ms, localhost`);
     const hotKeyRows: [string, readonly number[]][] = [
@@ -162,7 +170,14 @@ async function acquisitionLatency(
   for (const [impl, values] of Object.entries(samples)) {
     const s = sorted(values);
     const p50 = percentile(s, 50);
-    report.add({ scenario, impl, samples: s.length, p50Ms: round(p50, 3), p99Ms: round(percentile(s, 99), 3), vsSingleP50: round(p50 / p50Single) });
+    report.add({
+      scenario,
+      impl,
+      samples: s.length,
+      p50Ms: round(p50, 3),
+      p99Ms: round(percentile(s, 99), 3),
+      vsSingleP50: round(p50 / p50Single),
+    });
   }
 }
 
@@ -205,9 +220,7 @@ function sorted(values: readonly number[]): number[] {
  * WORKERS workers each run SECTIONS critical sections of SECTION_MS on one key. The ideal rate is
  * one section per SECTION_MS; the FIFO bound on a wait is about WORKERS x SECTION_MS.
  */
-async function hotKey(
-  acquire: (worker: number, failed: () => void) => Promise<() => Promise<unknown>>,
-): Promise<Record<string, number>> {
+async function hotKey(acquire: (worker: number, failed: () => void) => Promise<() => Promise<unknown>>): Promise<Record<string, number>> {
   const waits: number[] = [];
   let failures = 0;
   let inside = 0;

@@ -115,7 +115,8 @@ const MODULE_OPTIONS: Record<string, Check> = {
   backend: [
     'an object implementing LockBackend (tryAcquire, extend, release, inspect)',
     (v) =>
-      typeof v === 'object' && v !== null &&
+      typeof v === 'object' &&
+      v !== null &&
       ['tryAcquire', 'extend', 'release', 'inspect'].every((m) => typeof (v as Record<string, unknown>)[m] === 'function'),
   ],
   keyPrefix: ['a string (may be empty)', (v) => typeof v === 'string'],
@@ -138,15 +139,15 @@ function check(options: unknown, checks: Record<string, Check>, where: string): 
     const value = (options as Record<string, unknown>)[name];
     const rule = checks[name];
     if (!rule) {
-      throw new InvalidLockOptionsError(
-        name,
-        `${where}: unknown option '${name}'. Accepted options: ${Object.keys(checks).join(', ')}.`,
-      );
+      throw new InvalidLockOptionsError(name, `${where}: unknown option '${name}'. Accepted options: ${Object.keys(checks).join(', ')}.`);
     }
     if (value === undefined) continue;
     const [accepts, ok, hint] = rule;
     if (!ok(value)) {
-      throw new InvalidLockOptionsError(name, `${where}: option '${name}' must be ${accepts}, got ${show(value)}.${hint ? ` ${hint}` : ''}`);
+      throw new InvalidLockOptionsError(
+        name,
+        `${where}: option '${name}' must be ${accepts}, got ${show(value)}.${hint ? ` ${hint}` : ''}`,
+      );
     }
   }
 }
@@ -187,9 +188,7 @@ export function resolveModuleOptions(options: DistributedLockModuleOptions | und
     );
   }
   check(options, MODULE_OPTIONS, 'DistributedLockModule');
-  const defined = Object.fromEntries(
-    Object.entries(options ?? {}).filter(([name, value]) => name !== 'backend' && value !== undefined),
-  );
+  const defined = Object.fromEntries(Object.entries(options ?? {}).filter(([name, value]) => name !== 'backend' && value !== undefined));
   const resolved: ResolvedModuleOptions = { ...MODULE_DEFAULTS, ...defined };
   const waiterTimeout = backend?.waiterTimeout;
   // A waiter asks again at least every pollInterval; asking less often than the backend keeps its

@@ -29,7 +29,13 @@ export {
   LockNotAcquiredError,
   type LockLostReason,
 } from './lock.errors.js';
-export { LockBackend, type AcquireResult, type ExtendResult, type LockState, type TryAcquireOptions } from './backends/lock-backend.interface.js';
+export {
+  LockBackend,
+  type AcquireResult,
+  type ExtendResult,
+  type LockState,
+  type TryAcquireOptions,
+} from './backends/lock-backend.interface.js';
 export { MemoryLockBackend } from './backends/memory.backend.js';
 export { RedisLockBackend } from './backends/redis/redis.backend.js';
 export type { RedisClusterConnectionOptions, RedisLockBackendOptions, RedisLockConnection } from './backends/redis/redis.options.js';

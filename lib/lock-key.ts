@@ -12,10 +12,7 @@ export type LockKeyFunction<A extends unknown[] = any[]> = (...args: A) => LockK
  * argument index, `<dto.items.0.sku>` a property path), a function of the arguments, or an array
  * of these to lock several keys together.
  */
-export type LockKeySource<A extends unknown[] = any[]> =
-  | string
-  | LockKeyFunction<A>
-  | readonly (string | LockKeyFunction<A>)[];
+export type LockKeySource<A extends unknown[] = any[]> = string | LockKeyFunction<A> | readonly (string | LockKeyFunction<A>)[];
 
 /** Where a key came from, for error messages: `OrderService.pay`. */
 export interface KeyOrigin {
@@ -37,11 +34,7 @@ const SEGMENT = /^(?:[A-Za-z_$][\w$]*|\d+)$/;
  * each call. Throws InvalidLockKeyError naming the class, method and template when a template
  * refers to something that does not exist.
  */
-export function compileKeySource(
-  source: LockKeySource,
-  origin: KeyOrigin,
-  params: readonly ParameterInfo[] | undefined,
-): KeyResolver {
+export function compileKeySource(source: LockKeySource, origin: KeyOrigin, params: readonly ParameterInfo[] | undefined): KeyResolver {
   const items = Array.isArray(source) ? source : [source];
   const where = `${origin.className}.${origin.methodName}`;
   if (items.length === 0) {

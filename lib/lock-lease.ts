@@ -208,7 +208,8 @@ export class Lease {
   private expire(): Promise<void> {
     // An extension still waiting for its answer is a backend that stopped answering (a paused
     // or partitioned Redis), not a holder that forgot to extend.
-    const unanswered = this.extensions > 0 ? new LockBackendError(this.backend.name, 'the extension got no answer before the lease ran out') : undefined;
+    const unanswered =
+      this.extensions > 0 ? new LockBackendError(this.backend.name, 'the extension got no answer before the lease ran out') : undefined;
     const cause = this.lastError ?? unanswered;
     return this.lose(cause ? 'backend-error' : 'expired', cause);
   }
@@ -225,7 +226,10 @@ export class Lease {
     // the rest of the TTL. Compare-and-delete: it never touches another owner's lock.
     return this.backend
       .release(this.keys, this.owner)
-      .then(() => undefined, () => undefined)
+      .then(
+        () => undefined,
+        () => undefined,
+      )
       .finally(() => this.tracker.leaseFreed(this));
   }
 

@@ -22,7 +22,12 @@ export type Relock = (subscribe: (handle: LockHandle) => Promise<void>) => Promi
  *
  * Returns undefined when `value` is not an Observable.
  */
-export function holdWhileSubscribed(value: unknown, handle: LockHandle, release: () => void, relock: Relock): Observable<unknown> | undefined {
+export function holdWhileSubscribed(
+  value: unknown,
+  handle: LockHandle,
+  release: () => void,
+  relock: Relock,
+): Observable<unknown> | undefined {
   if (!isObservable(value)) return undefined;
   const source = value;
   let handedOver: LockHandle | undefined = handle;

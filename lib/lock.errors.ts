@@ -17,7 +17,11 @@ export class DistributedLockError extends Error {
     if (Function.prototype[Symbol.hasInstance].call(this, value)) return true;
     if (typeof value !== 'object' || value === null || !(FAMILY in value)) return false;
     // An error of the other build: its class, or a class it extends, has this class's name.
-    for (let proto = Object.getPrototypeOf(value) as { constructor?: { name?: string } } | null; proto; proto = Object.getPrototypeOf(proto)) {
+    for (
+      let proto = Object.getPrototypeOf(value) as { constructor?: { name?: string } } | null;
+      proto;
+      proto = Object.getPrototypeOf(proto)
+    ) {
       if (proto.constructor?.name === this.name) return true;
     }
     return false;

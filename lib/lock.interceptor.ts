@@ -35,11 +35,15 @@ export class LockInterceptor implements NestInterceptor {
   constructor(@Optional() private readonly locks?: LockService) {}
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
-    return next.handle().pipe(
-      catchError((error: unknown) =>
-        error instanceof LockNotAcquiredError ? from(this.translate(error, context)).pipe(mergeMap((e) => throwError(() => e))) : throwError(() => error),
-      ),
-    );
+    return next
+      .handle()
+      .pipe(
+        catchError((error: unknown) =>
+          error instanceof LockNotAcquiredError
+            ? from(this.translate(error, context)).pipe(mergeMap((e) => throwError(() => e)))
+            : throwError(() => error),
+        ),
+      );
   }
 
   protected async translate(error: LockNotAcquiredError, context: ExecutionContext): Promise<unknown> {
@@ -70,7 +74,8 @@ export class LockInterceptor implements NestInterceptor {
     const response = context.switchToHttp().getResponse<{ header?: Function; setHeader?: Function }>();
     // Retry-After takes whole seconds: rounded up, so a client never comes back too early.
     const seconds = String(Math.ceil(body.retryAfterMs / 1000));
-    if (typeof response?.header === 'function') response.header('Retry-After', seconds); // Express and Fastify
+    if (typeof response?.header === 'function')
+      response.header('Retry-After', seconds); // Express and Fastify
     else response?.setHeader?.('Retry-After', seconds);
     return new ConflictException(body, { cause: error });
   }

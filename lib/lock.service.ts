@@ -243,4 +243,3 @@ export class LockService implements OnApplicationShutdown {
     this.releasing.add(tracked);
   }
 }
-

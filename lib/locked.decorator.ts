@@ -58,7 +58,8 @@ export type LockableMethod = (...args: any[]) => PromiseLike<unknown> | Observab
 export type LockedDecorator = <M extends Method>(
   target: object,
   propertyKey: string | symbol,
-  descriptor: TypedPropertyDescriptor<M> & (M extends LockableMethod ? unknown : '@Locked needs a method that returns a Promise (make it async) or an Observable'),
+  descriptor: TypedPropertyDescriptor<M> &
+    (M extends LockableMethod ? unknown : '@Locked needs a method that returns a Promise (make it async) or an Observable'),
 ) => void;
 
 const activeServices = processShared('fallback-services@1', (): LockService[] => []);

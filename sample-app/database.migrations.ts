@@ -46,7 +46,9 @@ const MIGRATION_LOCK = 7_151_001;
 export async function runMigrations(db: Database): Promise<void> {
   await db.transaction(async (tx) => {
     await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK]);
-    await tx.exec('CREATE TABLE IF NOT EXISTS schema_migrations (id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())');
+    await tx.exec(
+      'CREATE TABLE IF NOT EXISTS schema_migrations (id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())',
+    );
     const { rows } = await tx.query<{ id: number }>('SELECT id FROM schema_migrations');
     const applied = new Set(rows.map((row) => row.id));
     for (const migration of MIGRATIONS) {

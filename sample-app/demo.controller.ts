@@ -28,7 +28,13 @@ export class DemoController {
     @Body('stock', new IntRangePipe('stock', 1, 10_000, 100)) stock: number,
     @Res() reply: ServerResponse | { raw: ServerResponse },
   ): Promise<void> {
-    if (this.running) throw new ConflictException({ statusCode: 409, error: 'Conflict', code: 'DEMO_RUNNING', message: 'A demo is already running on this instance.' });
+    if (this.running)
+      throw new ConflictException({
+        statusCode: 409,
+        error: 'Conflict',
+        code: 'DEMO_RUNNING',
+        message: 'A demo is already running on this instance.',
+      });
     this.running = true;
     // Express hands us the ServerResponse itself, Fastify a reply that wraps it.
     const res = 'raw' in reply ? reply.raw : reply;

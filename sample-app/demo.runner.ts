@@ -77,7 +77,9 @@ export async function runDemo(options: DemoOptions): Promise<DemoSummary> {
       // Every buyer's connection is opened first (a GET each), so the purchases below leave
       // together on open sockets, as from 500 browsers already on the page, rather than
       // trickling out at the pace this one process can open TCP connections.
-      await Promise.all(Array.from({ length: buyers }, (_, buyer) => client.send('GET', `${baseUrls[buyer % baseUrls.length]}/products/${productId}`)));
+      await Promise.all(
+        Array.from({ length: buyers }, (_, buyer) => client.send('GET', `${baseUrls[buyer % baseUrls.length]}/products/${productId}`)),
+      );
 
       const progress: EndpointProgress = { endpoint, done: 0, sold: 0, outOfStock: 0, failed: 0 };
       const failures = new Map<string, number>();
@@ -87,7 +89,9 @@ export async function runDemo(options: DemoOptions): Promise<DemoSummary> {
         await Promise.all(
           Array.from({ length: buyers }, async (_, buyer) => {
             const url = `${baseUrls[buyer % baseUrls.length]}/products/${productId}/${DEMO_ENDPOINTS[endpoint]}`;
-            const response = await client.send('POST', url, { quantity: 1 }).catch((error: Error) => ({ status: 0, body: { message: error.message } }));
+            const response = await client
+              .send('POST', url, { quantity: 1 })
+              .catch((error: Error) => ({ status: 0, body: { message: error.message } }));
             const body = response.body as { code?: string; message?: string } | undefined;
             if (response.status === 201) progress.sold++;
             else if (response.status === 409 && body?.code === 'OUT_OF_STOCK') progress.outOfStock++;
@@ -134,7 +138,11 @@ class ShopClient {
     return new Promise((resolve, reject) => {
       const req = request(
         url,
-        { method, agent: this.agent, headers: payload ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) } : {} },
+        {
+          method,
+          agent: this.agent,
+          headers: payload ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) } : {},
+        },
         (res) => {
           let text = '';
           res.setEncoding('utf8');

@@ -17,7 +17,12 @@ const USAGE = 'usage: npm run demo [-- --instances N] [--buyers 500] [--stock 10
 
 async function main(): Promise<number> {
   const { values } = parseArgs({
-    options: { instances: { type: 'string', default: '1' }, buyers: { type: 'string', default: '500' }, stock: { type: 'string', default: '100' }, help: { type: 'boolean' } },
+    options: {
+      instances: { type: 'string', default: '1' },
+      buyers: { type: 'string', default: '500' },
+      stock: { type: 'string', default: '100' },
+      help: { type: 'boolean' },
+    },
   });
   if (values.help) {
     console.log(USAGE);
@@ -29,7 +34,10 @@ async function main(): Promise<number> {
   const config = configFromEnv();
 
   if (instances > 1) {
-    const missing = [!config.databaseUrl && 'DATABASE_URL (a PostgreSQL they all share)', !config.redisUrl && !config.redlockUrls && 'REDIS_URL (the Redis that holds their locks)'].filter(Boolean);
+    const missing = [
+      !config.databaseUrl && 'DATABASE_URL (a PostgreSQL they all share)',
+      !config.redisUrl && !config.redlockUrls && 'REDIS_URL (the Redis that holds their locks)',
+    ].filter(Boolean);
     if (missing.length > 0) {
       console.error(
         `--instances ${instances} runs ${instances} shop processes that must share a database and a lock backend, but ${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} not set.\n` +
@@ -89,7 +97,10 @@ async function startProcesses(count: number): Promise<RunningShop> {
   try {
     const urls = await Promise.all(
       Array.from({ length: count }, (_, index) => {
-        const child = spawn(process.execPath, [join(import.meta.dirname, 'main.js')], { env: { ...process.env, PORT: '0' }, stdio: ['ignore', 'pipe', 'pipe'] });
+        const child = spawn(process.execPath, [join(import.meta.dirname, 'main.js')], {
+          env: { ...process.env, PORT: '0' },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
         children.push(child);
         return waitForListening(child, `instance ${index + 1}`);
       }),
@@ -152,7 +163,8 @@ function printTable(summary: DemoSummary): void {
   }
   const widths = rows[0].map((_, column) => Math.max(...rows.map((row) => row[column].length)));
   console.log(`\n${summary.buyers} buyers of one item each, stock ${summary.stock}, per endpoint:`);
-  for (const row of rows) console.log(row.map((cell, column) => (column === 0 ? cell.padEnd(widths[column]) : cell.padStart(widths[column]))).join('  '));
+  for (const row of rows)
+    console.log(row.map((cell, column) => (column === 0 ? cell.padEnd(widths[column]) : cell.padStart(widths[column]))).join('  '));
   console.log('');
 }
 

@@ -39,7 +39,10 @@ export class ProductsRepository {
   }
 
   async create(name: string, stock: number): Promise<Product> {
-    const { rows } = await this.db.query<ProductRow>('INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock, last_token', [name, stock]);
+    const { rows } = await this.db.query<ProductRow>(
+      'INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock, last_token',
+      [name, stock],
+    );
     return toProduct(rows[0]);
   }
 

@@ -5,7 +5,10 @@ import { AppModule } from './app.module.js';
 import type { ShopConfig } from './shop.config.js';
 
 /** The shop as a Nest app, not yet listening: main.ts, the demo and the tests all start it here. */
-export async function createShopApp(config: ShopConfig, logger: LoggerService | LogLevel[] | false = ['error', 'warn']): Promise<INestApplication> {
+export async function createShopApp(
+  config: ShopConfig,
+  logger: LoggerService | LogLevel[] | false = ['error', 'warn'],
+): Promise<INestApplication> {
   const app = await NestFactory.create(AppModule.forRoot(config), { logger, abortOnError: false });
   app.enableShutdownHooks();
   // Node closes a keep-alive connection after 5 s idle; a client that reuses it at that moment gets

@@ -16,7 +16,11 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ShopConfig 
   return {
     databaseUrl: env.DATABASE_URL || undefined,
     redisUrl: env.REDIS_URL || undefined,
-    redlockUrls: env.REDLOCK_URLS ? env.REDLOCK_URLS.split(',').map((url) => url.trim()).filter(Boolean) : undefined,
+    redlockUrls: env.REDLOCK_URLS
+      ? env.REDLOCK_URLS.split(',')
+          .map((url) => url.trim())
+          .filter(Boolean)
+      : undefined,
     lockTtlMs: env.LOCK_TTL_MS ? positive('LOCK_TTL_MS', env.LOCK_TTL_MS) : undefined,
     lockAutoExtend: env.LOCK_AUTO_EXTEND ? env.LOCK_AUTO_EXTEND !== 'false' : undefined,
   };

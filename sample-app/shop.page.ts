@@ -5,8 +5,16 @@
  */
 /** The three ways to buy, one result card each. */
 const ENDPOINTS = [
-  { endpoint: 'unsafe', title: 'Unsafe', what: 'Read stock, subtract in the program, write it back. No lock: buyers who read the same stock all sell.' },
-  { endpoint: 'locked', title: 'Locked', what: "The same code under <code>@Locked('product:&lt;id&gt;')</code>, its write fenced by the lock's token." },
+  {
+    endpoint: 'unsafe',
+    title: 'Unsafe',
+    what: 'Read stock, subtract in the program, write it back. No lock: buyers who read the same stock all sell.',
+  },
+  {
+    endpoint: 'locked',
+    title: 'Locked',
+    what: "The same code under <code>@Locked('product:&lt;id&gt;')</code>, its write fenced by the lock's token.",
+  },
   { endpoint: 'atomic', title: 'Atomic', what: 'The database decrements, refusing to go below zero. One statement, no lock needed.' },
 ];
 

@@ -68,7 +68,11 @@ describe('bad input', () => {
       ['NaN', (o) => o.pay(Number.NaN), /resolved to NaN/],
       ['a missing path', (o) => o.checkout({ owner: {} }), /<dto\.owner\.id> .* resolved to undefined/],
       ['a path through null', (o) => o.checkout(null), /resolved to undefined/],
-      ['an empty key from a function', (o) => o.emptyFromFunction(), /key function of @Locked on Orders\.emptyFromFunction resolved to an empty string/],
+      [
+        'an empty key from a function',
+        (o) => o.emptyFromFunction(),
+        /key function of @Locked on Orders\.emptyFromFunction resolved to an empty string/,
+      ],
       ['a key over maxKeyLength', (o) => o.pay('x'.repeat(40)), /over maxKeyLength 40/],
       ['a boolean', (o) => o.pay(true), /resolved to boolean true/],
       // A line break would forge a log line where the key is printed; the message shows it escaped.
@@ -99,13 +103,33 @@ describe('bad input', () => {
       // Keys several at once share a local queue named by the keys joined with a line break.
       ['a key with a line break', (s: LockService) => s.acquire(['a\nb']), InvalidLockKeyError, /contains a control character/],
       ['a lone surrogate', (s: LockService) => s.acquire('\udc00'), InvalidLockKeyError, /not well-formed Unicode/],
-      ['ttl 0', (s: LockService) => s.acquire('k', { ttl: 0 }), InvalidLockOptionsError, /'ttl' must be a positive finite number of milliseconds, got 0/],
+      [
+        'ttl 0',
+        (s: LockService) => s.acquire('k', { ttl: 0 }),
+        InvalidLockOptionsError,
+        /'ttl' must be a positive finite number of milliseconds, got 0/,
+      ],
       ['a negative ttl', (s: LockService) => s.acquire('k', { ttl: -5 }), InvalidLockOptionsError, /'ttl' .* got -5/],
       ['a NaN ttl', (s: LockService) => s.acquire('k', { ttl: Number.NaN }), InvalidLockOptionsError, /'ttl' .* got NaN/],
       ['an infinite ttl', (s: LockService) => s.acquire('k', { ttl: Infinity }), InvalidLockOptionsError, /'ttl' .* got Infinity/],
-      ['a negative wait', (s: LockService) => s.acquire('k', { wait: -1 }), InvalidLockOptionsError, /'wait' must be 0 \(try once\) or a positive/],
-      ['an unknown option', (s: LockService) => s.acquire('k', { tll: 5 } as never), InvalidLockOptionsError, /unknown option 'tll'. Accepted options: ttl, wait, autoExtend/],
-      ['a bad onBusy', (s: LockService) => s.using('k', () => 1, { onBusy: 'wait' as never }), InvalidLockOptionsError, /'onBusy' must be 'throw' or 'skip'/],
+      [
+        'a negative wait',
+        (s: LockService) => s.acquire('k', { wait: -1 }),
+        InvalidLockOptionsError,
+        /'wait' must be 0 \(try once\) or a positive/,
+      ],
+      [
+        'an unknown option',
+        (s: LockService) => s.acquire('k', { tll: 5 } as never),
+        InvalidLockOptionsError,
+        /unknown option 'tll'. Accepted options: ttl, wait, autoExtend/,
+      ],
+      [
+        'a bad onBusy',
+        (s: LockService) => s.using('k', () => 1, { onBusy: 'wait' as never }),
+        InvalidLockOptionsError,
+        /'onBusy' must be 'throw' or 'skip'/,
+      ],
     ])('refuses %s, holding nothing', async (_what, call, type, message) => {
       const locks = service();
       const error = await call(locks).catch((e: unknown) => e);
@@ -122,7 +146,10 @@ describe('bad input', () => {
       [{ keyPrefix: 3 }, /option 'keyPrefix' must be a string/],
       [{ backend: {} }, /option 'backend' must be an object implementing LockBackend/],
       [{ maxKeyLength: 1.5 }, /option 'maxKeyLength' must be a positive integer/],
-      [{ wait: 1e20 }, /option 'wait' must be 0 \(try once\) or a positive finite number of milliseconds, got 100000000000000000000\. At most 2147483647/],
+      [
+        { wait: 1e20 },
+        /option 'wait' must be 0 \(try once\) or a positive finite number of milliseconds, got 100000000000000000000\. At most 2147483647/,
+      ],
       [{ ttl: 1e20 }, /option 'ttl' must be a positive finite number of milliseconds, got 100000000000000000000\. At most 2147483647/],
       [{ pollInterval: 3_000_000_000 }, /option 'pollInterval' .* got 3000000000\. At most 2147483647 \(about 24\.8 days\)/],
       [{ retries: 3 }, /unknown option 'retries'/],
@@ -143,13 +170,17 @@ describe('bad input', () => {
       const error = await boot(SlowPollModule).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(InvalidLockOptionsError);
       expect((error as InvalidLockOptionsError).option).toBe('pollInterval');
-      expect((error as Error).message).toMatch(/option 'pollInterval' \(1000 ms\) must be below the redis backend's waiterTimeout \(1000 ms\)/);
+      expect((error as Error).message).toMatch(
+        /option 'pollInterval' \(1000 ms\) must be below the redis backend's waiterTimeout \(1000 ms\)/,
+      );
       expect((error as Error).message).toMatch(/Lower pollInterval, or raise waiterTimeout/);
       // The default pollInterval (500 ms) counts too.
       expect(() => new LockService(new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 400 }))).toThrow(
         /'pollInterval' \(500 ms, the default\) must be below the redis backend's waiterTimeout \(400 ms\)/,
       );
-      expect(new LockService(new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 400 }), { pollInterval: 100 }).options.pollInterval).toBe(100);
+      expect(
+        new LockService(new RedisLockBackend('redis://127.0.0.1:1', { waiterTimeout: 400 }), { pollInterval: 100 }).options.pollInterval,
+      ).toBe(100);
     });
 
     it('stops the app on a @Locked option of the wrong type, naming the method', async () => {
@@ -172,7 +203,9 @@ describe('bad input', () => {
     ])("refuses the Redis backend's option %s = %p, saying what it accepts", (option, value) => {
       const create = () => new RedisLockBackend('redis://127.0.0.1:1', { [option]: value });
       expect(create).toThrow(InvalidLockOptionsError);
-      expect(create).toThrow(new RegExp(`option '${option}' must be a positive finite number of milliseconds, got ${value}\\. At most 2147483647`));
+      expect(create).toThrow(
+        new RegExp(`option '${option}' must be a positive finite number of milliseconds, got ${value}\\. At most 2147483647`),
+      );
     });
 
     it.each([
@@ -196,10 +229,18 @@ describe('bad input', () => {
     });
 
     it.each(['masterTimeout', 'subscribeTimeout'])("refuses Redlock's %s beyond what a timer keeps", (option) => {
-      const master = (port: number) => ({ evalsha: () => undefined, eval: () => undefined, duplicate: () => undefined, options: { host: 'h', port } });
-      const resolve = () => resolveRedlockOptions({ clients: [master(1), master(2), master(3)] as never, [option]: 3_000_000_000 }, () => undefined as never);
+      const master = (port: number) => ({
+        evalsha: () => undefined,
+        eval: () => undefined,
+        duplicate: () => undefined,
+        options: { host: 'h', port },
+      });
+      const resolve = () =>
+        resolveRedlockOptions({ clients: [master(1), master(2), master(3)] as never, [option]: 3_000_000_000 }, () => undefined as never);
       expect(resolve).toThrow(InvalidLockOptionsError);
-      expect(resolve).toThrow(new RegExp(`option '${option}' must be a positive number of milliseconds, got 3000000000\\. At most 2147483647`));
+      expect(resolve).toThrow(
+        new RegExp(`option '${option}' must be a positive number of milliseconds, got 3000000000\\. At most 2147483647`),
+      );
     });
 
     it.each([

@@ -221,8 +221,12 @@ describe('DistributedLockModule', () => {
     expect(() => DistributedLockModule.forRoot({ interceptor: 'no' as never })).toThrow(
       new InvalidLockOptionsError('interceptor', "DistributedLockModule: option 'interceptor' must be true or false, got 'no'."),
     );
-    expect(() => DistributedLockModule.forRootAsync({ isGlobal: 1 as never, useFactory: () => ({}) })).toThrow(/option 'isGlobal' must be true or false, got 1/);
-    expect(() => new LockService(undefined, { retryAfter: -1 })).toThrow(/option 'retryAfter' must be a number of milliseconds \(0 or more\) or a function/);
+    expect(() => DistributedLockModule.forRootAsync({ isGlobal: 1 as never, useFactory: () => ({}) })).toThrow(
+      /option 'isGlobal' must be true or false, got 1/,
+    );
+    expect(() => new LockService(undefined, { retryAfter: -1 })).toThrow(
+      /option 'retryAfter' must be a number of milliseconds \(0 or more\) or a function/,
+    );
 
     @Module({ imports: [DistributedLockModule.forRootAsync({ useFactory: () => ({ isGlobal: true }) as DistributedLockModuleOptions })] })
     class FactoryWithExtras {}

@@ -112,7 +112,12 @@ describe('LockHandle', () => {
     locks = new LockService(new MemoryLockBackend());
     const handle = await locks.acquire('shown');
     const owner = handle.leases[0].owner;
-    for (const shown of [inspect(handle), inspect(handle, { depth: 10, showHidden: true }), JSON.stringify(handle), String(JSON.stringify({ handle }))]) {
+    for (const shown of [
+      inspect(handle),
+      inspect(handle, { depth: 10, showHidden: true }),
+      JSON.stringify(handle),
+      String(JSON.stringify({ handle })),
+    ]) {
       expect(shown).toContain('lock:shown');
       expect(shown).not.toContain(owner);
     }

@@ -47,7 +47,12 @@ describe('LockService and LockHandle', () => {
     const other = new LockService(locks.backend);
     expect(await locks.inspect('i')).toBeUndefined();
     const handle = await locks.acquire('i', { ttl: 8_000 });
-    expect(await locks.inspect('i')).toEqual({ key: 'lock:i', ttlMs: expect.any(Number), fencingToken: handle.fencingToken, heldHere: true });
+    expect(await locks.inspect('i')).toEqual({
+      key: 'lock:i',
+      ttlMs: expect.any(Number),
+      fencingToken: handle.fencingToken,
+      heldHere: true,
+    });
     expect((await other.inspect('i'))?.heldHere).toBe(false);
     await handle.release();
   });
@@ -140,7 +145,9 @@ describe('LockService and LockHandle', () => {
     // timer armed, which may fire meanwhile but is never added to.
     const timersBefore = activeTimers();
     // The first waiter of the process and one queued behind it, both willing to wait a minute.
-    const waiting = [locks.acquire('busy', { wait: 60_000 }), locks.using('busy', () => 'ran', { wait: 60_000 })].map((p) => p.catch((e: unknown) => e));
+    const waiting = [locks.acquire('busy', { wait: 60_000 }), locks.using('busy', () => 'ran', { wait: 60_000 })].map((p) =>
+      p.catch((e: unknown) => e),
+    );
     await new Promise((resolve) => setImmediate(resolve));
     const started = Date.now();
     await locks.onApplicationShutdown();

@@ -20,7 +20,14 @@ import { Reflector } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { Test } from '@nestjs/testing';
 import request from 'supertest';
-import { DistributedLockModule, InvalidLockKeyError, LockNotAcquiredError, LockService, Locked, LockModuleNotImportedError } from '../lib/index.js';
+import {
+  DistributedLockModule,
+  InvalidLockKeyError,
+  LockNotAcquiredError,
+  LockService,
+  Locked,
+  LockModuleNotImportedError,
+} from '../lib/index.js';
 
 const ROLE = 'test:role';
 const Role = (role: string) => SetMetadata(ROLE, role);
@@ -146,7 +153,11 @@ class AppModule {}
 class RetryAfterModule {}
 
 const platforms = [
-  ['express', async (moduleRef: Awaited<ReturnType<ReturnType<typeof Test.createTestingModule>['compile']>>) => moduleRef.createNestApplication({ logger: false })],
+  [
+    'express',
+    async (moduleRef: Awaited<ReturnType<ReturnType<typeof Test.createTestingModule>['compile']>>) =>
+      moduleRef.createNestApplication({ logger: false }),
+  ],
   [
     'fastify',
     async (moduleRef: Awaited<ReturnType<ReturnType<typeof Test.createTestingModule>['compile']>>) => {
@@ -327,7 +338,12 @@ describe('@Locked', () => {
       }
     };
     expect(await keysWith(false)).toEqual(['lock:order:x:y:z', 'lock:order:x:y:z', 'lock:order:{a}b}:payment', 'lock:order:{42}:payment']);
-    expect(await keysWith(true)).toEqual(['lock:order:x%3Ay:z', 'lock:order:x:y%3Az', 'lock:order:{a%7Db}:payment', 'lock:order:{42}:payment']);
+    expect(await keysWith(true)).toEqual([
+      'lock:order:x%3Ay:z',
+      'lock:order:x:y%3Az',
+      'lock:order:{a%7Db}:payment',
+      'lock:order:{42}:payment',
+    ]);
   });
 
   it.each([

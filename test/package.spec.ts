@@ -18,7 +18,10 @@ describe('the published package', () => {
     const installed = join(app, 'node_modules', 'nest-distributed-lock');
     mkdirSync(installed, { recursive: true });
     execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(installed, 'dist')], { stdio: 'pipe' });
-    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { files: string[]; dependencies: Record<string, string> };
+    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
+      files: string[];
+      dependencies: Record<string, string>;
+    };
     writeFileSync(join(installed, 'package.json'), JSON.stringify(manifest));
     // The app's required peers and the package's own dependencies, from this repo's node_modules;
     // not the optional peers (ioredis, redlock): the package must load without them.
@@ -32,7 +35,9 @@ describe('the published package', () => {
   afterAll(() => rmSync(app, { recursive: true, force: true }));
 
   it('ships type declarations next to the entry named in the exports map', () => {
-    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { exports: Record<string, Record<string, Record<string, string>>> };
+    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
+      exports: Record<string, Record<string, Record<string, string>>>;
+    };
     const entry = manifest.exports['.'];
     const files = Object.values(entry).flatMap((condition) => Object.values(condition));
     expect(files).toEqual(expect.arrayContaining(['./dist/index.js', './dist/index.d.ts', './dist/cjs/index.js', './dist/cjs/index.d.ts']));
@@ -43,7 +48,8 @@ describe('the published package', () => {
     const dist = join(app, 'node_modules/nest-distributed-lock/dist');
     for (const dir of [dist, join(dist, 'cjs')]) {
       const service = readFileSync(join(dir, 'lock.service.d.ts'), 'utf8');
-      for (const member of ['run<', 'fullKeys(', 'leaseEnded(', 'leaseFreed(', 'leaseStarted(', 'track(']) expect(service).not.toContain(member);
+      for (const member of ['run<', 'fullKeys(', 'leaseEnded(', 'leaseFreed(', 'leaseStarted(', 'track('])
+        expect(service).not.toContain(member);
       expect(readFileSync(join(dir, 'lock.handle.d.ts'), 'utf8')).not.toContain('releaseQuietly');
     }
     // All of them, not only those the entry reaches, without skipLibCheck; the optional peers' types
@@ -60,7 +66,10 @@ describe('the published package', () => {
       typeRoots: [join(root, 'node_modules/@types')],
       paths: { ioredis: peer('ioredis'), redlock: peer('redlock') },
     };
-    writeFileSync(join(app, 'tsconfig.types.json'), JSON.stringify({ compilerOptions, include: ['node_modules/nest-distributed-lock/dist/**/*.d.ts'] }));
+    writeFileSync(
+      join(app, 'tsconfig.types.json'),
+      JSON.stringify({ compilerOptions, include: ['node_modules/nest-distributed-lock/dist/**/*.d.ts'] }),
+    );
     const tsc = join(root, 'node_modules/typescript/bin/tsc');
     const errors = (() => {
       try {
@@ -96,7 +105,9 @@ describe('the published package', () => {
   it('works from an ESM app by its package name', () => {
     writeFileSync(
       join(app, 'esm.mjs'),
-      script(`import 'reflect-metadata'; import * as lib from 'nest-distributed-lock'; import * as common from '@nestjs/common'; import * as core from '@nestjs/core';`),
+      script(
+        `import 'reflect-metadata'; import * as lib from 'nest-distributed-lock'; import * as common from '@nestjs/common'; import * as core from '@nestjs/core';`,
+      ),
     );
     const out = execFileSync(process.execPath, ['esm.mjs'], { cwd: app, encoding: 'utf8' });
     expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({ skipped: 'LockNotAcquiredError', ran: 'mon' });
@@ -117,9 +128,16 @@ describe('the published package', () => {
       }
       console.log(JSON.stringify(seen));`,
     );
-    const seen = JSON.parse(execFileSync(process.execPath, ['peers.mjs'], { cwd: app, encoding: 'utf8' }).trim()) as Record<string, unknown>;
+    const seen = JSON.parse(execFileSync(process.execPath, ['peers.mjs'], { cwd: app, encoding: 'utf8' }).trim()) as Record<
+      string,
+      unknown
+    >;
     expect(seen.redis).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install ioredis') });
-    expect(seen.redlock).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis') });
+    expect(seen.redlock).toEqual({
+      type: 'InvalidLockOptionsError',
+      ours: true,
+      message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
+    });
   }, 30_000);
 
   it('works from a CommonJS app through require()', () => {
@@ -146,7 +164,8 @@ describe('the ESM and CommonJS builds loaded in one process', () => {
     mkdirSync(installed, { recursive: true });
     execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(installed, 'dist')], { stdio: 'pipe' });
     writeFileSync(join(installed, 'package.json'), readFileSync(join(root, 'package.json')));
-    for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', 'acorn']) symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
+    for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', 'acorn'])
+      symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
   }, 60_000);
 
   afterAll(() => rmSync(app, { recursive: true, force: true }));

@@ -159,7 +159,7 @@ describe('reentrancy', () => {
     });
   });
 
-  it('sees no holder outside a scope, and the scope\'s handle inside it', async () => {
+  it("sees no holder outside a scope, and the scope's handle inside it", async () => {
     expect(locks.current()).toBeUndefined();
     await locks.using('order:7', async (handle) => {
       expect(locks.current('order:7')).toBe(handle);

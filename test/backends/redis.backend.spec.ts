@@ -4,7 +4,14 @@ import { Logger, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
-import { DistributedLockModule, InvalidLockKeyError, InvalidLockOptionsError, LockBackendError, LockLostError, LockService } from '../../lib/index.js';
+import {
+  DistributedLockModule,
+  InvalidLockKeyError,
+  InvalidLockOptionsError,
+  LockBackendError,
+  LockLostError,
+  LockService,
+} from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { RedisServer } from '../support/redis-server.js';
 import { activeTimers, until } from '../support/wait.js';
@@ -76,8 +83,12 @@ describe('RedisLockBackend', () => {
       const client = new Redis(fixture.server.port, '127.0.0.1', { lazyConnect: true });
       client.disconnect();
       expect(() => new RedisLockBackend(client)).toThrow(/the ioredis client given is closed/);
-      expect(() => new RedisLockBackend(fixture.server.url, { commandTimeout: 0 })).toThrow(/option 'commandTimeout' must be a positive finite number of milliseconds, got 0/);
-      expect(() => new RedisLockBackend(fixture.server.url, { waitTimeout: 5 } as never)).toThrow(/unknown option 'waitTimeout'. Accepted options: commandTimeout, waiterTimeout/);
+      expect(() => new RedisLockBackend(fixture.server.url, { commandTimeout: 0 })).toThrow(
+        /option 'commandTimeout' must be a positive finite number of milliseconds, got 0/,
+      );
+      expect(() => new RedisLockBackend(fixture.server.url, { waitTimeout: 5 } as never)).toThrow(
+        /unknown option 'waitTimeout'. Accepted options: commandTimeout, waiterTimeout/,
+      );
     });
 
     it('leaves a client you passed open, and closes the ones it created', async () => {
@@ -130,7 +141,9 @@ describe('RedisLockBackend', () => {
       expect(await commandsDuring(client, () => b.extend(['a', 'b'], 'o', 5_000))).toEqual({ evalsha: 1 });
       expect(await commandsDuring(client, () => b.inspect('a'))).toEqual({ evalsha: 1 });
       expect(await commandsDuring(client, () => b.release(['a', 'b'], 'o'))).toEqual({ evalsha: 1 });
-      expect(await commandsDuring(client, () => b.tryAcquire(['a'], 'o2', 5_000).then(() => b.tryAcquire(['a'], 'o3', 5_000)))).toEqual({ evalsha: 2 });
+      expect(await commandsDuring(client, () => b.tryAcquire(['a'], 'o2', 5_000).then(() => b.tryAcquire(['a'], 'o3', 5_000)))).toEqual({
+        evalsha: 2,
+      });
       client.disconnect();
     });
 
@@ -141,7 +154,10 @@ describe('RedisLockBackend', () => {
       await fixture.admin.config('RESETSTAT');
       expect((await b.tryAcquire(['free'], 'o', 5_000)).acquired).toBe(true);
       const calls = Object.fromEntries(
-        [...((await fixture.admin.info('commandstats')) as string).matchAll(/cmdstat_([\w|]+):calls=(\d+)/g)].map(([, name, n]) => [name, Number(n)]),
+        [...((await fixture.admin.info('commandstats')) as string).matchAll(/cmdstat_([\w|]+):calls=(\d+)/g)].map(([, name, n]) => [
+          name,
+          Number(n),
+        ]),
       );
       delete calls['config|resetstat'];
       expect(calls).toEqual({ evalsha: 1, exists: 1, set: 2, get: 1, time: 1 });
@@ -248,7 +264,9 @@ describe('RedisLockBackend', () => {
       const sent = await commandsDuring(waiterClient, async () => (granted = await watcher.tryAcquire(['w'], 'waiter', 5_000)));
       expect(sent).toEqual({});
       expect(granted).toMatchObject({ acquired: true, fencingToken: expect.any(Number) });
-      expect((granted as unknown as { fencingToken: number }).fencingToken).toBeGreaterThan((first as { fencingToken: number }).fencingToken);
+      expect((granted as unknown as { fencingToken: number }).fencingToken).toBeGreaterThan(
+        (first as { fencingToken: number }).fencingToken,
+      );
       // Its lease is counted from before the hand-over, so it is a little shorter than the ttl.
       expect((granted as unknown as { validityMs: number }).validityMs).toBeLessThanOrEqual(5_000);
       expect(await watcher.extend(['w'], 'waiter', 5_000)).toEqual({ extended: true });
@@ -267,7 +285,10 @@ describe('RedisLockBackend', () => {
       await first.release(['o'], 'a');
       await until(() => heard.length === 1, 5_000, 'the hand-over to x');
       // x and y take turns, each taking the lock from the line: every release is the contended kind.
-      let [holder, next] = [{ b: x, name: 'x', client: clients[0] }, { b: y, name: 'y', client: clients[1] }];
+      let [holder, next] = [
+        { b: x, name: 'x', client: clients[0] },
+        { b: y, name: 'y', client: clients[1] },
+      ];
       for (let round = 0; round < 5; round++) {
         heard.length = 0;
         expect(await holder.b.tryAcquire(['o'], holder.name, 5_000)).toMatchObject({ acquired: true });
@@ -293,14 +314,20 @@ describe('RedisLockBackend', () => {
       const holder = service(backend(), { keyPrefix: '' });
       const first = await holder.acquire('gap', { ttl: 10_000 });
       const second = waiting.acquire('gap', { ttl: 10_000, wait: 20_000 });
-      await until(async () => (await fixture.admin.zcard('{gap}:queue')) === 1 && ((await fixture.admin.pubsub('CHANNELS')) as string[]).length === 1, 5_000, 'the waiter to join the line and listen');
+      await until(
+        async () => (await fixture.admin.zcard('{gap}:queue')) === 1 && ((await fixture.admin.pubsub('CHANNELS')) as string[]).length === 1,
+        5_000,
+        'the waiter to join the line and listen',
+      );
       expect(waiting.backend.watching?.(['gap'])).toBe(true);
       await fixture.admin.client('KILL', 'TYPE', 'pubsub');
       // ioredis waits at least 50 ms before it reconnects: this hand-over's message reaches nobody.
       await first.release();
       expect(await fixture.admin.exists('gap')).toBe(1); // handed to the waiter, which has not heard of it
       let timer: NodeJS.Timeout | undefined;
-      const tooLate = new Promise((_, reject) => (timer = setTimeout(() => reject(new Error('the waiter was not woken after the reconnection')), 5_000)));
+      const tooLate = new Promise(
+        (_, reject) => (timer = setTimeout(() => reject(new Error('the waiter was not woken after the reconnection')), 5_000)),
+      );
       const handle = (await Promise.race([second, tooLate]).finally(() => clearTimeout(timer))) as Awaited<typeof second>;
       expect(handle.fencingToken).toBeGreaterThan(first.fencingToken!);
       expect(waiting.backend.watching?.(['gap'])).toBe(true);
@@ -378,7 +405,15 @@ describe('RedisLockBackend', () => {
       const waiters = Array.from({ length: 12 }, (_, i) =>
         waiting.using(`k${(i % 3) + 1}`, () => 'ran', { wait: 20_000 }).catch((error: unknown) => error),
       );
-      await until(async () => (await fixture.admin.zcard('{lock:k1}:queue')) + (await fixture.admin.zcard('{lock:k2}:queue')) + (await fixture.admin.zcard('{lock:k3}:queue')) === 12, 15_000, 'the waiters to line up');
+      await until(
+        async () =>
+          (await fixture.admin.zcard('{lock:k1}:queue')) +
+            (await fixture.admin.zcard('{lock:k2}:queue')) +
+            (await fixture.admin.zcard('{lock:k3}:queue')) ===
+          12,
+        15_000,
+        'the waiters to line up',
+      );
       expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
       await Promise.all(held.map((h) => h.release()));
       expect(await Promise.all(waiters)).toEqual(Array(12).fill('ran'));
@@ -429,7 +464,9 @@ describe('RedisLockBackend', () => {
         const locks = service();
         const handle = await locks.acquire('vanish', { ttl: 600 });
         await fixture.admin.del('lock:vanish');
-        const reason = await new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
+        const reason = await new Promise<unknown>((resolve) =>
+          handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)),
+        );
         expect(reason).toBeInstanceOf(LockLostError);
         expect((reason as LockLostError).reason).toBe('taken');
         expect(warn).toHaveBeenCalledWith(expect.stringMatching(/Lock lost on lock:vanish: the backend no longer has this owner/));

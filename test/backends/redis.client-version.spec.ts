@@ -35,7 +35,9 @@ describe(`the ioredis package the Redis tests run on (${version})`, () => {
     // The acquisition went through this package's Redis class, not another copy of ioredis.
     expect(sent.some(([name]) => name === 'evalsha' || name === 'eval')).toBe(true);
     // On connect the client announces its version to the server (CLIENT SETINFO LIB-VER).
-    const announced = sent.find(([name, sub, field]) => name === 'client' && sub?.toUpperCase() === 'SETINFO' && field?.toUpperCase() === 'LIB-VER');
+    const announced = sent.find(
+      ([name, sub, field]) => name === 'client' && sub?.toUpperCase() === 'SETINFO' && field?.toUpperCase() === 'LIB-VER',
+    );
     expect(announced?.[3]).toBe(version);
   });
 });

@@ -122,7 +122,8 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
     let seed = 11;
     const random = () => (seed = (seed * 48271) % 2147483647) / 2147483647;
     const keys = ['foo{}{bar}', '{}a}b', 'a{}}', 'x{{y}}', 'lock:é🔒{}}'];
-    for (let i = 0; i < 300; i++) keys.push(Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''));
+    for (let i = 0; i < 300; i++)
+      keys.push(Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''));
     const pipeline = cluster.admin(cluster.servers[0].port).pipeline();
     for (const key of keys) pipeline.call('CLUSTER', 'KEYSLOT', key);
     const slots = (await pipeline.exec())!.map(([error, slot]) => (error ? error.message : slot));
@@ -157,7 +158,11 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const node = cluster.admin(await cluster.portOf(key));
       // The waiter is subscribed on the shard that owns the key, by SSUBSCRIBE, not SUBSCRIBE.
       const channels = `${lockKeyLayout(key).line}:*`;
-      await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1, 5_000, `SSUBSCRIBE ${key}`);
+      await until(
+        async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', channels)) as string[]).length === 1,
+        5_000,
+        `SSUBSCRIBE ${key}`,
+      );
       expect(await node.call('PUBSUB', 'CHANNELS', '*')).toEqual([]);
       const releasedAt = Date.now();
       await holder.release();
@@ -213,9 +218,17 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       await failing.servers.find((s) => s.port === master)!.kill();
       await failing.promote(replica.port);
       // The holder's client finds the new master, where its lock still is.
-      await until(async () => (await a.inspect(key).catch(() => undefined))?.heldHere === true, 20_000, 'the holder to reach the new master');
+      await until(
+        async () => (await a.inspect(key).catch(() => undefined))?.heldHere === true,
+        20_000,
+        'the holder to reach the new master',
+      );
       // The waiter's process subscribes again there (its old shard is gone with the old master).
-      await until(async () => (await wakeChannels(failing.admin(replica.port), key)).length === 1, 20_000, 'the waiter to subscribe on the new master');
+      await until(
+        async () => (await wakeChannels(failing.admin(replica.port), key)).length === 1,
+        20_000,
+        'the waiter to subscribe on the new master',
+      );
       await handsOverOnRelease(holder, waiting);
     } finally {
       await Promise.all(services.map((s) => s.onApplicationShutdown()));
@@ -237,15 +250,19 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
         Array.from({ length: 10 }, (_, i) =>
           (async () => {
             for (let r = 0; r < 3; r++) {
-              await (i % 2 ? a : b).using(key, async (lock) => {
-                tokens.get(key)!.push(lock.fencingToken!);
-                inside.set(key, inside.get(key)! + 1);
-                maxInside = Math.max(maxInside, inside.get(key)!);
-                const read = values.get(key)!;
-                await new Promise((resolve) => setImmediate(resolve));
-                values.set(key, read + 1);
-                inside.set(key, inside.get(key)! - 1);
-              }, { wait: 20_000 });
+              await (i % 2 ? a : b).using(
+                key,
+                async (lock) => {
+                  tokens.get(key)!.push(lock.fencingToken!);
+                  inside.set(key, inside.get(key)! + 1);
+                  maxInside = Math.max(maxInside, inside.get(key)!);
+                  const read = values.get(key)!;
+                  await new Promise((resolve) => setImmediate(resolve));
+                  values.set(key, read + 1);
+                  inside.set(key, inside.get(key)! - 1);
+                },
+                { wait: 20_000 },
+              );
             }
           })(),
         ),
@@ -279,7 +296,11 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const node = cluster.admin(await cluster.portOf(`app:${key}`));
       expect(await node.exists(`app:${layout.lock}`, `app:${layout.fence}`)).toBe(2);
       const waiting = b.acquire(key, { wait: 20_000 });
-      await until(async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', `app:${layout.line}:*`)) as string[]).length === 1, 5_000, 'SSUBSCRIBE');
+      await until(
+        async () => ((await node.call('PUBSUB', 'SHARDCHANNELS', `app:${layout.line}:*`)) as string[]).length === 1,
+        5_000,
+        'SSUBSCRIBE',
+      );
       await holder.release();
       await (await waiting).release();
     }
@@ -288,20 +309,25 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
   });
 
   it('fails an acquire with a clear LockBackendError within its wait when no node answers, not a hang', async () => {
-    const service = new LockService(new RedisLockBackend({ clusterNodes: [{ host: '127.0.0.1', port: await freePort() }] }, { commandTimeout: 300 }));
+    const service = new LockService(
+      new RedisLockBackend({ clusterNodes: [{ host: '127.0.0.1', port: await freePort() }] }, { commandTimeout: 300 }),
+    );
     closing.push({ close: () => service.onApplicationShutdown() });
     const started = Date.now();
     const error = await service.acquire('x', { wait: 500 }).catch((e: unknown) => e);
     expect(Date.now() - started).toBeLessThan(3_000);
     expect(error).toBeInstanceOf(LockBackendError);
-    expect((error as Error).message).toMatch(/acquire of lock:x failed: Redis did not answer within 300 ms .*\? Connection to Redis is '\w+'/);
+    expect((error as Error).message).toMatch(
+      /acquire of lock:x failed: Redis did not answer within 300 ms .*\? Connection to Redis is '\w+'/,
+    );
     expect((error as Error).message).not.toMatch(/\.\.|\?\./);
   });
 
   it('creates its own Cluster client from { clusterNodes }, and on shutdown releases, then closes every connection', async () => {
     for (const client of clients.splice(0)) client.disconnect();
     await until(async () => (await cluster.clientCounts()).every((n) => n === 0), 5_000, 'earlier test clients to go');
-    const created = () => service(new RedisLockBackend({ clusterNodes: cluster.nodes }, KEEP_PLACE), { keyPrefix: 'lock:', pollInterval: 60_000 });
+    const created = () =>
+      service(new RedisLockBackend({ clusterNodes: cluster.nodes }, KEEP_PLACE), { keyPrefix: 'lock:', pollInterval: 60_000 });
     const [holder, waiter] = [created(), created()];
     const keys = await keyPerMaster('created', 'lock:');
     for (const key of keys) {

@@ -32,14 +32,16 @@ class Holder {
   }
 
   static async start(url: string, key: string, ttl: number): Promise<Holder> {
-    const holder = new Holder(fork(resolve(fixtures, 'redis-lock-holder.mjs'), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }));
+    const holder = new Holder(
+      fork(resolve(fixtures, 'redis-lock-holder.mjs'), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
+    );
     await holder.next('acquired');
     return holder;
   }
 
   next(type: HolderMessage['type']): Promise<HolderMessage> {
-    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(
-      () => this.messages.find((m) => m.type === type)!,
+    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(() =>
+      this.messages.find((m) => m.type === type)!,
     );
   }
 
@@ -113,7 +115,10 @@ describe('Redis backend under faults, with real processes', () => {
     await theirs.acquire('restart-2').then((h) => h.release());
 
     await fixture.server.kill();
-    for (const [who, s] of [['created client', locks], ['your client', theirs]] as const) {
+    for (const [who, s] of [
+      ['created client', locks],
+      ['your client', theirs],
+    ] as const) {
       const started = Date.now();
       const error = await s.acquire('restart', { wait: 1_000 }).catch((e: unknown) => e);
       expect([who, error]).toEqual([who, expect.any(LockBackendError)]);

@@ -31,7 +31,9 @@ describe('Redis key layout', () => {
     const random = () => (seed = (seed * 48271) % 2147483647) / 2147483647;
     const keys = ['}', '{', '{}', '}{', 'a}b', '{}x', 'x{', '{a', 'a{}}', 'lock:{}', 'lock:}{x}'];
     for (let i = 0; i < 500; i++) {
-      keys.push('lock:' + Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''));
+      keys.push(
+        'lock:' + Array.from({ length: 1 + Math.floor(random() * 8) }, () => alphabet[Math.floor(random() * alphabet.length)]).join(''),
+      );
     }
     for (const key of keys) {
       const { lock, fence, line, records } = lockKeyLayout(key);

@@ -79,10 +79,14 @@ describe('the line of waiters in Redis', () => {
           Array.from({ length: 40 }, (_, i) =>
             (async () => {
               for (let round = 0; round < 3; round++) {
-                await services[i % 2].using('k', async () => {
-                  await new Promise((resolve) => setImmediate(resolve));
-                  sections++;
-                }, { wait: 5_000, ttl: 60_000 });
+                await services[i % 2].using(
+                  'k',
+                  async () => {
+                    await new Promise((resolve) => setImmediate(resolve));
+                    sections++;
+                  },
+                  { wait: 5_000, ttl: 60_000 },
+                );
               }
             })(),
           ),

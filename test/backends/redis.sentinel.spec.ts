@@ -62,7 +62,11 @@ describe('RedisLockBackend through a real Sentinel', () => {
     expect(await master.get('lock:order:1')).toBe((await a.backend.inspect('lock:order:1'))?.owner);
     const waiting = b.acquire('order:1', { wait: 20_000 });
     // Subscribed on the master the sentinel named: the release message reaches it there.
-    await until(async () => ((await master.call('PUBSUB', 'CHANNELS', 'nest-distributed-lock:*')) as string[]).length === 1, 5_000, 'SUBSCRIBE');
+    await until(
+      async () => ((await master.call('PUBSUB', 'CHANNELS', 'nest-distributed-lock:*')) as string[]).length === 1,
+      5_000,
+      'SUBSCRIBE',
+    );
     const releasedAt = Date.now();
     await first.release();
     const second = await waiting;
@@ -98,7 +102,10 @@ describe('RedisLockBackend through a Sentinel failover', () => {
     const failover = await RedisSentinel.start({ name: 'failover', replica: true, downAfterMs: 500 });
     const services: LockService[] = [];
     const connect = () => {
-      const created = new LockService(new RedisLockBackend({ sentinels: failover.sentinels, name: failover.name }, { commandTimeout: 1_000 }), { pollInterval: 200 });
+      const created = new LockService(
+        new RedisLockBackend({ sentinels: failover.sentinels, name: failover.name }, { commandTimeout: 1_000 }),
+        { pollInterval: 200 },
+      );
       services.push(created);
       return created;
     };

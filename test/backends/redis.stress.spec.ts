@@ -24,16 +24,22 @@ describe('Redis backend mutual exclusion under stress', () => {
     const started = Date.now();
     const results = await Promise.all(
       Array.from({ length: processes }, async () => {
-        const { stdout } = await promisify(execFile)(process.execPath, [worker, fixture.server.url, String(callers), String(sections), keys.join(',')], {
-          timeout: 120_000,
-        });
+        const { stdout } = await promisify(execFile)(
+          process.execPath,
+          [worker, fixture.server.url, String(callers), String(sections), keys.join(',')],
+          {
+            timeout: 120_000,
+          },
+        );
         return JSON.parse(stdout.trim().split('\n').pop()!) as WorkerResult;
       }),
     );
     const acquisitions = results.reduce((sum, r) => sum + r.acquisitions, 0);
     const violations = results.flatMap((r) => r.violations);
     const redis = new Redis(fixture.server.port, '127.0.0.1');
-    const counts = Object.fromEntries(await Promise.all(keys.map(async (key) => [key, Number((await redis.get(`value:${key}`))!.split(':')[0])])));
+    const counts = Object.fromEntries(
+      await Promise.all(keys.map(async (key) => [key, Number((await redis.get(`value:${key}`))!.split(':')[0])])),
+    );
     redis.disconnect();
     const expected = Object.fromEntries(keys.map((key) => [key, results.reduce((sum, r) => sum + r.perKey[key], 0)]));
     console.log(

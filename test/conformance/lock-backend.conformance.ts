@@ -40,11 +40,13 @@ async function waitingBackend(connect: () => Promise<LockBackend>): Promise<{ ba
     extend: (...args) => inner.extend(...args),
     release: (...args) => inner.release(...args),
     inspect: (...args) => inner.inspect(...args),
-    watch: inner.watch && (async (...args) => {
-      const stop = await inner.watch!(...args);
-      watching = true;
-      return stop;
-    }),
+    watch:
+      inner.watch &&
+      (async (...args) => {
+        const stop = await inner.watch!(...args);
+        watching = true;
+        return stop;
+      }),
     watching: inner.watching && ((...args) => inner.watching!(...args)),
     close: inner.close && (() => inner.close!()),
   };
@@ -87,16 +89,20 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
           (async () => {
             const service = i % 2 ? a : b;
             for (let r = 0; r < rounds; r++) {
-              await service.using('counter', async () => {
-                maxInside = Math.max(maxInside, ++inside);
-                const read = value;
-                await new Promise((resolve) => setImmediate(resolve));
-                value = read + 1;
-                inside--;
-                // A wait long enough for a loaded CI machine (200 sections, one at a time), and a
-                // lease longer still: a hand-over lost to a waiter nobody listens for would keep
-                // the key for the whole lease and still fail the wait.
-              }, { wait: 30_000, ttl: 60_000 });
+              await service.using(
+                'counter',
+                async () => {
+                  maxInside = Math.max(maxInside, ++inside);
+                  const read = value;
+                  await new Promise((resolve) => setImmediate(resolve));
+                  value = read + 1;
+                  inside--;
+                  // A wait long enough for a loaded CI machine (200 sections, one at a time), and a
+                  // lease longer still: a hand-over lost to a waiter nobody listens for would keep
+                  // the key for the whole lease and still fail the wait.
+                },
+                { wait: 30_000, ttl: 60_000 },
+              );
             }
           })(),
         ),
@@ -212,10 +218,14 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
       let done = 0;
       await Promise.all(
         Array.from({ length: 20 }, (_, i) =>
-          (i % 2 ? a : b).using(i % 2 ? [keyA, keyB] : [keyB, keyA], async () => {
-            await new Promise((resolve) => setImmediate(resolve));
-            done++;
-          }, { wait: 20_000 }),
+          (i % 2 ? a : b).using(
+            i % 2 ? [keyA, keyB] : [keyB, keyA],
+            async () => {
+              await new Promise((resolve) => setImmediate(resolve));
+              done++;
+            },
+            { wait: 20_000 },
+          ),
         ),
       );
       expect(done).toBe(20);

@@ -15,7 +15,11 @@ export default function pack() {
   // Built into a copy, not the repo's dist/, which other test files load while this runs.
   execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(source, 'dist')], { stdio: 'inherit' });
   for (const file of ['package.json', 'README.md']) copyFileSync(join(root, file), join(source, file));
-  execFileSync('npm', ['pack', '--silent', '--pack-destination', dir], { cwd: source, env: npmEnv(), stdio: ['ignore', 'pipe', 'inherit'] });
+  execFileSync('npm', ['pack', '--silent', '--pack-destination', dir], {
+    cwd: source,
+    env: npmEnv(),
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   const tarball = readdirSync(dir).find((name) => name.endsWith('.tgz'));
   if (!tarball) throw new Error(`npm pack left no tarball in ${dir}`);
   process.env.NDL_PACK_DIR = dir;

@@ -92,13 +92,17 @@ afterAll(() => app?.remove());
 describe('a CommonJS app compiled with each TypeScript module setting', () => {
   beforeAll(() => app.install(), 600_000);
 
-  it.each(settings)('module %s: compiles against the package types and serves a @Locked route', async (module) => {
-    await app.exec(process.execPath, ['node_modules/typescript/bin/tsc', '-p', `tsconfig.${module}.json`]);
-    expect(await app.runJson(`out-${module}/main.js`)).toEqual({
-      free: { status: 200, body: { id: '7', held: true } },
-      busy: 409,
-      typedError: true,
-      entry: 'nest-distributed-lock/dist/cjs/index.js',
-    });
-  }, 120_000);
+  it.each(settings)(
+    'module %s: compiles against the package types and serves a @Locked route',
+    async (module) => {
+      await app.exec(process.execPath, ['node_modules/typescript/bin/tsc', '-p', `tsconfig.${module}.json`]);
+      expect(await app.runJson(`out-${module}/main.js`)).toEqual({
+        free: { status: 200, body: { id: '7', held: true } },
+        busy: 409,
+        typedError: true,
+        entry: 'nest-distributed-lock/dist/cjs/index.js',
+      });
+    },
+    120_000,
+  );
 });

@@ -77,7 +77,12 @@ export class FaultyBackend implements LockBackend {
       case 'timeout':
         // Applied after the caller gave up on it, as the store works through its backlog.
         // Nobody waits for this answer: a failure of it (a store closed meanwhile) goes nowhere.
-        void after(fault.ms * 2).then(() => apply().then((result) => onLate?.(result), () => undefined));
+        void after(fault.ms * 2).then(() =>
+          apply().then(
+            (result) => onLate?.(result),
+            () => undefined,
+          ),
+        );
         return after(fault.ms).then(() => {
           throw new Error(`no answer within ${fault.ms} ms (injected)`);
         });

@@ -45,7 +45,8 @@ const args = fc.array(value, { maxLength: 5 });
 function reach(placeholder: string, call: readonly unknown[]): unknown {
   const [head, ...path] = placeholder.slice(1, -1).split('.');
   let current: unknown = /^\d+$/.test(head) ? call[Number(head)] : head === 'id' ? call[0] : head === 'dto' ? call[1] : call.slice(2);
-  for (const segment of path) current = current === null || current === undefined ? undefined : (current as Record<string, unknown>)[segment];
+  for (const segment of path)
+    current = current === null || current === undefined ? undefined : (current as Record<string, unknown>)[segment];
   return current;
 }
 
@@ -87,11 +88,17 @@ describe('key templates against what the README says they lock', () => {
 
   it('keep argument lists that join to the same text apart when values are encoded', () => {
     fc.assert(
-      fc.property(fc.string({ minLength: 1, maxLength: 6 }), fc.string({ minLength: 1, maxLength: 6 }), fc.string({ minLength: 1, maxLength: 6 }), fc.string({ minLength: 1, maxLength: 6 }), (a, b, c, d) => {
-        fc.pre(a !== c || b !== d);
-        const resolve = compileKeySource('order:<0>:<1>', origin, params);
-        expect(resolve([a, b], true)).not.toEqual(resolve([c, d], true));
-      }),
+      fc.property(
+        fc.string({ minLength: 1, maxLength: 6 }),
+        fc.string({ minLength: 1, maxLength: 6 }),
+        fc.string({ minLength: 1, maxLength: 6 }),
+        fc.string({ minLength: 1, maxLength: 6 }),
+        (a, b, c, d) => {
+          fc.pre(a !== c || b !== d);
+          const resolve = compileKeySource('order:<0>:<1>', origin, params);
+          expect(resolve([a, b], true)).not.toEqual(resolve([c, d], true));
+        },
+      ),
       { numRuns: 2_000 },
     );
   });

@@ -101,9 +101,13 @@ describe('LockService against a model of its promises, with faulty store calls',
   it.each([
     ['a release without its owner check', releaseWithoutOwnerCheck],
     ['a token that does not increase', tokenWithoutIncrement],
-  ])('finds %s, and shrinks it to a small case', async (_what, broken) => {
-    const result = await fc.check(property(broken), { numRuns: 300, seed: 42 });
-    expect(result.failed).toBe(true);
-    console.log(fc.defaultReportMessage(result));
-  }, 120_000);
+  ])(
+    'finds %s, and shrinks it to a small case',
+    async (_what, broken) => {
+      const result = await fc.check(property(broken), { numRuns: 300, seed: 42 });
+      expect(result.failed).toBe(true);
+      console.log(fc.defaultReportMessage(result));
+    },
+    120_000,
+  );
 });

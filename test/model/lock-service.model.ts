@@ -30,7 +30,15 @@ const KEYS = ['a', 'b', 'c'];
 const POLL_MS = 20;
 
 export type Op =
-  | { kind: 'using'; keys: string[]; hold: number; wait: number; ttl: number; autoExtend: boolean; nested?: { keys: string[]; hold: number } }
+  | {
+      kind: 'using';
+      keys: string[];
+      hold: number;
+      wait: number;
+      ttl: number;
+      autoExtend: boolean;
+      nested?: { keys: string[]; hold: number };
+    }
   | { kind: 'try'; keys: string[]; hold: number; ttl: number }
   | { kind: 'abort'; keys: string[]; wait: number; abortAfter: number; hold: number }
   | { kind: 'extend'; keys: string[]; hold: number; ttl: number; extendTo: number };
@@ -84,7 +92,11 @@ const fault: fc.Arbitrary<Fault> = fc.oneof(
 );
 export const scenario: fc.Arbitrary<Scenario> = fc.record({
   actors: fc.array(
-    fc.record({ service: fc.integer({ min: 0, max: 1 }), start: fc.integer({ min: 0, max: 50 }), ops: fc.array(op, { minLength: 1, maxLength: 4 }) }),
+    fc.record({
+      service: fc.integer({ min: 0, max: 1 }),
+      start: fc.integer({ min: 0, max: 50 }),
+      ops: fc.array(op, { minLength: 1, maxLength: 4 }),
+    }),
     { minLength: 2, maxLength: 4 },
   ),
   faults: fc.array(fault, { maxLength: 30 }),
@@ -191,13 +203,15 @@ export async function run(lib: Library, clock: Clock, s: Scenario, store: LockBa
     } catch (error) {
       if (error === reason) return;
       if (!(error instanceof DistributedLockError)) violations.push(`${label}: untyped error ${String(error)}`);
-      else if (!entered && now() - started > bound) violations.push(`${label}: failed after ${now() - started} ms, beyond its bound of ${bound}`);
+      else if (!entered && now() - started > bound)
+        violations.push(`${label}: failed after ${now() - started} ms, beyond its bound of ${bound}`);
     }
   }
 
   const actors = s.actors.map(async (actor, a) => {
     await sleep(actor.start);
-    for (const [i, o] of actor.ops.entries()) await perform(services[actor.service], o, `actor ${a} op ${i} (${o.kind} ${o.keys.join('+')})`);
+    for (const [i, o] of actor.ops.entries())
+      await perform(services[actor.service], o, `actor ${a} op ${i} (${o.kind} ${o.keys.join('+')})`);
   });
   if (s.shutdownAt !== undefined) setTimeout(() => void services[1].onApplicationShutdown(), s.shutdownAt);
   if (!(await clock.drive(Promise.all(actors)))) violations.push('the actors had not finished after 20 s');
@@ -212,4 +226,3 @@ export async function run(lib: Library, clock: Clock, s: Scenario, store: LockBa
   if (storeWatchers() > 0) violations.push(`${storeWatchers()} store subscriptions left`);
   return violations;
 }
-

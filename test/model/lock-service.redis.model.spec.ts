@@ -13,7 +13,13 @@ const realTime: Clock = {
     let timer: NodeJS.Timeout | undefined;
     const gaveUp = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), 20_000)));
     try {
-      return await Promise.race([work.then(() => true as const, () => true as const), gaveUp]);
+      return await Promise.race([
+        work.then(
+          () => true as const,
+          () => true as const,
+        ),
+        gaveUp,
+      ]);
     } finally {
       clearTimeout(timer);
     }

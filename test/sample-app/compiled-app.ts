@@ -28,7 +28,11 @@ export interface DemoSummary {
  * embedded defaults unless `env` names a database or lock backend; resolves to its output and
  * the summary of its last line.
  */
-export async function runDemo(args: string[], env: Record<string, string>, timeoutMs: number): Promise<{ stdout: string; summary: DemoSummary }> {
+export async function runDemo(
+  args: string[],
+  env: Record<string, string>,
+  timeoutMs: number,
+): Promise<{ stdout: string; summary: DemoSummary }> {
   const { stdout } = await promisify(execFile)(process.execPath, [compiledShop('demo.js'), ...args], {
     env: { ...process.env, DATABASE_URL: '', REDIS_URL: '', REDLOCK_URLS: '', ...env },
     timeout: timeoutMs,

@@ -66,7 +66,9 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
       const db = new pg.Client({ connectionString: databaseUrl });
       await db.connect();
       try {
-        const tokens = await db.query("SELECT count(*)::int AS n, count(fencing_token)::int AS fenced FROM orders WHERE endpoint = 'locked'");
+        const tokens = await db.query(
+          "SELECT count(*)::int AS n, count(fencing_token)::int AS fenced FROM orders WHERE endpoint = 'locked'",
+        );
         expect(tokens.rows[0]).toEqual({ n: 50, fenced: 0 });
       } finally {
         await db.end();
@@ -106,10 +108,15 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
       await blocker.connect();
       await blocker.query('BEGIN');
       await blocker.query('LOCK TABLE products IN ACCESS EXCLUSIVE MODE');
-      const stale = request(paused.url).post(`/products/${product.id}/purchase`).send({ quantity: 1 }).then((r) => r);
+      const stale = request(paused.url)
+        .post(`/products/${product.id}/purchase`)
+        .send({ quantity: 1 })
+        .then((r) => r);
       await until(
         // From another connection: inside a transaction, pg_stat_activity is a frozen snapshot.
-        async () => (await db.query("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT stock FROM products%'")).rowCount === 1,
+        async () =>
+          (await db.query("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT stock FROM products%'"))
+            .rowCount === 1,
         10_000,
         'the first buyer to wait for the stock read, holding the product lock',
       );

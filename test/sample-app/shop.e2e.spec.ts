@@ -136,13 +136,19 @@ describe('the shop, one process, embedded PostgreSQL', () => {
         const response = await http.post(`/products/${id}/${path}`).send({ quantity }).expect(400);
         expect(response.body.message).toBe(`quantity must be a whole number from 1 to 1000, got ${JSON.stringify(quantity)}.`);
       }
-      await http.get(`/products/${id}`).expect(200).expect((r) => expect(r.body.stock).toBe(5));
+      await http
+        .get(`/products/${id}`)
+        .expect(200)
+        .expect((r) => expect(r.body.stock).toBe(5));
     });
 
     it.each([0, -5, 2.5, 'ten', 1_000_001, undefined])('restock quantity %p: 400, stock unchanged', async (quantity) => {
       const id = await newProduct(5);
       await http.post(`/products/${id}/restock`).send({ quantity }).expect(400);
-      await http.get(`/products/${id}`).expect(200).expect((r) => expect(r.body.stock).toBe(5));
+      await http
+        .get(`/products/${id}`)
+        .expect(200)
+        .expect((r) => expect(r.body.stock).toBe(5));
     });
 
     it.each(['abc', '0', '-3', '1.5', '99999999999'])('product id %p: 400', async (id) => {
@@ -154,7 +160,12 @@ describe('the shop, one process, embedded PostgreSQL', () => {
     it('an unknown product: 404 on every endpoint', async () => {
       for (const path of ['purchase/unsafe', 'purchase', 'purchase/atomic', 'restock']) {
         const response = await http.post(`/products/424242/${path}`).send({ quantity: 1 }).expect(404);
-        expect(response.body).toEqual({ statusCode: 404, error: 'Not Found', message: 'Product 424242 does not exist.', productId: 424242 });
+        expect(response.body).toEqual({
+          statusCode: 404,
+          error: 'Not Found',
+          message: 'Product 424242 does not exist.',
+          productId: 424242,
+        });
       }
       await http.get('/products/424242').expect(404);
     });
@@ -199,7 +210,10 @@ describe('the shop, one process, embedded PostgreSQL', () => {
       const backend = app.get<LockBackend>(LockBackend);
       const stall = stallNextRead(id);
 
-      const stale = http.post(`/products/${id}/purchase`).send({ quantity: 1 }).then((r) => r);
+      const stale = http
+        .post(`/products/${id}/purchase`)
+        .send({ quantity: 1 })
+        .then((r) => r);
       await until(stall.reached, 5_000, 'the first buyer to read the stock under the lock');
       const lease = await backend.inspect(key);
       expect(lease).toBeDefined();
@@ -212,7 +226,12 @@ describe('the shop, one process, embedded PostgreSQL', () => {
       stall.open();
       const refused = await stale;
       expect(refused.status).toBe(409);
-      expect(refused.body).toMatchObject({ code: 'STALE_FENCING_TOKEN', productId: id, fencingToken: lease!.fencingToken, lastToken: fresh.body.fencingToken });
+      expect(refused.body).toMatchObject({
+        code: 'STALE_FENCING_TOKEN',
+        productId: id,
+        fencingToken: lease!.fencingToken,
+        lastToken: fresh.body.fencingToken,
+      });
       expect(refused.body.fencingToken).toBeLessThan(fresh.body.fencingToken);
       expect(refused.body.message).toMatch(/nothing was sold/);
 
@@ -224,12 +243,18 @@ describe('the shop, one process, embedded PostgreSQL', () => {
     it('the same stall on the unsafe endpoint loses a sale: what the fence prevents', async () => {
       const id = await newProduct(10);
       const stall = stallNextRead(id);
-      const slow = http.post(`/products/${id}/purchase/unsafe`).send({ quantity: 1 }).then((r) => r);
+      const slow = http
+        .post(`/products/${id}/purchase/unsafe`)
+        .send({ quantity: 1 })
+        .then((r) => r);
       await until(stall.reached, 5_000, 'the first buyer to read the stock');
       await http.post(`/products/${id}/purchase/unsafe`).send({ quantity: 1 }).expect(201);
       stall.open();
       expect((await slow).status).toBe(201);
-      await http.get(`/products/${id}`).expect(200).expect((r) => expect(r.body.stock).toBe(9));
+      await http
+        .get(`/products/${id}`)
+        .expect(200)
+        .expect((r) => expect(r.body.stock).toBe(9));
       expect(await app.get(ProductsRepository).orderCount(id)).toBe(2);
     });
   });
@@ -242,7 +267,15 @@ describe('the shop, one process, embedded PostgreSQL', () => {
         executablePath: CHROMIUM,
         // As root: no sandbox. The rest keep Chromium off a network it cannot reach. Playwright
         // gives every launch a new empty profile of its own.
-        args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+        args: [
+          '--no-sandbox',
+          '--disable-gpu',
+          '--disable-quic',
+          '--no-first-run',
+          '--disable-background-networking',
+          '--disable-component-update',
+          '--disable-sync',
+        ],
       });
     }, 60_000);
 
@@ -264,7 +297,8 @@ describe('the shop, one process, embedded PostgreSQL', () => {
       await page.locator('.card[data-endpoint="unsafe"].bad, .card[data-endpoint="unsafe"].good').waitFor({ timeout: 30_000 });
       await page.locator('#status[data-state="done"]').waitFor({ timeout: 60_000 });
 
-      const field = (endpoint: string, name: string) => page.locator(`.card[data-endpoint="${endpoint}"] [data-field="${name}"]`).textContent();
+      const field = (endpoint: string, name: string) =>
+        page.locator(`.card[data-endpoint="${endpoint}"] [data-field="${name}"]`).textContent();
       expect(Number(await field('unsafe', 'oversold'))).toBeGreaterThan(0);
       await expect(page.locator('.card[data-endpoint="unsafe"]').getAttribute('class')).resolves.toContain('bad');
       for (const endpoint of ['locked', 'atomic']) {

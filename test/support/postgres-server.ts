@@ -30,11 +30,15 @@ export class PostgresServer {
     if (user) chownSync(dir, user.uid, user.gid);
     const server = new PostgresServer(await freePort(), dir, bin, user);
     try {
-      execFileSync(join(bin, 'initdb'), ['-D', server.dataDir, '-U', 'postgres', '-A', 'trust', '-E', 'UTF8', '--no-sync', '--no-instructions'], {
-        stdio: 'pipe',
-        uid: user?.uid,
-        gid: user?.gid,
-      });
+      execFileSync(
+        join(bin, 'initdb'),
+        ['-D', server.dataDir, '-U', 'postgres', '-A', 'trust', '-E', 'UTF8', '--no-sync', '--no-instructions'],
+        {
+          stdio: 'pipe',
+          uid: user?.uid,
+          gid: user?.gid,
+        },
+      );
       await server.launch();
     } catch (error) {
       await server.stop();
@@ -85,14 +89,22 @@ export class PostgresServer {
     const child = spawn(
       join(this.bin, 'postgres'),
       [
-        '-D', this.dataDir,
-        '-p', String(this.port),
-        '-c', 'listen_addresses=127.0.0.1',
-        '-c', `unix_socket_directories=${this.dir}`,
-        '-c', 'fsync=off',
-        '-c', 'synchronous_commit=off',
-        '-c', 'full_page_writes=off',
-        '-c', 'max_connections=200',
+        '-D',
+        this.dataDir,
+        '-p',
+        String(this.port),
+        '-c',
+        'listen_addresses=127.0.0.1',
+        '-c',
+        `unix_socket_directories=${this.dir}`,
+        '-c',
+        'fsync=off',
+        '-c',
+        'synchronous_commit=off',
+        '-c',
+        'full_page_writes=off',
+        '-c',
+        'max_connections=200',
       ],
       { stdio: ['ignore', 'pipe', 'pipe'], uid: this.user?.uid, gid: this.user?.gid },
     );

@@ -81,9 +81,17 @@ export class RedisCluster {
     const masterId = (await this.admin(masterPort).call('CLUSTER', 'MYID')) as string;
     await admin.call('CLUSTER', 'MEET', '127.0.0.1', masterPort);
     // It can only replicate a node it knows: wait for the handshake to name the master.
-    await until(async () => ((await admin.call('CLUSTER', 'NODES')) as string).includes(masterId), timeoutMs, `port ${server.port} to know its master`);
+    await until(
+      async () => ((await admin.call('CLUSTER', 'NODES')) as string).includes(masterId),
+      timeoutMs,
+      `port ${server.port} to know its master`,
+    );
     await admin.call('CLUSTER', 'REPLICATE', masterId);
-    await until(async () => (await admin.info('replication')).includes('master_link_status:up'), timeoutMs, `port ${server.port} to sync with ${masterPort}`);
+    await until(
+      async () => (await admin.info('replication')).includes('master_link_status:up'),
+      timeoutMs,
+      `port ${server.port} to sync with ${masterPort}`,
+    );
     return server;
   }
 
@@ -96,7 +104,9 @@ export class RedisCluster {
     const running = this.admins.filter((_, i) => this.nodeServers[i].running);
     await until(
       async () => {
-        const views = await Promise.all(running.map((admin) => admin.call('CLUSTER', 'SLOTS') as Promise<[number, number, [string, number]][]>));
+        const views = await Promise.all(
+          running.map((admin) => admin.call('CLUSTER', 'SLOTS') as Promise<[number, number, [string, number]][]>),
+        );
         return views.every((ranges) => ranges.some(([, , [, master]]) => master === port));
       },
       timeoutMs,
@@ -152,7 +162,9 @@ export class RedisCluster {
       }),
     );
     // Every node meets every other directly: no waiting for gossip to introduce them.
-    await Promise.all(this.admins.flatMap((admin, i) => this.servers.slice(i + 1).map((server) => admin.call('CLUSTER', 'MEET', '127.0.0.1', server.port))));
+    await Promise.all(
+      this.admins.flatMap((admin, i) => this.servers.slice(i + 1).map((server) => admin.call('CLUSTER', 'MEET', '127.0.0.1', server.port))),
+    );
     // Gossip spreads the slot map; a node says ok only once it sees every slot served.
     await until(
       async () => {
@@ -185,7 +197,9 @@ async function startNode(): Promise<RedisServer> {
 
 async function isFree(port: number): Promise<boolean> {
   const server = createServer();
-  const listening = await new Promise<boolean>((resolve) => server.once('error', () => resolve(false)).listen(port, '127.0.0.1', () => resolve(true)));
+  const listening = await new Promise<boolean>((resolve) =>
+    server.once('error', () => resolve(false)).listen(port, '127.0.0.1', () => resolve(true)),
+  );
   if (listening) await new Promise<void>((resolve) => server.close(() => resolve()));
   return listening;
 }

@@ -35,7 +35,12 @@ export class RedisSentinel {
       // The monitor lines can only come from a config file, which the sentinel rewrites as it runs.
       const config = [
         `sentinel monitor ${name} 127.0.0.1 ${master.port} 1`,
-        ...(options.downAfterMs === undefined ? [] : [`sentinel down-after-milliseconds ${name} ${options.downAfterMs}`, `sentinel failover-timeout ${name} ${options.downAfterMs * 4}`]),
+        ...(options.downAfterMs === undefined
+          ? []
+          : [
+              `sentinel down-after-milliseconds ${name} ${options.downAfterMs}`,
+              `sentinel failover-timeout ${name} ${options.downAfterMs * 4}`,
+            ]),
       ];
       sentinel = await RedisServer.start({ config: `${config.join('\n')}\n`, args: ['--sentinel'] });
       const setup = new RedisSentinel(name, master, sentinel, replica);

@@ -34,7 +34,9 @@ export class RedisServer {
    * for settings only a file can hold (a sentinel's `sentinel monitor`, which it also rewrites).
    * `env`: added to the server's environment (e.g. an LD_PRELOAD that shifts its clock).
    */
-  static async start(options: { args?: readonly string[]; port?: number; config?: string; env?: NodeJS.ProcessEnv } = {}): Promise<RedisServer> {
+  static async start(
+    options: { args?: readonly string[]; port?: number; config?: string; env?: NodeJS.ProcessEnv } = {},
+  ): Promise<RedisServer> {
     const port = options.port ?? (await freePort());
     const server = new RedisServer(port, options.args ?? [], options.config === undefined ? undefined : 'redis.conf', options.env);
     if (options.config !== undefined) writeFileSync(join(server.dir, 'redis.conf'), options.config);
@@ -96,7 +98,20 @@ export class RedisServer {
     const config = this.configFile === undefined ? [] : [join(this.dir, this.configFile)];
     const child = spawn(
       'redis-server',
-      [...config, '--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, ...this.extraArgs],
+      [
+        ...config,
+        '--port',
+        String(this.port),
+        '--bind',
+        '127.0.0.1',
+        '--save',
+        '',
+        '--appendonly',
+        'no',
+        '--dir',
+        this.dir,
+        ...this.extraArgs,
+      ],
       { stdio: ['ignore', 'pipe', 'pipe'], env: this.env && { ...process.env, ...this.env } },
     );
     this.child = child;

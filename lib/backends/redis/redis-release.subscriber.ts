@@ -75,9 +75,7 @@ export class RedisReleaseSubscriber {
     const channel = this.channels.get(name);
     if (!channel?.listeners.delete(listener) || channel.listeners.size > 0) return;
     this.channels.delete(name);
-    this.client
-      ?.then((client) => (this.sharded ? client.sunsubscribe(name) : client.unsubscribe(name)))
-      .catch(() => undefined);
+    this.client?.then((client) => (this.sharded ? client.sunsubscribe(name) : client.unsubscribe(name))).catch(() => undefined);
   }
 
   private subscriber(): Promise<Redis | Cluster> {

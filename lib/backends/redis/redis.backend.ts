@@ -74,7 +74,13 @@ export class RedisLockBackend implements LockBackend {
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
     const client = this.connection.open() ?? (await this.connection.connected('extend', keys));
     const locks = this.layouts(keys, client).map((l) => l.lock);
-    const extended = await this.scripts.run(client, { op: 'extend', keys, script: EXTEND, redisKeys: locks, args: [owner, Math.ceil(ttlMs)] });
+    const extended = await this.scripts.run(client, {
+      op: 'extend',
+      keys,
+      script: EXTEND,
+      redisKeys: locks,
+      args: [owner, Math.ceil(ttlMs)],
+    });
     return extended === 1 ? { extended: true } : { extended: false };
   }
 
@@ -103,7 +109,13 @@ export class RedisLockBackend implements LockBackend {
   async inspect(key: string): Promise<LockState | undefined> {
     const client = this.connection.open() ?? (await this.connection.connected('inspect', [key]));
     const [layout] = this.layouts([key], client);
-    const reply = await this.scripts.run(client, { op: 'inspect', keys: [key], script: INSPECT, redisKeys: [layout.lock, layout.fence], args: [] });
+    const reply = await this.scripts.run(client, {
+      op: 'inspect',
+      keys: [key],
+      script: INSPECT,
+      redisKeys: [layout.lock, layout.fence],
+      args: [],
+    });
     const [owner, pttl, token] = reply as [string | null, number, string | null];
     if (owner === null) return undefined;
     return { key, owner, ttlMs: pttl >= 0 ? pttl : Number.POSITIVE_INFINITY, fencingToken: token === null ? undefined : Number(token) };

@@ -131,7 +131,8 @@ export class RedisConnection {
     client.on('error', (error: Error) => {
       this.lastError = error;
       // Once per outage, not once per reconnection attempt.
-      if (!down) logger.warn(`Redis connection failed: ${withoutStop(error.message)}. Reconnecting; lock operations fail until it is back.`);
+      if (!down)
+        logger.warn(`Redis connection failed: ${withoutStop(error.message)}. Reconnecting; lock operations fail until it is back.`);
       down = true;
     });
     client.on('ready', () => {

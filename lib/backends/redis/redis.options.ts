@@ -51,7 +51,8 @@ export const CREATED_CLIENT_DEFAULTS = {
   retryStrategy: (attempt: number) => Math.min(attempt * 100, 1_000),
 } satisfies RedisOptions;
 
-const HOW_TO = "Pass an ioredis client (new Redis(...) or new Cluster(...)), a URL ('redis://host:6379'), ioredis options ({ host, port }) or { clusterNodes: [{ host, port }] }.";
+const HOW_TO =
+  "Pass an ioredis client (new Redis(...) or new Cluster(...)), a URL ('redis://host:6379'), ioredis options ({ host, port }) or { clusterNodes: [{ host, port }] }.";
 
 export type CheckedConnection =
   | { kind: 'client'; client: Redis | Cluster }
@@ -79,7 +80,8 @@ export function checkConnection(connection: unknown): CheckedConnection {
     } catch {
       fail(`'${redactUrl(connection)}' is not a URL`);
     }
-    if (url!.protocol !== 'redis:' && url!.protocol !== 'rediss:') fail(`the URL must start with redis:// or rediss://, got '${url!.protocol}//'`);
+    if (url!.protocol !== 'redis:' && url!.protocol !== 'rediss:')
+      fail(`the URL must start with redis:// or rediss://, got '${url!.protocol}//'`);
     return { kind: 'url', url: connection };
   }
   if (typeof connection !== 'object' || connection === null || Array.isArray(connection)) {
@@ -121,11 +123,17 @@ export function resolveBackendOptions(options: unknown): ResolvedRedisLockBacken
   const resolved: ResolvedRedisLockBackendOptions = { commandTimeout: 2_000, waiterTimeout: 3_000 };
   if (options === undefined) return resolved;
   if (typeof options !== 'object' || options === null || Array.isArray(options)) {
-    throw new InvalidLockOptionsError('(options)', `RedisLockBackend: options must be an object like { commandTimeout: 2000 }, got ${show(options)}.`);
+    throw new InvalidLockOptionsError(
+      '(options)',
+      `RedisLockBackend: options must be an object like { commandTimeout: 2000 }, got ${show(options)}.`,
+    );
   }
   for (const [name, value] of Object.entries(options)) {
     if (!(name in resolved)) {
-      throw new InvalidLockOptionsError(name, `RedisLockBackend: unknown option '${name}'. Accepted options: ${Object.keys(resolved).join(', ')}.`);
+      throw new InvalidLockOptionsError(
+        name,
+        `RedisLockBackend: unknown option '${name}'. Accepted options: ${Object.keys(resolved).join(', ')}.`,
+      );
     }
     if (value === undefined) continue;
     if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > MAX_TIMER_MS) {

@@ -76,7 +76,11 @@ export class RedisScriptRunner {
 
   private failure({ op, keys }: ScriptCall, client: Redis | Cluster, error: unknown): LockBackendError {
     const message = sentence(error instanceof Error ? error.message : String(error));
-    return new LockBackendError(this.backendName, `${op} of ${keys.join(', ')} failed: ${message}${this.connection.describeState(client)}`, error);
+    return new LockBackendError(
+      this.backendName,
+      `${op} of ${keys.join(', ')} failed: ${message}${this.connection.describeState(client)}`,
+      error,
+    );
   }
 }
 

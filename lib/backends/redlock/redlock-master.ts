@@ -87,7 +87,11 @@ export class RedlockMaster {
         },
         (error: unknown) => {
           clearTimeout(timer);
-          reject(error instanceof Error && error.message.startsWith('NOSCRIPT') ? error : new MasterRequestError(this.name, String(error instanceof Error ? error.message : error), { cause: error }));
+          reject(
+            error instanceof Error && error.message.startsWith('NOSCRIPT')
+              ? error
+              : new MasterRequestError(this.name, String(error instanceof Error ? error.message : error), { cause: error }),
+          );
         },
       );
     });

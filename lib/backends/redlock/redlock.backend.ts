@@ -13,7 +13,8 @@ import { quorumRound, type Decide, type Votes } from './redlock.round.js';
 import { ACQUIRE_SCRIPT, CLEANUP_SCRIPT, EXTEND_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT } from './redlock.scripts.js';
 
 /** What Redlock answers: a lease shortened by drift, and never a fencing token. */
-export type RedlockAcquireResult = { acquired: true; validityMs: number; fencingToken?: never } | { acquired: false; retryAfterMs?: number };
+export type RedlockAcquireResult =
+  { acquired: true; validityMs: number; fencingToken?: never } | { acquired: false; retryAfterMs?: number };
 export type RedlockLockState = LockState & { fencingToken?: never };
 
 /** Upper bound of the random pause before retrying after attempts split the masters, in ms. */
@@ -58,7 +59,9 @@ export class RedlockLockBackend implements LockBackend {
     this.options = resolveRedlockOptions(clients, openClient);
     this.quorum = this.options.quorum;
     const patient = new Set([RELEASE_SCRIPT, sha1(RELEASE_SCRIPT), CLEANUP_SCRIPT]);
-    this.masters = this.options.clients.map((client) => new RedlockMaster(client, describeMaster(client), this.options.masterTimeout, patient));
+    this.masters = this.options.clients.map(
+      (client) => new RedlockMaster(client, describeMaster(client), this.options.masterTimeout, patient),
+    );
     // retryCount 0: we never call its retrying methods (their expiry counts from the first
     // attempt, node-redlock #168/#169/#283); LockService owns waiting. Scripts are passed as
     // functions: 5.0.0-beta.2 ignores scripts given as strings despite its typings.
@@ -68,7 +71,10 @@ export class RedlockLockBackend implements LockBackend {
       releaseScript: () => RELEASE_SCRIPT,
     } as never);
     if (this.redlock.scripts.releaseScript.value !== RELEASE_SCRIPT || this.redlock.scripts.extendScript.value !== EXTEND_SCRIPT) {
-      throw new LockBackendError(this.name, 'the installed redlock package did not take our scripts; install redlock@5.0.0-beta.2 exactly.');
+      throw new LockBackendError(
+        this.name,
+        'the installed redlock package did not take our scripts; install redlock@5.0.0-beta.2 exactly.',
+      );
     }
     const { ResourceLockedError } = pkg;
     this.isRefusal = (error) => error instanceof ResourceLockedError;

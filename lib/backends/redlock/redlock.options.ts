@@ -60,7 +60,8 @@ function fail(option: string, message: string): never {
 
 function isClient(value: unknown): value is RedlockMasterClient {
   return (
-    typeof value === 'object' && value !== null &&
+    typeof value === 'object' &&
+    value !== null &&
     ['evalsha', 'eval', 'duplicate'].every((m) => typeof (value as Record<string, unknown>)[m] === 'function')
   );
 }
@@ -82,17 +83,24 @@ export function resolveRedlockOptions(
 ): ResolvedRedlockOptions {
   const options: RedlockLockBackendOptions = Array.isArray(input) ? { clients: input } : (input as RedlockLockBackendOptions);
   if (typeof options !== 'object' || options === null) {
-    fail('(options)', `pass an array of ioredis clients (one per master) or { clients, quorum?, driftFactor?, ... }, got ${String(input)}.`);
+    fail(
+      '(options)',
+      `pass an array of ioredis clients (one per master) or { clients, quorum?, driftFactor?, ... }, got ${String(input)}.`,
+    );
   }
   for (const name of Object.keys(options)) {
     if (!KNOWN.includes(name)) fail(name, `unknown option '${name}'. Accepted options: ${KNOWN.join(', ')}.`);
   }
 
   const entries = options.clients;
-  if (!Array.isArray(entries)) fail('clients', 'option `clients` must be an array of ioredis clients or redis:// URLs, one per independent Redis master.');
+  if (!Array.isArray(entries))
+    fail('clients', 'option `clients` must be an array of ioredis clients or redis:// URLs, one per independent Redis master.');
   entries.forEach((entry, i) => {
     if (typeof entry === 'string' ? !/^rediss?:\/\//.test(entry) : !isClient(entry)) {
-      fail('clients', `clients[${i}] is neither an ioredis client (it needs evalsha, eval and duplicate) nor a redis:// URL. Pass \`new Redis(url)\` or the URL for each master.`);
+      fail(
+        'clients',
+        `clients[${i}] is neither an ioredis client (it needs evalsha, eval and duplicate) nor a redis:// URL. Pass \`new Redis(url)\` or the URL for each master.`,
+      );
     }
   });
   if (entries.length < 3) {
@@ -113,11 +121,15 @@ export function resolveRedlockOptions(
   const seen = new Map<unknown, number>();
   const addresses = new Map<string, number>();
   clients.forEach((client, i) => {
-    if (seen.has(client)) fail('clients', `clients[${i}] is the same client object as clients[${seen.get(client)}]: each master must be counted once.`);
+    if (seen.has(client))
+      fail('clients', `clients[${i}] is the same client object as clients[${seen.get(client)}]: each master must be counted once.`);
     seen.set(client, i);
     const address = describeMaster(client);
     if (addresses.has(address)) {
-      fail('clients', `clients[${i}] and clients[${addresses.get(address)}] both point at ${address}: one server would vote twice, and a quorum would not mean a majority of servers.`);
+      fail(
+        'clients',
+        `clients[${i}] and clients[${addresses.get(address)}] both point at ${address}: one server would vote twice, and a quorum would not mean a majority of servers.`,
+      );
     }
     addresses.set(address, i);
   });
@@ -126,7 +138,10 @@ export function resolveRedlockOptions(
   const majority = Math.floor(n / 2) + 1;
   const quorum = options.quorum ?? majority;
   if (!Number.isInteger(quorum) || quorum < majority || quorum > n) {
-    fail('quorum', `option 'quorum' must be an integer from ${majority} (a majority of ${n} masters) to ${n}, got ${String(quorum)}. A minority quorum lets two owners hold the same lock.`);
+    fail(
+      'quorum',
+      `option 'quorum' must be an integer from ${majority} (a majority of ${n} masters) to ${n}, got ${String(quorum)}. A minority quorum lets two owners hold the same lock.`,
+    );
   }
   if (n % 2 === 0 && options.quorum === undefined) {
     logger.warn(
@@ -137,16 +152,30 @@ export function resolveRedlockOptions(
 
   const driftFactor = options.driftFactor ?? 0.01;
   if (typeof driftFactor !== 'number' || !Number.isFinite(driftFactor) || driftFactor < 0 || driftFactor >= 0.5) {
-    fail('driftFactor', `option 'driftFactor' must be a number from 0 to below 0.5 (a fraction of the ttl; 0.01 is usual), got ${String(driftFactor)}.`);
+    fail(
+      'driftFactor',
+      `option 'driftFactor' must be a number from 0 to below 0.5 (a fraction of the ttl; 0.01 is usual), got ${String(driftFactor)}.`,
+    );
   }
   const masterTimeout = options.masterTimeout ?? 250;
   // Both are timers only; a lock's ttl is what reaches Redis, and the backend rounds it up.
   if (typeof masterTimeout !== 'number' || !Number.isFinite(masterTimeout) || masterTimeout <= 0 || masterTimeout > MAX_TIMER_MS) {
-    fail('masterTimeout', `option 'masterTimeout' must be a positive number of milliseconds, got ${String(masterTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`);
+    fail(
+      'masterTimeout',
+      `option 'masterTimeout' must be a positive number of milliseconds, got ${String(masterTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`,
+    );
   }
   const subscribeTimeout = options.subscribeTimeout ?? masterTimeout;
-  if (typeof subscribeTimeout !== 'number' || !Number.isFinite(subscribeTimeout) || subscribeTimeout <= 0 || subscribeTimeout > MAX_TIMER_MS) {
-    fail('subscribeTimeout', `option 'subscribeTimeout' must be a positive number of milliseconds, got ${String(subscribeTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`);
+  if (
+    typeof subscribeTimeout !== 'number' ||
+    !Number.isFinite(subscribeTimeout) ||
+    subscribeTimeout <= 0 ||
+    subscribeTimeout > MAX_TIMER_MS
+  ) {
+    fail(
+      'subscribeTimeout',
+      `option 'subscribeTimeout' must be a positive number of milliseconds, got ${String(subscribeTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`,
+    );
   }
   const channelPrefix = options.channelPrefix ?? 'lock-released:';
   if (typeof channelPrefix !== 'string') fail('channelPrefix', `option 'channelPrefix' must be a string, got ${String(channelPrefix)}.`);

@@ -19,7 +19,12 @@ export type MasterVote = { vote: 'for'; client: RedlockMaster } | { vote: 'again
 export interface RedlockQuorum {
   readonly scripts: { acquireScript: LoadedScript; extendScript: LoadedScript; releaseScript: LoadedScript };
   on(event: 'error', listener: (error: Error) => void): unknown;
-  _attemptOperationOnClient(client: RedlockMaster, script: LoadedScript, keys: readonly string[], args: readonly (string | number)[]): Promise<MasterVote>;
+  _attemptOperationOnClient(
+    client: RedlockMaster,
+    script: LoadedScript,
+    keys: readonly string[],
+    args: readonly (string | number)[],
+  ): Promise<MasterVote>;
 }
 
 interface RedlockPackage {

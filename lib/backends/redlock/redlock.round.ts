@@ -36,7 +36,12 @@ export async function quorumRound<T>(
   isRefusal: (error: Error) => boolean,
   decide: Decide<T>,
 ): Promise<{ answer: T; votes: Votes; settled: Promise<Votes> }> {
-  const votes = { granted: [] as RedlockMaster[], refused: [] as RedlockMaster[], failures: [] as MasterFailure[], pending: masters.length };
+  const votes = {
+    granted: [] as RedlockMaster[],
+    refused: [] as RedlockMaster[],
+    failures: [] as MasterFailure[],
+    pending: masters.length,
+  };
   let settle!: (votes: Votes) => void;
   const settled = new Promise<Votes>((resolve) => (settle = resolve));
   const answer = await new Promise<T>((resolve, reject) => {

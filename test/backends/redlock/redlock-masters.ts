@@ -58,15 +58,17 @@ export class RedlockMasters {
 
   async flush(): Promise<void> {
     await Promise.all(
-      this.servers.filter((server) => server.running).map(async (server) => {
-        const client = new Redis(server.port, '127.0.0.1', { lazyConnect: true, maxRetriesPerRequest: 0 });
-        try {
-          await client.connect();
-          await client.flushall();
-        } finally {
-          client.disconnect();
-        }
-      }),
+      this.servers
+        .filter((server) => server.running)
+        .map(async (server) => {
+          const client = new Redis(server.port, '127.0.0.1', { lazyConnect: true, maxRetriesPerRequest: 0 });
+          try {
+            await client.connect();
+            await client.flushall();
+          } finally {
+            client.disconnect();
+          }
+        }),
     );
   }
 

@@ -46,7 +46,11 @@ describe('redlock backend', () => {
     await backend.release(['warm'], 'nobody'); // loads the scripts
     expect((await backend.tryAcquire(['warm'], 'w', 1_000)).acquired).toBe(true);
     // A won round returns at a majority: let the last master's vote land before counting.
-    await until(async () => (await Promise.all(direct.map((client) => client.exists('warm')))).every((n) => n === 1), 5_000, 'every master to take the warm-up lock');
+    await until(
+      async () => (await Promise.all(direct.map((client) => client.exists('warm')))).every((n) => n === 1),
+      5_000,
+      'every master to take the warm-up lock',
+    );
     await Promise.all(direct.map((client) => client.set('busy', 'someone-else', 'PX', 30_000)));
     const before = await scriptCalls();
     expect(await backend.tryAcquire(['busy'], 'me', 30_000)).toEqual({ acquired: false });

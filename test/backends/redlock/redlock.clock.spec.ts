@@ -43,10 +43,14 @@ describe('redlock backend with a master whose clock jumps', () => {
     await until(() => clients[2].status !== 'ready', 10_000, 'the client to notice the dead master');
     const first = await a.acquire('job', { ttl: 20_000, autoExtend: false });
     await masters.servers[2].restart();
-    await until(async () => {
-      await first.extend();
-      return (await masters.keyCounts()).every((n) => n === 1);
-    }, 10_000, 'an extension to put the key on the master that came back');
+    await until(
+      async () => {
+        await first.extend();
+        return (await masters.keyCounts()).every((n) => n === 1);
+      },
+      10_000,
+      'an extension to put the key on the master that came back',
+    );
 
     // Master 1's clock jumps 30 s ahead: its copy of the key expires at once.
     clock.set(30_000);

@@ -16,14 +16,19 @@ describe('redlock backend under master failures', () => {
   const services: LockService[] = [];
 
   // Generous per-master timeout: on a loaded test machine 250 ms can pass without a dead master.
-  function service(clients: Redis[] = masters.connect(), options: ConstructorParameters<typeof LockService>[1] = {}, masterTimeout = 2_000): LockService {
+  function service(
+    clients: Redis[] = masters.connect(),
+    options: ConstructorParameters<typeof LockService>[1] = {},
+    masterTimeout = 2_000,
+  ): LockService {
     const created = new LockService(new RedlockLockBackend({ clients, masterTimeout }), { keyPrefix: '', ...options });
     services.push(created);
     return created;
   }
 
   const ready = (clients: Redis[]) => until(() => clients.every((c) => c.status === 'ready'), 10_000, 'clients to reconnect');
-  const noticed = (clients: Redis[]) => until(() => clients.every((c) => c.status !== 'ready'), 10_000, 'clients to notice the dead master');
+  const noticed = (clients: Redis[]) =>
+    until(() => clients.every((c) => c.status !== 'ready'), 10_000, 'clients to notice the dead master');
 
   beforeEach(async () => {
     masters = await RedlockMasters.start(3);
@@ -60,13 +65,17 @@ describe('redlock backend under master failures', () => {
       let maxInside = 0;
       await Promise.all(
         Array.from({ length: 20 }, (_, i) =>
-          (i % 2 ? a : b).using('counter', async () => {
-            maxInside = Math.max(maxInside, ++inside);
-            const read = value;
-            await new Promise((resolve) => setImmediate(resolve));
-            value = read + 1;
-            inside--;
-          }, { wait: 20_000 }),
+          (i % 2 ? a : b).using(
+            'counter',
+            async () => {
+              maxInside = Math.max(maxInside, ++inside);
+              const read = value;
+              await new Promise((resolve) => setImmediate(resolve));
+              value = read + 1;
+              inside--;
+            },
+            { wait: 20_000 },
+          ),
         ),
       );
       expect(maxInside).toBe(1);
@@ -154,10 +163,14 @@ describe('redlock backend under master failures', () => {
       expect(await service(clientsB).tryAcquire('job')).toBeUndefined();
       // Two of three still know the owner; its extension puts the key back on the restarted master
       // once B's failed attempt took back what it set there.
-      await until(async () => {
-        await holder.extend();
-        return (await masters.keyCounts()).every((n) => n === 1);
-      }, 10_000, 'the key back on the restarted master');
+      await until(
+        async () => {
+          await holder.extend();
+          return (await masters.keyCounts()).every((n) => n === 1);
+        },
+        10_000,
+        'the key back on the restarted master',
+      );
     });
 
     it('when the holder had a bare quorum: an empty restart lets a second owner in, and the first learns it only at its next extension', async () => {

@@ -59,7 +59,10 @@ describe('redlock backend: what the masters are', () => {
     const [a, b] = masters.connect();
     const alias = new Redis({ port: masters.servers[0].port, host: 'localhost', family: 4 });
     try {
-      await refused([a, b, alias], /masters 127\.0\.0\.1:\d+ and localhost:\d+ are the same redis-server \(run_id \w+\): one server would vote twice/);
+      await refused(
+        [a, b, alias],
+        /masters 127\.0\.0\.1:\d+ and localhost:\d+ are the same redis-server \(run_id \w+\): one server would vote twice/,
+      );
     } finally {
       alias.disconnect();
     }
@@ -68,12 +71,18 @@ describe('redlock backend: what the masters are', () => {
   it('refuses a replica listed as a master, naming its master', async () => {
     const [a, b] = masters.connect();
     const port = masters.servers[2].port;
-    await refused([a, b, masters.client(replica)], new RegExp(`master 127\\.0\\.0\\.1:${replica.port} is a replica \\(of 127\\.0\\.0\\.1:${port}\\)`));
+    await refused(
+      [a, b, masters.client(replica)],
+      new RegExp(`master 127\\.0\\.0\\.1:${replica.port} is a replica \\(of 127\\.0\\.0\\.1:${port}\\)`),
+    );
   });
 
   it('refuses a Redis Cluster node and says what to use instead', async () => {
     const [a, b] = masters.connect();
-    await refused([a, b, masters.client(clusterNode)], /is a node of a Redis Cluster.*Use independent standalone masters, or the Redis backend/);
+    await refused(
+      [a, b, masters.client(clusterNode)],
+      /is a node of a Redis Cluster.*Use independent standalone masters, or the Redis backend/,
+    );
   });
 
   it('accepts three distinct standalone masters', async () => {

@@ -41,7 +41,11 @@ describe('RedlockLockBackend options', () => {
     const backend = new RedlockLockBackend(['redis://127.0.0.1:7101', 'redis://127.0.0.1:7102', 'rediss://127.0.0.1:7103']);
     expect(backend.quorum).toBe(2);
     void backend.close();
-    rejects(['redis://127.0.0.1:7101', 'redis://127.0.0.1:7102', 'redis://127.0.0.1:7101'], 'clients', /clients\[2\] and clients\[0\] both point at 127.0.0.1:7101/);
+    rejects(
+      ['redis://127.0.0.1:7101', 'redis://127.0.0.1:7102', 'redis://127.0.0.1:7101'],
+      'clients',
+      /clients\[2\] and clients\[0\] both point at 127.0.0.1:7101/,
+    );
   });
 
   it('refuses fewer than three masters and says what to use instead', () => {

@@ -54,7 +54,11 @@ describe('redlock backend recovering from master faults', () => {
     await until(() => clients[2].status !== 'ready', 10_000, 'the client to notice the dead master');
     const first = await a.acquire('job', { ttl: 30_000, autoExtend: false });
     expect(await masters.keyCounts()).toEqual([1, 1, -1]);
-    await until(() => warn.mock.calls.some(([message]) => /acquire of job won on exactly a quorum \(2 of 3 masters/.test(String(message))), 5_000, 'the bare quorum to be logged');
+    await until(
+      () => warn.mock.calls.some(([message]) => /acquire of job won on exactly a quorum \(2 of 3 masters/.test(String(message))),
+      5_000,
+      'the bare quorum to be logged',
+    );
 
     await masters.servers[2].restart();
     // The extension re-creates the key where it is missing: the lock is whole again (extended
@@ -132,10 +136,14 @@ describe('redlock backend recovering from master faults', () => {
     const [, , direct] = masters.connect();
     // Only master 2 announces this release: it reaches the waiter once that master took the subscription.
     let n = 0;
-    await until(async () => {
-      await direct.publish('lock-released:watched', `owner-${n++}`);
-      return woken > 0;
-    }, 10_000, "master 2's release message");
+    await until(
+      async () => {
+        await direct.publish('lock-released:watched', `owner-${n++}`);
+        return woken > 0;
+      },
+      10_000,
+      "master 2's release message",
+    );
     stop();
   });
 

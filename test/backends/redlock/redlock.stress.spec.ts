@@ -31,11 +31,22 @@ describe('redlock backend: cross-process mutual exclusion', () => {
   });
 
   it(`${PROCESSES} processes x ${CALLERS} callers x ${KEYS} hot keys: zero violations`, async () => {
-    const config = JSON.stringify({ masters: masters.servers.map((s) => s.port), witness: witness.port, callers: CALLERS, rounds: ROUNDS, keys: KEYS });
+    const config = JSON.stringify({
+      masters: masters.servers.map((s) => s.port),
+      witness: witness.port,
+      callers: CALLERS,
+      rounds: ROUNDS,
+      keys: KEYS,
+    });
     const started = Date.now();
-    const outputs = await Promise.all(Array.from({ length: PROCESSES }, () => run(process.execPath, [worker, config], { timeout: 150_000 })));
+    const outputs = await Promise.all(
+      Array.from({ length: PROCESSES }, () => run(process.execPath, [worker, config], { timeout: 150_000 })),
+    );
     const seconds = (Date.now() - started) / 1000;
-    const results = outputs.map(({ stdout }) => JSON.parse(stdout.trim().split('\n').pop()!) as { acquired: number; violations: number; failed: number; failures: string[] });
+    const results = outputs.map(
+      ({ stdout }) =>
+        JSON.parse(stdout.trim().split('\n').pop()!) as { acquired: number; violations: number; failed: number; failures: string[] },
+    );
 
     const store = new Redis(witness.port, '127.0.0.1');
     const counted = (await store.mget(Array.from({ length: KEYS }, (_, i) => `value:hot${i}`))).reduce((sum, v) => sum + Number(v), 0);
