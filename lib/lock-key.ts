@@ -5,6 +5,7 @@ import type { ParameterInfo } from './parameter-names.js';
 export type LockKeyValue = string | number | bigint;
 
 /** Derives the key (or keys) from the decorated method's arguments. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- any method: with unknown[], (id: number) => ... would not be assignable
 export type LockKeyFunction<A extends unknown[] = any[]> = (...args: A) => LockKeyValue | readonly LockKeyValue[];
 
 /**
@@ -12,6 +13,7 @@ export type LockKeyFunction<A extends unknown[] = any[]> = (...args: A) => LockK
  * argument index, `<dto.items.0.sku>` a property path), a function of the arguments, or an array
  * of these to lock several keys together.
  */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- any method: with unknown[], (id: number) => ... would not be assignable
 export type LockKeySource<A extends unknown[] = any[]> = string | LockKeyFunction<A> | readonly (string | LockKeyFunction<A>)[];
 
 /** Where a key came from, for error messages: `OrderService.pay`. */
@@ -214,6 +216,7 @@ function describeKeys(value: unknown): string {
 }
 
 /** C0 and C1 control characters, DEL included. */
+// eslint-disable-next-line no-control-regex -- control characters are what it looks for
 const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 

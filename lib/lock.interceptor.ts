@@ -71,7 +71,9 @@ export class LockInterceptor implements NestInterceptor {
   }
 
   protected forHttp(body: LockConflictBody, error: LockNotAcquiredError, context: ExecutionContext): unknown {
-    const response = context.switchToHttp().getResponse<{ header?: Function; setHeader?: Function }>();
+    const response = context
+      .switchToHttp()
+      .getResponse<{ header?: (name: string, value: string) => unknown; setHeader?: (name: string, value: string) => unknown }>();
     // Retry-After takes whole seconds: rounded up, so a client never comes back too early.
     const seconds = String(Math.ceil(body.retryAfterMs / 1000));
     if (typeof response?.header === 'function')

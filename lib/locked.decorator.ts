@@ -45,6 +45,7 @@ export class LockedMethod {
   }
 }
 
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- any method: with unknown[], (id: number) => ... would not be assignable
 type Method = (...args: any[]) => any;
 
 /**
@@ -52,6 +53,7 @@ type Method = (...args: any[]) => any;
  * Observable that takes the lock on subscription), so a method typed to return a plain value would
  * lie to its callers; and the lock must cover the work, which a Promise or an Observable describes.
  */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- any method: with unknown[], (id: number) => ... would not be assignable
 export type LockableMethod = (...args: any[]) => PromiseLike<unknown> | Observable<unknown>;
 
 /** The decorator @Locked returns: any other method fails to compile, the error saying what to do. */

@@ -6,5 +6,6 @@
 
 /** `require(name)` from the package's own location. */
 export function requirePeer(name: string): unknown {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports -- the point of this file: CommonJS require, in both builds
   return require(name);
 }

@@ -369,6 +369,7 @@ describe('@Locked', () => {
   });
 
   it('locks static methods like instance methods, checked at start-up and named Class.method', async () => {
+    // eslint-disable-next-line prefer-const -- assigned below once the app is up, read by the static method
     let locks: LockService | undefined;
     @Injectable()
     class Nightly {
