@@ -1,6 +1,14 @@
-import { ConflictException, Injectable, Optional, type CallHandler, type ExecutionContext, type NestInterceptor } from '@nestjs/common';
+import {
+  BadRequestException,
+  ConflictException,
+  Injectable,
+  Optional,
+  type CallHandler,
+  type ExecutionContext,
+  type NestInterceptor,
+} from '@nestjs/common';
 import { catchError, from, mergeMap, throwError, type Observable } from 'rxjs';
-import { LockNotAcquiredError } from './lock.errors.js';
+import { InvalidLockKeyError, LockNotAcquiredError } from './lock.errors.js';
 import { LockService } from './lock.service.js';
 
 /**
@@ -23,7 +31,8 @@ export interface LockConflictBody {
 
 /**
  * Turns LockNotAcquiredError into the transport's "busy, retry later": HTTP 409 with Retry-After,
- * RpcException for microservices, WsException for gateways. Every other error passes untouched.
+ * RpcException for microservices, WsException for gateways; and a key error at call time (a value
+ * from the request that cannot name a lock) into a 400. Every other error passes untouched.
  * DistributedLockModule registers it app-wide (APP_INTERCEPTOR), so a busy lock anywhere under a
  * handler maps, whether @Locked sits on the handler, on a service it calls, or LockService is used
  * directly (`interceptor: false` turns that off). Subclass and override a `for*` method to change
@@ -35,15 +44,13 @@ export class LockInterceptor implements NestInterceptor {
   constructor(@Optional() private readonly locks?: LockService) {}
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
-    return next
-      .handle()
-      .pipe(
-        catchError((error: unknown) =>
-          error instanceof LockNotAcquiredError
-            ? from(this.translate(error, context)).pipe(mergeMap((e) => throwError(() => e)))
-            : throwError(() => error),
-        ),
-      );
+    return next.handle().pipe(
+      catchError((error: unknown) => {
+        if (error instanceof LockNotAcquiredError) return from(this.translate(error, context)).pipe(mergeMap((e) => throwError(() => e)));
+        if (error instanceof InvalidLockKeyError) return from(this.badKey(error, context)).pipe(mergeMap((e) => throwError(() => e)));
+        return throwError(() => error);
+      }),
+    );
   }
 
   protected async translate(error: LockNotAcquiredError, context: ExecutionContext): Promise<unknown> {
@@ -59,6 +66,33 @@ export class LockInterceptor implements NestInterceptor {
       default:
         // GraphQL and others: Nest formats HttpException for them.
         return new ConflictException(body, { cause: error });
+    }
+  }
+
+  /**
+   * A key error under a handler comes from what the request gave (templates are checked at
+   * start-up): an empty, oversized or control-character value. That is the client's 400, not a
+   * 500 with a stack, and the answer does not repeat the value, which may be an attempt to forge a
+   * log line or a payload where an id belongs.
+   */
+  protected async badKey(error: InvalidLockKeyError, context: ExecutionContext): Promise<unknown> {
+    const body = {
+      statusCode: 400,
+      error: 'Bad Request',
+      message:
+        'A value in the request cannot name a lock: it is missing, empty, too long, or holds characters a key may not. Check the identifiers it gives.',
+    };
+    switch (context.getType<string>()) {
+      case 'rpc': {
+        const { RpcException } = await import('@nestjs/microservices');
+        return new RpcException(body);
+      }
+      case 'ws': {
+        const { WsException } = await import('@nestjs/websockets');
+        return new WsException(body);
+      }
+      default:
+        return new BadRequestException(body, { cause: error });
     }
   }
 

@@ -242,6 +242,16 @@ describe('@Locked', () => {
         await request(app.getHttpServer()).get('/orders/not-a-number').expect(400);
       });
 
+      it('answers 400 to a key value from the request that cannot name a lock, without echoing it', async () => {
+        const app = await boot(platform);
+        // A line break from the URL would forge a log line where the key is printed; a NUL is no id.
+        for (const id of ['%0d%0aWARN%20forged', 'xxxxxxxxxx%00']) {
+          const refused = await request(app.getHttpServer()).post(`/orders/${id}/slow`).expect(400);
+          expect(refused.body).toMatchObject({ statusCode: 400, error: 'Bad Request' });
+          expect(JSON.stringify(refused.body)).not.toMatch(/forged|xxxxxxxxxx/);
+        }
+      });
+
       it('suggests a retry in 1 s, not after the 30 s the watchdog keeps ahead of a running holder', async () => {
         const app = await boot(platform);
         const handle = await app.get(LockService).acquire('order:9'); // the default ttl, 30 s
