@@ -115,6 +115,9 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
     // Refused before any round trip, not after waiting out the 5 s.
     expect(Date.now() - started).toBeLessThan(1_000);
     expect(await keysInCluster()).toBe(0);
+    // Nor in the backend: a refused request keeps no place in its process's view of the line.
+    const line = (b.backend as unknown as { line: { entries: Map<string, unknown> } }).line;
+    expect(line.entries.size).toBe(0);
   });
 
   it('computes the slot of any key as the server does, braces and all', async () => {

@@ -43,14 +43,17 @@ export class RedisLockBackend implements LockBackend {
     const willWait = options?.willWait ?? true;
     const handedOver = this.line.takeHandover(owner);
     if (handedOver) return { acquired: true, ...handedOver };
-    const entry = this.line.attemptStarting(owner, keys, willWait);
     const client = this.connection.open() ?? (await this.connection.connected('acquire', keys));
+    // Keys a Cluster cannot lock together are refused here, before the owner gets a line entry
+    // that nothing would remove (the caller gives up on such a mistake at once).
+    const redisKeys = lineScriptKeys(this.layouts(keys, client));
+    const entry = this.line.attemptStarting(owner, keys, willWait);
     const sentAt = performance.now();
     const reply = await this.scripts.run(client, {
       op: 'acquire',
       keys,
       script: ACQUIRE,
-      redisKeys: lineScriptKeys(this.layouts(keys, client)),
+      redisKeys,
       args: [owner, Math.ceil(ttlMs), this.waiterTimeout, willWait ? 1 : 0, this.line.id],
       onLateAnswer: (late) => {
         // It answered after we reported a failure. Freeing the keys here would be wrong when the
