@@ -86,8 +86,27 @@ export class LockBackendError extends DistributedLockError {
     message: string,
     cause?: unknown,
   ) {
-    super(`Lock backend '${backend}' failed: ${message}`, cause === undefined ? undefined : { cause });
+    super(`Lock backend '${backend}' failed: ${message}`, cause === undefined ? undefined : { cause: withoutCommand(cause) });
   }
+}
+
+/**
+ * A client's error as a cause, without the command it carries: ioredis attaches the command's
+ * arguments (a script's owner token, which lets whoever reads it release the lock; AUTH's
+ * password) to its errors, and Nest prints a 500's error whole. Name, message and stack stay, and
+ * so does the command's name; nested causes are cleaned the same way.
+ */
+/** @internal */
+export function withoutCommand(cause: unknown, depth = 0): unknown {
+  if (!(cause instanceof Error) || depth > 5) return cause;
+  const command = (cause as { command?: { name?: unknown } }).command;
+  const inner = cause.cause === undefined ? undefined : withoutCommand(cause.cause, depth + 1);
+  if (command === undefined && inner === cause.cause) return cause;
+  const clean = new Error(cause.message, inner === undefined ? undefined : { cause: inner });
+  clean.name = cause.name;
+  clean.stack = cause.stack;
+  if (command !== undefined) Object.assign(clean, { command: { name: command?.name } });
+  return clean;
 }
 
 /** A lock key (or a key template on a @Locked method) is unusable. */

@@ -1,4 +1,4 @@
-import { LockBackendError } from '../../lock.errors.js';
+import { LockBackendError, withoutCommand } from '../../lock.errors.js';
 
 /** One master that did not answer an operation, and why. */
 export interface MasterFailure {
@@ -18,7 +18,7 @@ export class RedlockQuorumError extends LockBackendError {
     readonly keys: readonly string[],
     readonly quorum: number,
     readonly masters: number,
-    readonly failures: readonly MasterFailure[],
+    failures: readonly MasterFailure[],
   ) {
     super(
       'redlock',
@@ -27,5 +27,10 @@ export class RedlockQuorumError extends LockBackendError {
         `Check that at least ${quorum} of the masters are running and reachable from this process.`,
       failures[0]?.error,
     );
+    // Without the commands the clients attached (their arguments carry owner tokens).
+    this.failures = failures.map((failure) => ({ master: failure.master, error: withoutCommand(failure.error) as Error }));
   }
+
+  /** The masters that did not answer, and why. */
+  readonly failures: readonly MasterFailure[];
 }
