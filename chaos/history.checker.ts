@@ -5,6 +5,8 @@ export interface Overlap {
   key: string;
   first: string;
   second: string;
+  /** When the second holder got it (the history's clock). */
+  at: number;
   /** Milliseconds both held it. */
   ms: number;
   /** The fault that allows it (guarantees table), or undefined: a violation. */
@@ -164,7 +166,7 @@ function findOverlaps(holds: readonly Hold[], windows: readonly Window[]): Overl
         if (first.holder === second.holder) continue;
         const ms = Math.min(first.end, second.end) - second.start;
         if (ms <= 0) continue;
-        overlaps.push({ key: first.key, first: first.holder, second: second.holder, ms, allowedBy: allowance(first, second, windows) });
+        overlaps.push({ key: first.key, first: first.holder, second: second.holder, at: second.start, ms, allowedBy: allowance(first, second, windows) });
       }
     }
   }

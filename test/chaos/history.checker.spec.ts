@@ -38,7 +38,7 @@ describe('checkHistory', () => {
   it('reports two holders at once as a violation when no fault explains it', () => {
     const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 1, 2)];
     const report = checkHistory(history, options);
-    expect(report.overlaps).toEqual([{ key: 'register:a', first: 'w1.0', second: 'w2.0', ms: 5, allowedBy: undefined }]);
+    expect(report.overlaps).toEqual([{ key: 'register:a', first: 'w1.0', second: 'w2.0', at: 15, ms: 5, allowedBy: undefined }]);
     expect(report.violations.overlap).toBe(1);
   });
 
