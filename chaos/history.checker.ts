@@ -30,6 +30,8 @@ export interface CheckReport {
   staleWrites: number;
   /** Accepted writes that did not build on the value of the write accepted before them. */
   lostUpdates: number;
+  /** Writes the register accepted from a worker killed before it logged them (gaps in its sequence). */
+  unloggedWrites: number;
   /** Acquisitions asked for after another of the same key was granted, with a token not above it. */
   tokenRegressions: number;
   /** Waits that ended (in the lock or an error) later than their bound, not explained by a pause. */
@@ -65,7 +67,7 @@ export function checkHistory(history: readonly HistoryEvent[], options: CheckOpt
   const overlaps = findOverlaps(holds, windows);
   const writes = events.filter((e): e is Extract<HistoryEvent, { type: 'write' }> => e.type === 'write');
   const accepted = writes.filter((w) => w.accepted);
-  const { staleWrites, lostUpdates } = checkRegister(accepted, options.fencing);
+  const { staleWrites, lostUpdates, unloggedWrites } = checkRegister(accepted, options.fencing);
   const errors: Record<string, number> = {};
   for (const e of events) if (e.type === 'error') errors[e.error] = (errors[e.error] ?? 0) + 1;
   const faults: Record<string, number> = {};
@@ -89,6 +91,7 @@ export function checkHistory(history: readonly HistoryEvent[], options: CheckOpt
     overlaps,
     staleWrites,
     lostUpdates,
+    unloggedWrites,
     tokenRegressions,
     slowWaits,
     errors,
@@ -183,26 +186,35 @@ function allowance(first: Hold, second: Hold, windows: readonly Window[]): Fault
   return found?.kind;
 }
 
-/** In the register's own order (its sequence numbers): tokens rise, and each write builds on the last. */
-function checkRegister(accepted: readonly Extract<HistoryEvent, { type: 'write' }>[], fencing: boolean): { staleWrites: number; lostUpdates: number } {
+/**
+ * In the register's own order (its sequence numbers): tokens rise, and each write builds on the
+ * last. A gap in the sequence is a write whose worker was killed before it could log it: the
+ * write after the gap is not compared with the one before.
+ */
+function checkRegister(accepted: readonly Extract<HistoryEvent, { type: 'write' }>[], fencing: boolean): { staleWrites: number; lostUpdates: number; unloggedWrites: number } {
   let staleWrites = 0;
   let lostUpdates = 0;
+  let unloggedWrites = 0;
   const byKey = new Map<string, typeof accepted>();
   for (const w of accepted) byKey.set(w.key, [...(byKey.get(w.key) ?? []), w]);
   for (const list of byKey.values()) {
     const ordered = [...list].sort((a, b) => (a.seq ?? a.t) - (b.seq ?? b.t));
     let highest = -Infinity;
     let value = 0;
+    let seq = 0;
     for (const w of ordered) {
       if (fencing) {
         if (w.token === undefined || w.token <= highest) staleWrites++;
         highest = Math.max(highest, w.token ?? -Infinity);
       }
-      if (w.read !== value) lostUpdates++;
+      const gap = w.seq === undefined ? 0 : w.seq - seq - 1;
+      unloggedWrites += gap;
+      if (gap === 0 && w.read !== value) lostUpdates++;
       value = w.wrote;
+      seq = w.seq ?? seq + 1;
     }
   }
-  return { staleWrites, lostUpdates };
+  return { staleWrites, lostUpdates, unloggedWrites };
 }
 
 /** An acquisition asked for after another of its key was granted must get a greater token. */

@@ -35,6 +35,12 @@ describe('checkHistory', () => {
     expect(checkHistory(history, options).violations['lost-update']).toBe(1);
   });
 
+  it('does not count a write missing from the history (its worker was killed) as a lost update', () => {
+    const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 30, 12, 2, 3)];
+    const report = checkHistory(history, options);
+    expect(report).toMatchObject({ lostUpdates: 0, unloggedWrites: 1 });
+  });
+
   it('reports two holders at once as a violation when no fault explains it', () => {
     const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 1, 2)];
     const report = checkHistory(history, options);
