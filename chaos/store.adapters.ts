@@ -39,6 +39,11 @@ export interface ChaosStore {
 
 const commandTimeout = 500;
 
+/** A client of the harness to a server it restarts: its connection errors are expected. */
+function adminClient(port: number): Redis {
+  return new Redis(port, '127.0.0.1', { maxRetriesPerRequest: null }).on('error', () => undefined);
+}
+
 /** Faults of one redis-server the harness owns: restarts, stalls and freezes. */
 function serverFaults(server: () => RedisServer, admin: () => Redis, name: string): Partial<Record<FaultKind, StoreFault>> {
   return {
@@ -83,7 +88,7 @@ export class RedisStore implements ChaosStore {
 
   async start(): Promise<void> {
     this.server = await RedisServer.start({ args: DEBUG_ARGS });
-    this.admin = new Redis(this.server.port, '127.0.0.1', { maxRetriesPerRequest: null });
+    this.admin = adminClient(this.server.port);
   }
 
   async backendFor(worker: string): Promise<BackendSpec> {
@@ -147,7 +152,7 @@ export class SentinelStore implements ChaosStore {
 
   async start(): Promise<void> {
     this.setup = await RedisSentinel.start({ replica: true, downAfterMs: 1_000 });
-    this.admin = new Redis(this.setup.master.port, '127.0.0.1', { maxRetriesPerRequest: null });
+    this.admin = adminClient(this.setup.master.port);
     // DEBUG is refused unless enabled at start; the sentinel helper starts servers without it.
     delete this.faults['store-sleep'];
   }
@@ -190,7 +195,7 @@ export class RedlockStore implements ChaosStore {
     for (let i = 0; i < 3; i++) {
       const server = await RedisServer.start({ args: DEBUG_ARGS });
       this.servers.push(server);
-      this.admins.push(new Redis(server.port, '127.0.0.1', { maxRetriesPerRequest: null }));
+      this.admins.push(adminClient(server.port));
     }
   }
 

@@ -2,7 +2,7 @@ import { fork, type ChildProcess } from 'node:child_process';
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import type { BackendSpec, WorkerConfig } from './chaos.worker.js';
-import { now, type HistoryEvent } from './history.js';
+import type { HistoryEvent } from './history.js';
 
 const workerScript = new URL('./chaos.worker.js', import.meta.url);
 
@@ -107,5 +107,3 @@ export class WorkerPool {
     });
   }
 }
-
-export { now };
