@@ -41,6 +41,14 @@ describe('checkHistory', () => {
     expect(report).toMatchObject({ lostUpdates: 0, unloggedWrites: 1 });
   });
 
+  it('allows a lost update without fencing only after an overlap the guarantees allow', () => {
+    const unfenced = { ...options, fencing: false };
+    const overlapping = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 0, 2)];
+    expect(checkHistory(overlapping, unfenced).violations['lost-update']).toBe(1);
+    const paused: HistoryEvent[] = [...overlapping, { t: 6, type: 'fault', kind: 'pause-worker', phase: 'start', target: 'w1' }];
+    expect(checkHistory(paused, unfenced).violations).toEqual(expect.not.objectContaining({ 'lost-update': expect.anything() }));
+  });
+
   it('reports two holders at once as a violation when no fault explains it', () => {
     const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 1, 2)];
     const report = checkHistory(history, options);
