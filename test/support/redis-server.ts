@@ -19,7 +19,8 @@ export async function freePort(): Promise<number> {
  */
 export class RedisServer {
   private child: ChildProcess | undefined;
-  private readonly dir = mkdtempSync(join(tmpdir(), 'ndl-redis-'));
+  /** Where it keeps its files (dump.rdb once SAVE ran); a restart loads what is there. */
+  readonly dir = mkdtempSync(join(tmpdir(), 'ndl-redis-'));
 
   private constructor(
     readonly port: number,

@@ -1,0 +1,166 @@
+import 'reflect-metadata';
+import { Injectable, Logger, Module, type INestApplicationContext } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { Redis } from 'ioredis';
+import { setTimeout as sleep } from 'node:timers/promises';
+import {
+  DistributedLockModule,
+  LockService,
+  Locked,
+  MemoryLockBackend,
+  RedisLockBackend,
+  RedlockLockBackend,
+  type LockBackend,
+  type LockHandle,
+} from '../lib/index.js';
+import { FencedRegister } from './fenced-register.js';
+import { now, type HistoryEvent } from './history.js';
+import { random } from './random.js';
+
+/** Where a worker's locks live; URLs point at the worker's own proxy where there is one. */
+export type BackendSpec =
+  | { kind: 'memory'; services: number }
+  | { kind: 'redis'; url: string; commandTimeout: number }
+  | { kind: 'sentinel'; sentinels: { host: string; port: number }[]; name: string; commandTimeout: number }
+  | { kind: 'redlock'; urls: string[] };
+
+export interface WorkerConfig {
+  id: string;
+  incarnation: number;
+  backend: BackendSpec;
+  registerPort: number;
+  keys: number;
+  /** Concurrent callers per application context. */
+  callers: number;
+  ttl: number;
+  wait: number;
+  /** Longest pause between the read and the write of the register. */
+  workMs: number;
+  seed: number;
+}
+
+/**
+ * One process of the run: Nest application contexts (one, or several over one in-memory backend)
+ * whose callers loop over @Locked read-modify-writes of a fenced register, printing every step as
+ * a JSON line on stdout.
+ */
+const config = JSON.parse(process.argv[2]) as WorkerConfig;
+const next = random(config.seed * 1000 + config.incarnation);
+const register = new FencedRegister(new Redis(config.registerPort, '127.0.0.1'));
+let stopping = false;
+
+function log(event: HistoryEvent): void {
+  process.stdout.write(`${JSON.stringify(event)}\n`);
+}
+
+/** A deadline as `now()` reads it; the handle gives it on the wall clock. */
+function deadlineOf(handle: LockHandle): number {
+  return now() + (handle.expiresAt.getTime() - Date.now());
+}
+
+type Section = (handle: LockHandle) => Promise<void>;
+
+@Injectable()
+class RegisterWriter {
+  constructor(readonly locks: LockService) {}
+
+  @Locked('register:<key>')
+  async update(key: string, section: Section): Promise<void> {
+    await section(this.locks.current(`register:${key}`)!);
+  }
+}
+
+async function caller(writer: RegisterWriter, holder: string, worker: string): Promise<void> {
+  while (!stopping) {
+    const key = `r${Math.floor(next() * config.keys)}`;
+    const base = { holder, worker, key };
+    log({ t: now(), type: 'attempt', ...base, waitMs: config.wait });
+    try {
+      await writer.update(key, async (handle) => {
+        const token = handle.fencingToken;
+        log({ t: now(), type: 'acquired', ...base, token, deadline: deadlineOf(handle) });
+        const onLost = () => {
+          const reason = (handle.signal.reason as { reason?: string }).reason ?? 'unknown';
+          log({ t: now(), type: 'lost', ...base, reason, deadline: deadlineOf(handle) });
+        };
+        handle.signal.addEventListener('abort', onLost, { once: true });
+        try {
+          const sentAt = now();
+          const value = await register.read(key, token);
+          if (value === undefined) {
+            log({ t: sentAt, type: 'write', ...base, token, read: -1, wrote: -1, accepted: false });
+            return;
+          }
+          await sleep(Math.floor(next() * config.workMs));
+          // What a careful holder does before each write under the lock.
+          if (!handle.isHeld) return;
+          const writtenAt = now();
+          const seq = await register.write(key, token, value + 1);
+          log({ t: writtenAt, type: 'write', ...base, token, read: value, wrote: value + 1, accepted: seq !== undefined, seq });
+        } finally {
+          handle.signal.removeEventListener('abort', onLost);
+          // Stamped before the release goes out: the next holder may get the lock (and say so)
+          // before this process's code after the release runs.
+          log({ t: now(), type: 'released', ...base });
+        }
+      });
+    } catch (error) {
+      const name = (error as Error)?.constructor?.name ?? typeof error;
+      log({ t: now(), type: 'error', ...base, error: name, message: String((error as Error)?.message ?? error).slice(0, 200) });
+    }
+    await sleep(Math.floor(next() * 20));
+  }
+}
+
+function backendOf(spec: BackendSpec, shared: LockBackend | undefined): LockBackend {
+  switch (spec.kind) {
+    case 'memory':
+      return shared!;
+    case 'redis':
+      return new RedisLockBackend(spec.url, { commandTimeout: spec.commandTimeout });
+    case 'sentinel':
+      return new RedisLockBackend({ sentinels: spec.sentinels, name: spec.name }, { commandTimeout: spec.commandTimeout });
+    case 'redlock':
+      return new RedlockLockBackend(spec.urls);
+  }
+}
+
+async function main(): Promise<void> {
+  // Lost locks and reconnections are the point of the run; the history records them.
+  Logger.overrideLogger(false);
+  const contexts = config.backend.kind === 'memory' ? config.backend.services : 1;
+  const shared = config.backend.kind === 'memory' ? new MemoryLockBackend() : undefined;
+  const apps: INestApplicationContext[] = [];
+  const loops: Promise<void>[] = [];
+  for (let i = 0; i < contexts; i++) {
+    @Module({
+      imports: [DistributedLockModule.forRoot({ backend: backendOf(config.backend, shared), ttl: config.ttl, wait: config.wait })],
+      providers: [RegisterWriter],
+    })
+    class WorkerModule {}
+    const app = await NestFactory.createApplicationContext(WorkerModule, { logger: false });
+    app.enableShutdownHooks();
+    apps.push(app);
+    // Several contexts in one process: several services of one backend, one process to pause.
+    const name = contexts > 1 ? `${config.id}.s${i}` : config.id;
+    for (let c = 0; c < config.callers; c++) loops.push(caller(app.get(RegisterWriter), `${name}#${config.incarnation}.${c}`, config.id));
+  }
+  process.on('message', async (message: { stop?: true; stall?: number }) => {
+    if (message.stall !== undefined) {
+      // A stop-the-world pause of this process (a long GC): nothing runs, timers fire late.
+      log({ t: now(), type: 'fault', kind: 'stall-event-loop', phase: 'start', target: config.id });
+      const until = Date.now() + message.stall;
+      while (Date.now() < until);
+      log({ t: now(), type: 'fault', kind: 'stall-event-loop', phase: 'end', target: config.id });
+    }
+    if (message.stop) {
+      stopping = true;
+      await Promise.all(loops);
+      for (const app of apps) await app.close();
+      process.exit(0);
+    }
+  });
+  process.send!('ready');
+}
+
+void main();

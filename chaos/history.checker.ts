@@ -1,0 +1,253 @@
+import { OVERLAP_ALLOWED_AFTER, type FaultKind, type HistoryEvent } from './history.js';
+
+/** Two holders of one key at once, in real time. */
+export interface Overlap {
+  key: string;
+  first: string;
+  second: string;
+  /** When the second holder got it (the history's clock). */
+  at: number;
+  /** Milliseconds both held it. */
+  ms: number;
+  /** The fault that allows it (guarantees table), or undefined: a violation. */
+  allowedBy?: FaultKind;
+}
+
+export interface CheckOptions {
+  /** Added to each wait before it counts as exceeded: command deadlines and timer lag. */
+  waitSlackMs: number;
+  /** Fences are not checked on a backend without tokens (Redlock): its writes are unconditional. */
+  fencing: boolean;
+}
+
+export interface CheckReport {
+  operations: number;
+  acquisitions: number;
+  acceptedWrites: number;
+  refusedWrites: number;
+  overlaps: Overlap[];
+  /** Accepted writes whose token is not above every earlier accepted write's. */
+  staleWrites: number;
+  /** Accepted writes that did not build on the value of the write accepted before them. */
+  lostUpdates: number;
+  /** Writes the register accepted from a worker killed before it logged them (gaps in its sequence). */
+  unloggedWrites: number;
+  /** Acquisitions asked for after another of the same key was granted, with a token not above it. */
+  tokenRegressions: number;
+  /** Waits that ended (in the lock or an error) later than their bound, not explained by a pause. */
+  slowWaits: number;
+  errors: Record<string, number>;
+  faults: Record<string, number>;
+  /** Counts of what the guarantees table does not allow, by kind; all zero for a clean run. */
+  violations: Record<string, number>;
+}
+
+interface Hold {
+  key: string;
+  holder: string;
+  worker: string;
+  token?: number;
+  start: number;
+  end: number;
+}
+
+interface Window {
+  kind: FaultKind;
+  target: string;
+  start: number;
+  end: number;
+}
+
+/** Reads a history (any order) and reports what happened and what the guarantees do not allow. */
+export function checkHistory(history: readonly HistoryEvent[], options: CheckOptions): CheckReport {
+  const events = [...history].sort((a, b) => a.t - b.t);
+  const endOfRun = events.length > 0 ? events[events.length - 1].t : 0;
+  const windows = faultWindows(events, endOfRun);
+  const holds = collectHolds(events, windows, endOfRun);
+  const overlaps = findOverlaps(holds, windows);
+  const writes = events.filter((e): e is Extract<HistoryEvent, { type: 'write' }> => e.type === 'write');
+  const accepted = writes.filter((w) => w.accepted);
+  const { staleWrites, lostUpdates, unloggedWrites } = checkRegister(accepted, options.fencing);
+  const errors: Record<string, number> = {};
+  for (const e of events) if (e.type === 'error') errors[e.error] = (errors[e.error] ?? 0) + 1;
+  const faults: Record<string, number> = {};
+  for (const w of windows) faults[w.kind] = (faults[w.kind] ?? 0) + 1;
+  const tokenRegressions = options.fencing ? countTokenRegressions(events) : 0;
+  const slowWaits = countSlowWaits(events, windows, options.waitSlackMs);
+  const unexpected = overlaps.filter((o) => o.allowedBy === undefined).length;
+  const violations: Record<string, number> = {
+    overlap: unexpected,
+    'stale-write': staleWrites,
+    'token-regression': tokenRegressions,
+    'slow-wait': slowWaits,
+  };
+  // With fencing no update may be lost; without it, one may after an overlap the table allows.
+  if (options.fencing || !overlaps.some((o) => o.allowedBy !== undefined)) violations['lost-update'] = lostUpdates;
+  return {
+    operations: events.filter((e) => e.type === 'attempt').length,
+    acquisitions: holds.length,
+    acceptedWrites: accepted.length,
+    refusedWrites: writes.length - accepted.length,
+    overlaps,
+    staleWrites,
+    lostUpdates,
+    unloggedWrites,
+    tokenRegressions,
+    slowWaits,
+    errors,
+    faults,
+    violations,
+  };
+}
+
+function faultWindows(events: readonly HistoryEvent[], endOfRun: number): Window[] {
+  const open = new Map<string, Window>();
+  const windows: Window[] = [];
+  for (const e of events) {
+    if (e.type !== 'fault') continue;
+    const id = `${e.kind}/${e.target}`;
+    if (e.phase === 'start') {
+      const window = { kind: e.kind, target: e.target, start: e.t, end: endOfRun };
+      open.set(id, window);
+      windows.push(window);
+    } else {
+      const window = open.get(id);
+      if (window) window.end = e.t;
+      open.delete(id);
+    }
+  }
+  return windows;
+}
+
+/**
+ * A hold lasts from `acquired` to whichever comes first of its release and its loss, where a loss
+ * counts from the lease's deadline (the holder was told then, whenever its timer ran), and a
+ * killed worker's holds end with it. A write sent later than that still belongs to the hold: the
+ * holder acted on the lock.
+ */
+function collectHolds(events: readonly HistoryEvent[], windows: readonly Window[], endOfRun: number): Hold[] {
+  // A holder's latest hold, kept after it ends: a late write still extends it.
+  const latest = new Map<string, { hold: Hold; ended: boolean; lastWrite: number }>();
+  const holds: Hold[] = [];
+  for (const e of events) {
+    if (e.type === 'acquired') {
+      const hold = { key: e.key, holder: e.holder, worker: e.worker, token: e.token, start: e.t, end: endOfRun };
+      latest.set(e.holder, { hold, ended: false, lastWrite: e.t });
+      holds.push(hold);
+      continue;
+    }
+    if (e.type === 'fault') continue;
+    const entry = latest.get(e.holder);
+    if (!entry) continue;
+    if (e.type === 'attempt') {
+      latest.delete(e.holder);
+    } else if (e.type === 'write') {
+      entry.lastWrite = e.t;
+      if (entry.ended) entry.hold.end = Math.max(entry.hold.end, e.t);
+    } else if (!entry.ended) {
+      entry.ended = true;
+      entry.hold.end = e.type === 'lost' ? Math.min(e.t, Math.max(entry.lastWrite, e.deadline)) : e.t;
+    }
+  }
+  for (const { hold, ended } of latest.values()) {
+    if (ended) continue;
+    const killed = windows.find((w) => w.kind === 'kill-worker' && w.target === hold.worker && w.start >= hold.start);
+    if (killed) hold.end = killed.start;
+  }
+  return holds;
+}
+
+function findOverlaps(holds: readonly Hold[], windows: readonly Window[]): Overlap[] {
+  const overlaps: Overlap[] = [];
+  const byKey = new Map<string, Hold[]>();
+  for (const hold of holds) byKey.set(hold.key, [...(byKey.get(hold.key) ?? []), hold]);
+  for (const list of byKey.values()) {
+    list.sort((a, b) => a.start - b.start);
+    for (let i = 0; i < list.length; i++) {
+      for (let j = i + 1; j < list.length && list[j].start < list[i].end; j++) {
+        const [first, second] = [list[i], list[j]];
+        if (first.holder === second.holder) continue;
+        const ms = Math.min(first.end, second.end) - second.start;
+        if (ms <= 0) continue;
+        overlaps.push({ key: first.key, first: first.holder, second: second.holder, at: second.start, ms, allowedBy: allowance(first, second, windows) });
+      }
+    }
+  }
+  return overlaps;
+}
+
+/** The fault during the first hold, before the second began, that the guarantees table allows. */
+function allowance(first: Hold, second: Hold, windows: readonly Window[]): FaultKind | undefined {
+  const during = (w: Window) => w.start <= second.start && w.end >= first.start;
+  const ofFirstHolder = (w: Window) => w.target === first.worker;
+  const found = windows.find(
+    (w) => OVERLAP_ALLOWED_AFTER.has(w.kind) && during(w) && (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' ? ofFirstHolder(w) : true),
+  );
+  return found?.kind;
+}
+
+/**
+ * In the register's own order (its sequence numbers): tokens rise, and each write builds on the
+ * last. A gap in the sequence is a write whose worker was killed before it could log it: the
+ * write after the gap is not compared with the one before.
+ */
+function checkRegister(accepted: readonly Extract<HistoryEvent, { type: 'write' }>[], fencing: boolean): { staleWrites: number; lostUpdates: number; unloggedWrites: number } {
+  let staleWrites = 0;
+  let lostUpdates = 0;
+  let unloggedWrites = 0;
+  const byKey = new Map<string, typeof accepted>();
+  for (const w of accepted) byKey.set(w.key, [...(byKey.get(w.key) ?? []), w]);
+  for (const list of byKey.values()) {
+    const ordered = [...list].sort((a, b) => (a.seq ?? a.t) - (b.seq ?? b.t));
+    let highest = -Infinity;
+    let value = 0;
+    let seq = 0;
+    for (const w of ordered) {
+      if (fencing) {
+        if (w.token === undefined || w.token <= highest) staleWrites++;
+        highest = Math.max(highest, w.token ?? -Infinity);
+      }
+      const gap = w.seq === undefined ? 0 : w.seq - seq - 1;
+      unloggedWrites += gap;
+      if (gap === 0 && w.read !== value) lostUpdates++;
+      value = w.wrote;
+      seq = w.seq ?? seq + 1;
+    }
+  }
+  return { staleWrites, lostUpdates, unloggedWrites };
+}
+
+/** An acquisition asked for after another of its key was granted must get a greater token. */
+function countTokenRegressions(events: readonly HistoryEvent[]): number {
+  const highestGranted = new Map<string, number>();
+  const askedAfter = new Map<string, number>();
+  let regressions = 0;
+  for (const e of events) {
+    if (e.type === 'attempt') askedAfter.set(e.holder, highestGranted.get(e.key) ?? -Infinity);
+    if (e.type === 'acquired' && e.token !== undefined) {
+      const floor = askedAfter.get(e.holder) ?? -Infinity;
+      if (e.token <= floor) regressions++;
+      highestGranted.set(e.key, Math.max(highestGranted.get(e.key) ?? -Infinity, e.token));
+    }
+  }
+  return regressions;
+}
+
+/** A wait ends in the lock or in an error within its bound, unless its own process was paused or killed. */
+function countSlowWaits(events: readonly HistoryEvent[], windows: readonly Window[], slackMs: number): number {
+  const asked = new Map<string, Extract<HistoryEvent, { type: 'attempt' }>>();
+  let slow = 0;
+  for (const e of events) {
+    if (e.type === 'attempt') asked.set(e.holder, e);
+    if (e.type !== 'acquired' && e.type !== 'error') continue;
+    const attempt = asked.get(e.holder);
+    if (!attempt) continue;
+    asked.delete(e.holder);
+    if (e.t - attempt.t <= attempt.waitMs + slackMs) continue;
+    const paused = windows.some(
+      (w) => (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' || w.kind === 'kill-worker') && w.target === attempt.worker && w.start <= e.t && w.end >= attempt.t,
+    );
+    if (!paused) slow++;
+  }
+  return slow;
+}

@@ -1,0 +1,53 @@
+import { performance } from 'node:perf_hooks';
+
+/**
+ * One line of a run's history. Workers and the nemesis stamp every line with `now()`, a clock that
+ * every process on this machine shares (time origin + monotonic offset), so lines of several
+ * processes can be ordered against each other.
+ */
+export type HistoryEvent =
+  /** A holder asks for `key`; it may wait up to `waitMs`. */
+  | { t: number; type: 'attempt'; holder: string; worker: string; key: string; waitMs: number }
+  /** The lock is held: its fencing token (absent on a backend without tokens) and its deadline. */
+  | { t: number; type: 'acquired'; holder: string; worker: string; key: string; token?: number; deadline: number }
+  /** A write of the register sent at `t` (before the answer), with the value read and the one written. */
+  | { t: number; type: 'write'; holder: string; worker: string; key: string; token?: number; read: number; wrote: number; accepted: boolean; seq?: number }
+  /** The holder's section ended; its release goes out next. */
+  | { t: number; type: 'released'; holder: string; worker: string; key: string }
+  /** The handle's signal aborted; `deadline` is the lease's last deadline. */
+  | { t: number; type: 'lost'; holder: string; worker: string; key: string; reason: string; deadline: number }
+  /** The attempt or the section failed with an error of this class. */
+  | { t: number; type: 'error'; holder: string; worker: string; key: string; error: string; message: string }
+  /** The nemesis starts or ends a fault; `target` is a worker, a server or 'network:<worker>'. */
+  | { t: number; type: 'fault'; kind: FaultKind; phase: 'start' | 'end'; target: string };
+
+export type FaultKind =
+  | 'kill-worker'
+  | 'pause-worker'
+  | 'stall-event-loop'
+  | 'restart-store-empty'
+  | 'restart-store-snapshot'
+  | 'store-sleep'
+  | 'pause-store'
+  | 'net-delay'
+  | 'net-drop'
+  | 'net-blackhole-up'
+  | 'net-blackhole-down'
+  | 'failover';
+
+/** Faults after which the guarantees table allows two holders at once. */
+export const OVERLAP_ALLOWED_AFTER: ReadonlySet<FaultKind> = new Set<FaultKind>([
+  // A holder paused past its ttl (GC, stopped VM): the lease runs out under it.
+  'pause-worker',
+  'stall-event-loop',
+  // The lock store forgot the lock: restarted without persistence or from an older snapshot, or
+  // a failover to a replica that had not received it.
+  'restart-store-empty',
+  'restart-store-snapshot',
+  'failover',
+]);
+
+/** Milliseconds on a clock every process of this machine shares. */
+export function now(): number {
+  return performance.timeOrigin + performance.now();
+}

@@ -1,0 +1,106 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { now, type FaultKind, type HistoryEvent } from './history.js';
+import type { ChaosStore } from './store.adapters.js';
+import type { WorkerPool } from './worker-pool.js';
+
+type Fault = () => Promise<void>;
+
+/**
+ * Injects faults one after another for the whole run, each chosen by the seeded generator: which
+ * kind, which worker (a holder when there is one), how long. Every fault goes into the history as
+ * a start and an end, so the checker can tell which overlaps the guarantees allow.
+ */
+export class Nemesis {
+  private stopped = false;
+  private readonly kinds: FaultKind[];
+
+  constructor(
+    private readonly pool: WorkerPool,
+    private readonly store: ChaosStore,
+    private readonly next: () => number,
+    private readonly ttl: number,
+  ) {
+    const workerKinds: FaultKind[] = store.singleProcess
+      ? ['stall-event-loop']
+      : ['kill-worker', 'pause-worker', ...(store.proxyOf(pool.ids[0]) ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down'] as const) : [])];
+    this.kinds = [...workerKinds, ...(Object.keys(store.faults) as FaultKind[])];
+  }
+
+  /** Runs until `stop()`; the fault in progress is finished and healed first. */
+  async run(): Promise<void> {
+    while (!this.stopped) {
+      await sleep(200 + Math.floor(this.next() * this.ttl));
+      if (this.stopped) break;
+      const kind = this.kinds[Math.floor(this.next() * this.kinds.length)];
+      await this.inject(kind);
+    }
+  }
+
+  stop(): void {
+    this.stopped = true;
+  }
+
+  private record(kind: FaultKind, phase: 'start' | 'end', target: string): void {
+    this.pool.record({ t: now(), type: 'fault', kind, phase, target } as HistoryEvent);
+  }
+
+  private pickWorker(): string {
+    const holders = this.pool.holders();
+    const from = holders.length > 0 ? holders : this.pool.ids;
+    return from[Math.floor(this.next() * from.length)];
+  }
+
+  private async inject(kind: FaultKind): Promise<void> {
+    const worker = this.pickWorker();
+    const span = (min: number, max: number) => Math.floor(min + this.next() * (max - min));
+    const around = async (target: string, fault: Fault) => {
+      this.record(kind, 'start', target);
+      try {
+        await fault();
+      } finally {
+        this.record(kind, 'end', target);
+      }
+    };
+    const proxy = this.store.proxyOf(worker);
+    switch (kind) {
+      case 'kill-worker':
+        return around(worker, () => this.pool.killAndRestart(worker));
+      case 'pause-worker':
+        // Longer than the ttl: the lease runs out under a holder that cannot know.
+        return around(worker, async () => {
+          this.pool.signal(worker, 'SIGSTOP');
+          await sleep(span(this.ttl * 1.2, this.ttl * 2.5));
+          this.pool.signal(worker, 'SIGCONT');
+        });
+      case 'stall-event-loop':
+        // The worker records its own stall, from when it really starts.
+        this.pool.send(worker, { stall: span(this.ttl * 0.5, this.ttl * 2) });
+        return void (await sleep(this.ttl * 2));
+      case 'net-delay':
+        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'delay', ms: span(20, this.ttl) }, span(300, this.ttl * 2)));
+      case 'net-drop':
+        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'drop' }, span(300, this.ttl * 2)));
+      case 'net-blackhole-up':
+        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'blackhole-up' }, span(300, this.ttl * 2)));
+      case 'net-blackhole-down':
+        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'blackhole-down' }, span(300, this.ttl * 2)));
+      default: {
+        const fault = this.store.faults[kind]!;
+        this.record(kind, 'start', this.store.name);
+        try {
+          await fault({ next: this.next, ttl: this.ttl });
+        } finally {
+          this.record(kind, 'end', this.store.name);
+        }
+      }
+    }
+  }
+
+  private async withProxy(proxy: NonNullable<ReturnType<ChaosStore['proxyOf']>>, mode: Parameters<typeof proxy.set>[0], ms: number): Promise<void> {
+    proxy.set(mode);
+    await sleep(ms);
+    // A blackholed connection has lost bytes mid-stream: cut it, as a real network would in time.
+    if (mode.kind !== 'delay') proxy.set({ kind: 'drop' });
+    proxy.set({ kind: 'pass' });
+  }
+}

@@ -1,0 +1,99 @@
+import { describe, expect, it } from '@jest/globals';
+import type { HistoryEvent } from '../../chaos/history.js';
+import { checkHistory } from '../../chaos/history.checker.js';
+
+const options = { waitSlackMs: 100, fencing: true };
+
+/** One holder's whole section on `key`: asked at `t`, held from t+5 to t+20, one accepted write. */
+function section(holder: string, key: string, t: number, token: number, read: number, seq: number): HistoryEvent[] {
+  const worker = holder.split('.')[0];
+  return [
+    { t, type: 'attempt', holder, worker, key, waitMs: 1000 },
+    { t: t + 5, type: 'acquired', holder, worker, key, token, deadline: t + 1005 },
+    { t: t + 10, type: 'write', holder, worker, key, token, read, wrote: read + 1, accepted: true, seq },
+    { t: t + 20, type: 'released', holder, worker, key },
+  ];
+}
+
+describe('checkHistory', () => {
+  it('finds nothing wrong in holders that take turns', () => {
+    const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 30, 11, 1, 2), ...section('w1.0', 'register:b', 40, 3, 0, 1)];
+    const report = checkHistory(history, options);
+    expect(report).toMatchObject({ operations: 3, acquisitions: 3, acceptedWrites: 3, refusedWrites: 0, overlaps: [] });
+    expect(Object.values(report.violations).every((count) => count === 0)).toBe(true);
+  });
+
+  it('reports an accepted write whose token is not above an earlier accepted one', () => {
+    const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 30, 9, 1, 2)];
+    const report = checkHistory(history, options);
+    expect(report.violations['stale-write']).toBe(1);
+    expect(report.violations['token-regression']).toBe(1);
+  });
+
+  it('reports a lost update: a write accepted on a value another write had replaced', () => {
+    const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 30, 11, 0, 2)];
+    expect(checkHistory(history, options).violations['lost-update']).toBe(1);
+  });
+
+  it('does not count a write missing from the history (its worker was killed) as a lost update', () => {
+    const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 30, 12, 2, 3)];
+    const report = checkHistory(history, options);
+    expect(report).toMatchObject({ lostUpdates: 0, unloggedWrites: 1 });
+  });
+
+  it('allows a lost update without fencing only after an overlap the guarantees allow', () => {
+    const unfenced = { ...options, fencing: false };
+    const overlapping = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 0, 2)];
+    expect(checkHistory(overlapping, unfenced).violations['lost-update']).toBe(1);
+    const paused: HistoryEvent[] = [...overlapping, { t: 6, type: 'fault', kind: 'pause-worker', phase: 'start', target: 'w1' }];
+    expect(checkHistory(paused, unfenced).violations).toEqual(expect.not.objectContaining({ 'lost-update': expect.anything() }));
+  });
+
+  it('reports two holders at once as a violation when no fault explains it', () => {
+    const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 1, 2)];
+    const report = checkHistory(history, options);
+    expect(report.overlaps).toEqual([{ key: 'register:a', first: 'w1.0', second: 'w2.0', at: 15, ms: 5, allowedBy: undefined }]);
+    expect(report.violations.overlap).toBe(1);
+  });
+
+  it('counts two holders at once without a violation when the first was paused past its lease', () => {
+    const history: HistoryEvent[] = [
+      ...section('w1.0', 'register:a', 0, 10, 0, 1),
+      ...section('w2.0', 'register:a', 10, 11, 1, 2),
+      { t: 6, type: 'fault', kind: 'pause-worker', phase: 'start', target: 'w1' },
+      { t: 18, type: 'fault', kind: 'pause-worker', phase: 'end', target: 'w1' },
+    ];
+    const report = checkHistory(history, options);
+    expect(report.overlaps).toEqual([expect.objectContaining({ first: 'w1.0', second: 'w2.0', allowedBy: 'pause-worker' })]);
+    expect(report.violations.overlap).toBe(0);
+    expect(report.faults).toEqual({ 'pause-worker': 1 });
+  });
+
+  it('ends a lost hold at its deadline, and extends it to a write sent after that', () => {
+    const worker = 'w1';
+    const lostAtDeadline: HistoryEvent[] = [
+      { t: 0, type: 'attempt', holder: 'w1.0', worker, key: 'k', waitMs: 1000 },
+      { t: 1, type: 'acquired', holder: 'w1.0', worker, key: 'k', token: 1, deadline: 50 },
+      // The timer that declared the loss ran late; the holder knew from the deadline on.
+      { t: 90, type: 'lost', holder: 'w1.0', worker, key: 'k', reason: 'expired', deadline: 50 },
+      ...section('w2.0', 'k', 55, 2, 0, 1),
+    ];
+    expect(checkHistory(lostAtDeadline, options).overlaps).toEqual([]);
+    const lateWrite: HistoryEvent[] = [
+      ...lostAtDeadline,
+      { t: 70, type: 'write', holder: 'w1.0', worker, key: 'k', token: 1, read: 0, wrote: 1, accepted: false },
+    ];
+    expect(checkHistory(lateWrite, options).violations.overlap).toBe(1);
+  });
+
+  it('reports a wait that ended later than its bound, and errors by type', () => {
+    const worker = 'w1';
+    const history: HistoryEvent[] = [
+      { t: 0, type: 'attempt', holder: 'w1.0', worker, key: 'k', waitMs: 1000 },
+      { t: 1500, type: 'error', holder: 'w1.0', worker, key: 'k', error: 'LockNotAcquiredError', message: 'busy' },
+    ];
+    const report = checkHistory(history, options);
+    expect(report.violations['slow-wait']).toBe(1);
+    expect(report.errors).toEqual({ LockNotAcquiredError: 1 });
+  });
+});
