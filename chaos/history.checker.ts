@@ -169,7 +169,14 @@ function findOverlaps(holds: readonly Hold[], windows: readonly Window[]): Overl
         if (first.holder === second.holder) continue;
         const ms = Math.min(first.end, second.end) - second.start;
         if (ms <= 0) continue;
-        overlaps.push({ key: first.key, first: first.holder, second: second.holder, at: second.start, ms, allowedBy: allowance(first, second, windows) });
+        overlaps.push({
+          key: first.key,
+          first: first.holder,
+          second: second.holder,
+          at: second.start,
+          ms,
+          allowedBy: allowance(first, second, windows),
+        });
       }
     }
   }
@@ -181,7 +188,10 @@ function allowance(first: Hold, second: Hold, windows: readonly Window[]): Fault
   const during = (w: Window) => w.start <= second.start && w.end >= first.start;
   const ofFirstHolder = (w: Window) => w.target === first.worker;
   const found = windows.find(
-    (w) => OVERLAP_ALLOWED_AFTER.has(w.kind) && during(w) && (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' ? ofFirstHolder(w) : true),
+    (w) =>
+      OVERLAP_ALLOWED_AFTER.has(w.kind) &&
+      during(w) &&
+      (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' ? ofFirstHolder(w) : true),
   );
   return found?.kind;
 }
@@ -191,7 +201,10 @@ function allowance(first: Hold, second: Hold, windows: readonly Window[]): Fault
  * last. A gap in the sequence is a write whose worker was killed before it could log it: the
  * write after the gap is not compared with the one before.
  */
-function checkRegister(accepted: readonly Extract<HistoryEvent, { type: 'write' }>[], fencing: boolean): { staleWrites: number; lostUpdates: number; unloggedWrites: number } {
+function checkRegister(
+  accepted: readonly Extract<HistoryEvent, { type: 'write' }>[],
+  fencing: boolean,
+): { staleWrites: number; lostUpdates: number; unloggedWrites: number } {
   let staleWrites = 0;
   let lostUpdates = 0;
   let unloggedWrites = 0;
@@ -245,7 +258,11 @@ function countSlowWaits(events: readonly HistoryEvent[], windows: readonly Windo
     asked.delete(e.holder);
     if (e.t - attempt.t <= attempt.waitMs + slackMs) continue;
     const paused = windows.some(
-      (w) => (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' || w.kind === 'kill-worker') && w.target === attempt.worker && w.start <= e.t && w.end >= attempt.t,
+      (w) =>
+        (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' || w.kind === 'kill-worker') &&
+        w.target === attempt.worker &&
+        w.start <= e.t &&
+        w.end >= attempt.t,
     );
     if (!paused) slow++;
   }

@@ -11,7 +11,18 @@ export type HistoryEvent =
   /** The lock is held: its fencing token (absent on a backend without tokens) and its deadline. */
   | { t: number; type: 'acquired'; holder: string; worker: string; key: string; token?: number; deadline: number }
   /** A write of the register sent at `t` (before the answer), with the value read and the one written. */
-  | { t: number; type: 'write'; holder: string; worker: string; key: string; token?: number; read: number; wrote: number; accepted: boolean; seq?: number }
+  | {
+      t: number;
+      type: 'write';
+      holder: string;
+      worker: string;
+      key: string;
+      token?: number;
+      read: number;
+      wrote: number;
+      accepted: boolean;
+      seq?: number;
+    }
   /** The holder's section ended; its release goes out next. */
   | { t: number; type: 'released'; holder: string; worker: string; key: string }
   /** The handle's signal aborted; `deadline` is the lease's last deadline. */

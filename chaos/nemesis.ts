@@ -22,7 +22,11 @@ export class Nemesis {
   ) {
     const workerKinds: FaultKind[] = store.singleProcess
       ? ['stall-event-loop']
-      : ['kill-worker', 'pause-worker', ...(store.proxyOf(pool.ids[0]) ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down'] as const) : [])];
+      : [
+          'kill-worker',
+          'pause-worker',
+          ...(store.proxyOf(pool.ids[0]) ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down'] as const) : []),
+        ];
     this.kinds = [...workerKinds, ...(Object.keys(store.faults) as FaultKind[])];
   }
 
@@ -77,7 +81,9 @@ export class Nemesis {
         this.pool.send(worker, { stall: span(this.ttl * 0.5, this.ttl * 2) });
         return void (await sleep(this.ttl * 2));
       case 'net-delay':
-        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'delay', ms: span(20, this.ttl) }, span(300, this.ttl * 2)));
+        return around(`network:${worker}`, () =>
+          this.withProxy(proxy!, { kind: 'delay', ms: span(20, this.ttl) }, span(300, this.ttl * 2)),
+        );
       case 'net-drop':
         return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'drop' }, span(300, this.ttl * 2)));
       case 'net-blackhole-up':
@@ -96,7 +102,11 @@ export class Nemesis {
     }
   }
 
-  private async withProxy(proxy: NonNullable<ReturnType<ChaosStore['proxyOf']>>, mode: Parameters<typeof proxy.set>[0], ms: number): Promise<void> {
+  private async withProxy(
+    proxy: NonNullable<ReturnType<ChaosStore['proxyOf']>>,
+    mode: Parameters<typeof proxy.set>[0],
+    ms: number,
+  ): Promise<void> {
     proxy.set(mode);
     await sleep(ms);
     // A blackholed connection has lost bytes mid-stream: cut it, as a real network would in time.

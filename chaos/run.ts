@@ -131,7 +131,8 @@ function printTable(results: RunResult[]): void {
   });
   const columns = Object.keys(rows[0]);
   const widths = columns.map((c) => Math.max(c.length, ...rows.map((row) => row[c as keyof typeof row].length)));
-  const line = (cells: string[]) => `| ${cells.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]) : cell.padStart(widths[i]))).join(' | ')} |`;
+  const line = (cells: string[]) =>
+    `| ${cells.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]) : cell.padStart(widths[i]))).join(' | ')} |`;
   console.log(line(columns));
   console.log(`|${widths.map((w, i) => (i === 0 ? '-'.repeat(w + 2) : `${'-'.repeat(w + 1)}:`)).join('|')}|`);
   for (const row of rows) console.log(line(columns.map((c) => row[c as keyof typeof row])));
@@ -139,7 +140,10 @@ function printTable(results: RunResult[]): void {
     console.log(`\n${r.backend}: faults ${JSON.stringify(r.report.faults)}`);
     console.log(`  errors ${JSON.stringify(r.report.errors)}`);
     console.log(`  violations ${JSON.stringify(r.report.violations)}`);
-    for (const o of r.report.overlaps.slice(0, 10)) console.log(`  overlap on ${o.key}: ${o.first} then ${o.second}, ${o.ms.toFixed(1)} ms, ${o.allowedBy ? `after ${o.allowedBy}` : 'NOT ALLOWED'}`);
+    for (const o of r.report.overlaps.slice(0, 10))
+      console.log(
+        `  overlap on ${o.key}: ${o.first} then ${o.second}, ${o.ms.toFixed(1)} ms, ${o.allowedBy ? `after ${o.allowedBy}` : 'NOT ALLOWED'}`,
+      );
   }
 }
 
@@ -149,6 +153,8 @@ if (!json) printTable(results);
 for (const result of results) console.log(JSON.stringify(summary(result)));
 const failed = results.filter((r) => Object.values(r.report.violations).some((count) => count > 0));
 if (failed.length > 0) {
-  console.error(`\nViolations on ${failed.map((r) => r.backend).join(', ')}. Replay: npm run chaos -- --seconds ${seconds} --backend ${failed.map((r) => r.backend).join(',')} --seed ${seed}`);
+  console.error(
+    `\nViolations on ${failed.map((r) => r.backend).join(', ')}. Replay: npm run chaos -- --seconds ${seconds} --backend ${failed.map((r) => r.backend).join(',')} --seed ${seed}`,
+  );
 }
 process.exit(failed.length > 0 ? 1 : 0);

@@ -61,7 +61,9 @@ function serverFaults(server: () => RedisServer, admin: () => Redis, name: strin
     },
     'store-sleep': async ({ next, ttl }) => {
       const seconds = (0.2 + next() * 1.5 * (ttl / 1000)).toFixed(2);
-      await admin().call('DEBUG', 'SLEEP', seconds).catch(() => undefined);
+      await admin()
+        .call('DEBUG', 'SLEEP', seconds)
+        .catch(() => undefined);
       return name;
     },
     'pause-store': async ({ next, ttl }) => {
@@ -84,7 +86,11 @@ export class RedisStore implements ChaosStore {
   private server!: RedisServer;
   private admin!: Redis;
   private readonly proxies = new Map<string, ChaosProxy>();
-  readonly faults = serverFaults(() => this.server, () => this.admin, 'redis');
+  readonly faults = serverFaults(
+    () => this.server,
+    () => this.admin,
+    'redis',
+  );
 
   async start(): Promise<void> {
     this.server = await RedisServer.start({ args: DEBUG_ARGS });
@@ -137,7 +143,11 @@ export class SentinelStore implements ChaosStore {
   private setup!: RedisSentinel;
   private admin!: Redis;
   readonly faults: Partial<Record<FaultKind, StoreFault>> = {
-    ...serverFaults(() => this.setup.master, () => this.admin, 'sentinel-master'),
+    ...serverFaults(
+      () => this.setup.master,
+      () => this.admin,
+      'sentinel-master',
+    ),
     failover: async () => {
       const sentinel = new Redis(this.setup.sentinel.port, '127.0.0.1');
       try {
@@ -181,7 +191,13 @@ export class RedlockStore implements ChaosStore {
   private admins: Redis[] = [];
   private victim = 0;
   readonly faults: Partial<Record<FaultKind, StoreFault>> = Object.fromEntries(
-    Object.entries(serverFaults(() => this.servers[this.victim], () => this.admins[this.victim], 'master')).map(([kind, fault]) => [
+    Object.entries(
+      serverFaults(
+        () => this.servers[this.victim],
+        () => this.admins[this.victim],
+        'master',
+      ),
+    ).map(([kind, fault]) => [
       kind,
       async (context: FaultContext) => {
         this.victim = Math.floor(context.next() * this.servers.length);

@@ -55,7 +55,10 @@ export class ChaosProxy {
     const down = new Lane(client);
     client.on('data', (chunk) => this.forward(chunk, up, 'blackhole-up'));
     upstream.on('data', (chunk) => this.forward(chunk, down, 'blackhole-down'));
-    for (const [from, to] of [[client, upstream], [upstream, client]]) {
+    for (const [from, to] of [
+      [client, upstream],
+      [upstream, client],
+    ]) {
       this.sockets.add(from);
       from.on('close', () => {
         this.sockets.delete(from);

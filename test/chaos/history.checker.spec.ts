@@ -17,7 +17,11 @@ function section(holder: string, key: string, t: number, token: number, read: nu
 
 describe('checkHistory', () => {
   it('finds nothing wrong in holders that take turns', () => {
-    const history = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 30, 11, 1, 2), ...section('w1.0', 'register:b', 40, 3, 0, 1)];
+    const history = [
+      ...section('w1.0', 'register:a', 0, 10, 0, 1),
+      ...section('w2.0', 'register:a', 30, 11, 1, 2),
+      ...section('w1.0', 'register:b', 40, 3, 0, 1),
+    ];
     const report = checkHistory(history, options);
     expect(report).toMatchObject({ operations: 3, acquisitions: 3, acceptedWrites: 3, refusedWrites: 0, overlaps: [] });
     expect(Object.values(report.violations).every((count) => count === 0)).toBe(true);
