@@ -113,7 +113,24 @@ export class LockAcquisition {
       if (!this.host.queue.isHead(this.id, waiter)) {
         // Its attempt may be long past once it is first: it then tries again.
         this.heard = false;
+        // The backend's line can still have it ahead of the first of this queue (an earlier
+        // request of ours failed before it reached the backend, or a reconnection sent requests
+        // in another order), and hand it the lock. A backend that names the waiter whose turn it
+        // is (`watching`) is listened to from the first failed attempt, and a turn it names is
+        // taken at once; otherwise the lock would sit with a waiter asleep until its wait ends.
+        const named = this.inLine && this.host.backend.watching !== undefined;
+        if (named) await this.watchThenTryNow(waiter);
         await waiter.sleep(this.deadline - performance.now(), this.signal);
+        if (
+          named &&
+          this.unwatch &&
+          !this.host.shuttingDown &&
+          !this.host.queue.isHead(this.id, waiter) &&
+          performance.now() < this.deadline
+        ) {
+          const lease = await this.attempt();
+          if (lease) return lease;
+        }
         continue;
       }
       if (await this.watchThenTryNow(waiter)) {

@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
 import { LockService } from '../../lib/lock.service.js';
+import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
 import type { RedisLockBackendOptions } from '../../lib/backends/redis/redis.options.js';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { until } from '../support/wait.js';
@@ -96,5 +97,26 @@ describe('the line of waiters in Redis', () => {
       }
       expect(sections).toBe(120);
     }
+  });
+
+  it("a waiter ahead in Redis's line but not first in its process's queue still takes the lock handed to it", async () => {
+    // The first caller's first request fails without reaching Redis (a connection reset), the
+    // second caller's reaches it: Redis's line has the second first, the process's queue the first.
+    const redis = backend({ waiterTimeout: 120_000 });
+    let calls = 0;
+    const flaky: LockBackend = Object.assign(Object.create(redis) as LockBackend, {
+      tryAcquire: (...args: Parameters<LockBackend['tryAcquire']>) =>
+        ++calls === 1 ? Promise.reject(new Error('connection reset (injected)')) : redis.tryAcquire(...args),
+    });
+    const holder = new LockService(backend({ waiterTimeout: 120_000 }), { keyPrefix: '' });
+    const waiters = new LockService(flaky, { keyPrefix: '' });
+    fixture.cleanup(() => Promise.all([holder.onApplicationShutdown(), waiters.onApplicationShutdown()]));
+    const held = await holder.acquire('k', { ttl: 60_000 });
+    const entered: string[] = [];
+    const both = ['first', 'second'].map((name) => waiters.using('k', async () => void entered.push(name), { wait: 5_000, ttl: 60_000 }));
+    await until(async () => (await fixture.admin.zcard('{k}:queue')) >= 1 && calls >= 3, 5_000, 'both callers to have asked');
+    await held.release();
+    await Promise.all(both);
+    expect(entered.sort()).toEqual(['first', 'second']);
   });
 });
