@@ -83,7 +83,8 @@ export class LockAcquisition {
     // waits yet (the queue is empty, or all in it still await their first answer), a caller tries
     // at once. It joins the queue before its attempt goes out, so the queue keeps the order in which
     // attempts reach the backend (one connection: in order), which is the order of the backend's
-    // line: the waiter the backend hands the lock to is always the first here, the one listening.
+    // line: the waiter the backend hands the lock to is normally the first here (see waitInQueue
+    // for when it is not).
     const queue = this.host.queue;
     const first = queue.allTrying(this.id);
     const waiter = queue.join(this.id);

@@ -72,6 +72,26 @@ export class RedlockMaster {
     return this.request(false, () => this.client.info()) as Promise<string>;
   }
 
+  /**
+   * Loads `scripts` now if connected, and each time the connection is made again. A master that
+   * restarted has no scripts: a vote by hash would get NOSCRIPT and be sent again by text, later
+   * than the clean-up of a failed attempt sent meanwhile, which it would then outlive as a stray
+   * key. Loaded first, the hash works. (Commands queued while it was down still go out before the
+   * load; those can still meet NOSCRIPT.)
+   */
+  preload(scripts: readonly string[]): void {
+    const client = this.client as RedlockMasterClient & {
+      on?: (event: 'ready', listener: () => void) => unknown;
+      script?: (subcommand: 'LOAD', script: string) => Promise<unknown>;
+    };
+    if (typeof client.on !== 'function' || typeof client.script !== 'function') return;
+    const load = () => {
+      for (const script of scripts) client.script!('LOAD', script).catch(() => undefined);
+    };
+    client.on('ready', load);
+    if (client.status === 'ready') load();
+  }
+
   private request(patient: boolean, send: () => Promise<unknown>): Promise<unknown> {
     if (!patient && !this.up) {
       return Promise.reject(new MasterRequestError(this.name, `not connected (${this.client.status})`));

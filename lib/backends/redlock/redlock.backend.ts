@@ -62,6 +62,7 @@ export class RedlockLockBackend implements LockBackend {
     this.masters = this.options.clients.map(
       (client) => new RedlockMaster(client, describeMaster(client), this.options.masterTimeout, patient),
     );
+    for (const master of this.masters) master.preload([ACQUIRE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT]);
     // retryCount 0: we never call its retrying methods (their expiry counts from the first
     // attempt, node-redlock #168/#169/#283); LockService owns waiting. Scripts are passed as
     // functions: 5.0.0-beta.2 ignores scripts given as strings despite its typings.
