@@ -214,7 +214,10 @@ describe('RedisLockBackend on a real Redis Cluster', () => {
       const holder = await a.acquire(key, { ttl: 60_000 });
       // Replication is asynchronous: this test is about what happens after a failover, not about
       // a lock lost in it (the Sentinel failover test shows that), so the replica must have it.
-      await failing.admin(master).call('WAIT', 1, 5_000);
+      // (WAIT alone does not show it: it can time out while the new replica still syncs.)
+      const replicaAdmin = failing.admin(replica.port);
+      await replicaAdmin.call('READONLY');
+      await until(async () => (await replicaAdmin.get(key)) !== null, 30_000, 'the replica to have the lock');
       const waiting = b.acquire(key, { wait: 40_000 });
       await until(async () => (await wakeChannels(failing.admin(master), key)).length === 1, 5_000, 'the waiter to subscribe');
 
