@@ -15,9 +15,18 @@ export interface LockOptions {
 /** What a busy lock does to a `using()` call or a @Locked method. */
 export type OnBusy = 'throw' | 'skip';
 
-export interface UsingOptions extends LockOptions {
+/** Options of a @Locked method. Its wait ends early under `withLockAbortSignal` (LockInterceptor: when the client hangs up). */
+export interface LockedOptions extends LockOptions {
   /** 'throw' (default) raises LockNotAcquiredError; 'skip' returns undefined without running. */
   onBusy?: OnBusy;
+}
+
+export interface UsingOptions extends LockedOptions {
+  /**
+   * Gives up waiting when aborted: the promise rejects with the signal's reason, `fn` does not run,
+   * and the call leaves the queue and the backend's line. Once `fn` runs, aborting changes nothing.
+   */
+  signal?: AbortSignal;
 }
 
 export interface AcquireOptions extends LockOptions {
@@ -56,6 +65,14 @@ export interface DistributedLockModuleOptions {
    * Default false: values go in as they are.
    */
   encodeKeyValues?: boolean;
+  /**
+   * Most callers of this process that may wait for one key at once (a multi-key call counts for
+   * each key). One more is answered busy at once (LockNotAcquiredError, HTTP 409) instead of
+   * queueing: a burst of requests for one hot key then costs nothing while it lasts. Default: no cap.
+   */
+  maxWaitersPerKey?: number;
+  /** Most callers of this process that may wait for any lock at once; as `maxWaitersPerKey`. Default: no cap. */
+  maxWaiters?: number;
 }
 
 /** Milliseconds until a retry is worth it; a result that is not a number of 0 or more falls back to the default. */
@@ -69,8 +86,10 @@ export interface DistributedLockModuleExtras {
   interceptor?: boolean;
 }
 
-export type ResolvedModuleOptions = Required<Omit<DistributedLockModuleOptions, 'backend' | 'retryAfter'>> &
-  Pick<DistributedLockModuleOptions, 'retryAfter'>;
+export type ResolvedModuleOptions = Required<
+  Omit<DistributedLockModuleOptions, 'backend' | 'retryAfter' | 'maxWaitersPerKey' | 'maxWaiters'>
+> &
+  Pick<DistributedLockModuleOptions, 'retryAfter' | 'maxWaitersPerKey' | 'maxWaiters'>;
 
 export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   keyPrefix: 'lock:',
@@ -102,14 +121,14 @@ const waitMs: Check = ['0 (try once) or a positive finite number of milliseconds
 const bool: Check = ['true or false', (v) => typeof v === 'boolean'];
 
 const LOCK_OPTIONS: Record<string, Check> = { ttl: leaseMs, wait: waitMs, autoExtend: bool };
-const USING_OPTIONS: Record<string, Check> = {
+const signal: Check = ['an AbortSignal', (v) => v instanceof AbortSignal];
+const LOCKED_OPTIONS: Record<string, Check> = {
   ...LOCK_OPTIONS,
   onBusy: ["'throw' or 'skip'", (v) => v === 'throw' || v === 'skip'],
 };
-const ACQUIRE_OPTIONS: Record<string, Check> = {
-  ...LOCK_OPTIONS,
-  signal: ['an AbortSignal', (v) => v instanceof AbortSignal],
-};
+const USING_OPTIONS: Record<string, Check> = { ...LOCKED_OPTIONS, signal };
+const ACQUIRE_OPTIONS: Record<string, Check> = { ...LOCK_OPTIONS, signal };
+const positiveInteger: Check = ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0];
 const MODULE_OPTIONS: Record<string, Check> = {
   ...LOCK_OPTIONS,
   backend: [
@@ -121,7 +140,9 @@ const MODULE_OPTIONS: Record<string, Check> = {
   ],
   keyPrefix: ['a string (may be empty)', (v) => typeof v === 'string'],
   pollInterval: positiveMs,
-  maxKeyLength: ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0],
+  maxKeyLength: positiveInteger,
+  maxWaitersPerKey: positiveInteger,
+  maxWaiters: positiveInteger,
   retryAfter: [
     'a number of milliseconds (0 or more) or a function (error, context) => milliseconds',
     (v) => typeof v === 'function' || (typeof v === 'number' && Number.isFinite(v) && v >= 0),
@@ -160,6 +181,16 @@ function show(value: unknown): string {
 
 export function checkLockOptions(options: unknown, where: string): void {
   check(options, LOCK_OPTIONS, where);
+}
+export function checkLockedOptions(options: unknown, where: string): void {
+  if (typeof options === 'object' && options !== null && 'signal' in options) {
+    throw new InvalidLockOptionsError(
+      'signal',
+      `${where}: option 'signal' cannot be fixed on a decorator, as it would be shared by every call. A @Locked method stops ` +
+        `waiting when its HTTP request closes (LockInterceptor); for other sources, call it inside withLockAbortSignal(signal, fn).`,
+    );
+  }
+  check(options, LOCKED_OPTIONS, where);
 }
 export function checkUsingOptions(options: unknown, where: string): void {
   check(options, USING_OPTIONS, where);

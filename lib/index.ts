@@ -9,6 +9,7 @@ export type {
   AcquireOptions,
   DistributedLockModuleExtras,
   DistributedLockModuleOptions,
+  LockedOptions,
   LockOptions,
   OnBusy,
   RetryAfterFunction,
@@ -18,6 +19,7 @@ export { Locked, type LockableMethod, type LockedDecorator } from './locked.deco
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LockService, type LockInfo } from './lock.service.js';
 export { LockHandle } from './lock.handle.js';
+export { withLockAbortSignal } from './lock-abort-scope.js';
 export type { LockKeyFunction, LockKeySource, LockKeyValue } from './lock-key.js';
 export {
   DistributedLockError,

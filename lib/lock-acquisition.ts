@@ -3,6 +3,7 @@ import type { LockBackend } from './backends/lock-backend.interface.js';
 import type { AcquireOptions, ResolvedModuleOptions } from './distributed-lock.options.js';
 import { Lease, type LeaseTracker } from './lock-lease.js';
 import type { LockWaitQueue, Waiter } from './lock-wait-queue.js';
+import { scopedAbortSignal } from './lock-abort-scope.js';
 import { DistributedLockError, LockBackendError } from './lock.errors.js';
 import { newOwnerToken } from './owner-token.js';
 
@@ -10,6 +11,8 @@ import { newOwnerToken } from './owner-token.js';
 export interface NotAcquired {
   waitedMs: number;
   retryAfterMs?: number;
+  /** Refused without waiting: this process already had as many waiters as its cap allows. */
+  queueFull?: 'perKey' | 'total';
 }
 
 /** What an acquisition needs from the LockService it runs for. */
@@ -65,7 +68,7 @@ export class LockAcquisition {
     this.ttl = options?.ttl ?? host.options.ttl;
     this.wait = options?.wait ?? host.options.wait;
     this.autoExtend = options?.autoExtend ?? host.options.autoExtend;
-    this.signal = options?.signal;
+    this.signal = scopedAbortSignal(options?.signal);
     this.deadline = this.started + this.wait;
     this.willWait = this.wait > 0;
     this.id = keys.join('\n');
@@ -86,8 +89,11 @@ export class LockAcquisition {
     // line: the waiter the backend hands the lock to is normally the first here (see waitInQueue
     // for when it is not).
     const queue = this.host.queue;
+    // Over a cap on waiters: busy at once, before anything is asked or queued.
+    const queueFull = queue.full(this.keys);
+    if (queueFull) return { waitedMs: 0, queueFull };
     const first = queue.allTrying(this.id);
-    const waiter = queue.join(this.id);
+    const waiter = queue.join(this.id, this.keys);
     try {
       if (first) {
         // The backend listened before the attempt went out and keeps a wake-up until it is watched.
@@ -100,7 +106,7 @@ export class LockAcquisition {
       return await this.waitInQueue(waiter);
     } finally {
       this.unwatch?.();
-      queue.leave(this.id, waiter);
+      queue.leave(this.id, this.keys, waiter);
       this.leaveLine();
     }
   }

@@ -36,10 +36,19 @@ export class LockNotAcquiredError extends DistributedLockError {
     readonly waitedMs: number,
     /** Remaining lease of the holder when we gave up, if the backend told us. */
     readonly retryAfterMs?: number,
+    /**
+     * Set when the call did not wait at all: this process already had as many callers waiting as
+     * the module's `maxWaitersPerKey` ('perKey') or `maxWaiters` ('total') allows.
+     */
+    readonly queueFull?: 'perKey' | 'total',
   ) {
     super(
-      `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'were' : 'was'} held by another owner ` +
-        `for the whole wait of ${Math.round(waitedMs)} ms. Retry later, or raise the \`wait\` option.`,
+      queueFull
+        ? `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'have' : 'has'} too many callers of this process waiting already ` +
+            `(the module's ${queueFull === 'perKey' ? 'maxWaitersPerKey' : 'maxWaiters'} option), so this one did not wait. Retry later, ` +
+            `or raise the cap.`
+        : `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'were' : 'was'} held by another owner ` +
+            `for the whole wait of ${Math.round(waitedMs)} ms. Retry later, or raise the \`wait\` option.`,
     );
   }
 }

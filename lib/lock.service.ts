@@ -40,7 +40,7 @@ export interface LockInfo {
 export class LockService implements OnApplicationShutdown {
   readonly options: ResolvedModuleOptions;
   /** @internal This process's callers waiting for a key set, in order of arrival. */
-  readonly queue = new LockWaitQueue();
+  readonly queue: LockWaitQueue;
   private readonly leases = new Set<Lease>();
   /** Requests that run in the background (releases after a scope returned, attempts in flight); shutdown waits for them. */
   private readonly releasing = new Set<Promise<void>>();
@@ -52,6 +52,7 @@ export class LockService implements OnApplicationShutdown {
     options?: DistributedLockModuleOptions,
   ) {
     this.options = resolveModuleOptions(options, backend);
+    this.queue = new LockWaitQueue({ perKey: this.options.maxWaitersPerKey, total: this.options.maxWaiters });
   }
 
   /**
@@ -64,7 +65,7 @@ export class LockService implements OnApplicationShutdown {
     const full = this.fullKeys(keys);
     const result = await this.hold(full, options);
     if (result instanceof LockHandle) return result;
-    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs);
+    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs, result.queueFull);
   }
 
   /** One attempt, no waiting: the handle, or undefined if any key is held elsewhere. */
@@ -121,7 +122,7 @@ export class LockService implements OnApplicationShutdown {
     const result = await this.hold(keys, options);
     if (!(result instanceof LockHandle)) {
       if (options?.onBusy === 'skip') return undefined;
-      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs);
+      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs, result.queueFull);
     }
     // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
     // marked released at once (no re-entry), and the release request is sent before any later

@@ -1,5 +1,5 @@
 import type { Observable } from 'rxjs';
-import { checkUsingOptions, type UsingOptions } from './distributed-lock.options.js';
+import { checkLockedOptions, type LockedOptions } from './distributed-lock.options.js';
 import { compileKeySource, type KeyResolver, type LockKeySource } from './lock-key.js';
 import { isObservableType, lockOnSubscribe } from './lock-observable.js';
 import { LockModuleNotImportedError } from './lock.errors.js';
@@ -25,7 +25,7 @@ export class LockedMethod {
     readonly methodName: string,
     private readonly ctor: abstract new (...args: never[]) => unknown,
     private readonly source: LockKeySource,
-    readonly options: UsingOptions | undefined,
+    readonly options: LockedOptions | undefined,
     readonly isStatic = false,
   ) {}
 
@@ -33,7 +33,7 @@ export class LockedMethod {
   check(): KeyResolver {
     if (this.compiled === undefined) {
       try {
-        checkUsingOptions(this.options, `@Locked on ${this.className}.${this.methodName}`);
+        checkLockedOptions(this.options, `@Locked on ${this.className}.${this.methodName}`);
         const origin = { className: this.className, methodName: this.methodName };
         this.compiled = compileKeySource(this.source, origin, declaredParameters(this.ctor, this.methodName, this.isStatic));
       } catch (error) {
@@ -81,7 +81,7 @@ export function registerFallbackService(service: LockService): () => void {
  * `@Locked(['account:<from>', 'account:<to>'])`. The method must return a Promise or an
  * Observable; an Observable holds the lock while it is subscribed (lock-observable.ts).
  */
-export function Locked(key: LockKeySource, options?: UsingOptions): LockedDecorator {
+export function Locked(key: LockKeySource, options?: LockedOptions): LockedDecorator {
   return (target, propertyKey, descriptor) => {
     const original = descriptor.value as unknown as Method;
     const methodName = String(propertyKey);
