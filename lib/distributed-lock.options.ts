@@ -10,6 +10,17 @@ export interface LockOptions {
   wait?: number;
   /** Extend the lease about every ttl/3 while held. Default: module `autoExtend` (true). */
   autoExtend?: boolean;
+  /**
+   * Keep the lock at least this long (ms) after it was taken, even when released sooner: the
+   * release shortens the lease to what is left of it instead of deleting the key. For scheduled
+   * jobs, so that an instance whose timer fires a little later does not run a fast job again.
+   */
+  minHold?: number;
+  /**
+   * Never extend the lease past this long (ms) after it was taken: a hung holder cannot keep the
+   * lock forever. A holder still running then loses it (LockLostError 'max-hold').
+   */
+  maxHold?: number;
 }
 
 /** What a busy lock does to a `using()` call or a @Locked method. */
@@ -122,12 +133,13 @@ const bool: Check = ['true or false', (v) => typeof v === 'boolean'];
 
 const LOCK_OPTIONS: Record<string, Check> = { ttl: leaseMs, wait: waitMs, autoExtend: bool };
 const signal: Check = ['an AbortSignal', (v) => v instanceof AbortSignal];
+const PER_LOCK_OPTIONS: Record<string, Check> = { ...LOCK_OPTIONS, minHold: leaseMs, maxHold: leaseMs };
 const LOCKED_OPTIONS: Record<string, Check> = {
-  ...LOCK_OPTIONS,
+  ...PER_LOCK_OPTIONS,
   onBusy: ["'throw' or 'skip'", (v) => v === 'throw' || v === 'skip'],
 };
 const USING_OPTIONS: Record<string, Check> = { ...LOCKED_OPTIONS, signal };
-const ACQUIRE_OPTIONS: Record<string, Check> = { ...LOCK_OPTIONS, signal };
+const ACQUIRE_OPTIONS: Record<string, Check> = { ...PER_LOCK_OPTIONS, signal };
 const positiveInteger: Check = ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0];
 const MODULE_OPTIONS: Record<string, Check> = {
   ...LOCK_OPTIONS,
@@ -173,6 +185,18 @@ function check(options: unknown, checks: Record<string, Check>, where: string): 
   }
 }
 
+/** minHold above maxHold cannot both hold. */
+function checkHolds(options: unknown, where: string): void {
+  const { minHold, maxHold } = (options ?? {}) as LockOptions;
+  if (minHold !== undefined && maxHold !== undefined && minHold > maxHold) {
+    throw new InvalidLockOptionsError(
+      'minHold',
+      `${where}: option 'minHold' (${minHold} ms) must not be above 'maxHold' (${maxHold} ms): the lock cannot be kept longer than ` +
+        `it may be held. Lower minHold or raise maxHold.`,
+    );
+  }
+}
+
 function show(value: unknown): string {
   if (typeof value === 'string') return `'${value}'`;
   if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object';
@@ -191,12 +215,15 @@ export function checkLockedOptions(options: unknown, where: string): void {
     );
   }
   check(options, LOCKED_OPTIONS, where);
+  checkHolds(options, where);
 }
 export function checkUsingOptions(options: unknown, where: string): void {
   check(options, USING_OPTIONS, where);
+  checkHolds(options, where);
 }
 export function checkAcquireOptions(options: unknown, where: string): void {
   check(options, ACQUIRE_OPTIONS, where);
+  checkHolds(options, where);
 }
 /** Checks `isGlobal` and `interceptor` as forRoot / forRootAsync receive them. */
 export function checkModuleExtras(extras: DistributedLockModuleExtras): void {

@@ -37,6 +37,8 @@ export class LockAcquisition {
   private readonly ttl: number;
   private readonly wait: number;
   private readonly autoExtend: boolean;
+  private readonly minHold: number | undefined;
+  private readonly maxHold: number | undefined;
   private readonly signal: AbortSignal | undefined;
   /**
    * One per call, shared by its attempts: the backend's line knows a waiter by it, and a release
@@ -65,7 +67,10 @@ export class LockAcquisition {
     private readonly keys: string[],
     options: AcquireOptions | undefined,
   ) {
-    this.ttl = options?.ttl ?? host.options.ttl;
+    this.maxHold = options?.maxHold;
+    this.minHold = options?.minHold;
+    // A first lease longer than maxHold would outlive it.
+    this.ttl = Math.min(options?.ttl ?? host.options.ttl, this.maxHold ?? Number.POSITIVE_INFINITY);
     this.wait = options?.wait ?? host.options.wait;
     this.autoExtend = options?.autoExtend ?? host.options.autoExtend;
     this.signal = scopedAbortSignal(options?.signal);
@@ -200,7 +205,12 @@ export class LockAcquisition {
       throw this.shutDownError();
     }
     const validUntil = sentAt + (result.validityMs ?? this.ttl);
-    const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host);
+    const holds =
+      this.minHold === undefined && this.maxHold === undefined
+        ? undefined
+        : // Counted from the request (max: never later than the backend's) and from the answer (min: never sooner than the work began).
+          { minUntil: this.minHold && performance.now() + this.minHold, maxUntil: this.maxHold && sentAt + this.maxHold };
+    const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host, holds);
     this.host.leaseStarted(lease);
     this.acquired = lease;
     return lease;

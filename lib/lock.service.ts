@@ -119,6 +119,9 @@ export class LockService implements OnApplicationShutdown {
 
   /** @internal The body of `using()` once keys and options are checked; @Locked calls it directly. */
   async run<T>(keys: string[], fn: (lock: LockHandle) => T | Promise<T>, options?: UsingOptions): Promise<T | undefined> {
+    // 'skip' means "do not wait": a job that another instance is running is skipped at once, not
+    // run after it (unless a wait is asked for).
+    if (options?.onBusy === 'skip' && options.wait === undefined) options = { ...options, wait: 0 };
     const result = await this.hold(keys, options);
     if (!(result instanceof LockHandle)) {
       if (options?.onBusy === 'skip') return undefined;
