@@ -17,7 +17,7 @@ export class AppModule {
         DatabaseModule.forRoot(config),
         DistributedLockModule.forRootAsync({ isGlobal: true, useFactory: () => lockModuleOptions(config) }),
         ProductsModule,
-        DemoModule,
+        DemoModule.forRoot({ demo: config.demo }),
       ],
       providers: [{ provide: APP_GUARD, useClass: JsonObjectBodyGuard }],
     };
