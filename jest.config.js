@@ -21,6 +21,7 @@ const secondIoredisFiles = [
   'test/backends/redis.faults.spec.ts',
   'test/backends/redis.cluster.spec.ts',
   'test/backends/redis.client-version.spec.ts',
+  'test/backends/redis.acl-tls.spec.ts',
 ];
 
 /** @type {import('jest').Config} */
