@@ -2,7 +2,8 @@ import 'reflect-metadata';
 import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import { Injectable } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { SpanStatusCode } from '@opentelemetry/api';
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { context, ROOT_CONTEXT, SpanStatusCode, type Context, type ContextManager } from '@opentelemetry/api';
 import {
   AggregationTemporality,
   InMemoryMetricExporter,
@@ -22,6 +23,27 @@ import {
   type LockBackend,
   type LockTelemetryOptions,
 } from '../lib/index.js';
+
+/** The OpenTelemetry context carried by Node's AsyncLocalStorage, as the Node SDK's context manager does. */
+class AsyncLocalStorageContext implements ContextManager {
+  private readonly storage = new AsyncLocalStorage<Context>();
+  active(): Context {
+    return this.storage.getStore() ?? ROOT_CONTEXT;
+  }
+  with<A extends unknown[], F extends (...args: A) => ReturnType<F>>(ctx: Context, fn: F, thisArg?: ThisParameterType<F>, ...args: A) {
+    return this.storage.run(ctx, () => fn.apply(thisArg, args));
+  }
+  bind<T>(_ctx: Context, target: T): T {
+    return target;
+  }
+  enable(): this {
+    return this;
+  }
+  disable(): this {
+    this.storage.disable();
+    return this;
+  }
+}
 
 function stallUntil(at: number): void {
   while (performance.now() <= at) {
@@ -122,7 +144,7 @@ describe('OpenTelemetry metrics and spans (telemetry option)', () => {
     expect(await points('lock.held')).toEqual([[{ 'lock.backend': 'memory' }, 0]]);
   });
 
-  it('counts errors with error.type, leases lost by reason, and extensions manual and automatic', async () => {
+  it('counts errors with error.type, leases lost by reason, and extensions', async () => {
     const down: LockBackend = {
       name: 'down',
       fencing: true,
@@ -203,6 +225,25 @@ describe('OpenTelemetry metrics and spans (telemetry option)', () => {
     await withKeys.get(Orders).pay(7);
     await withKeys.close();
     expect(spanExporter.getFinishedSpans().map((span) => span.attributes['lock.key'])).toEqual(['lock:order:7']);
+  });
+
+  it("makes the acquisition span a child of the caller's active span", async () => {
+    const manager = new AsyncLocalStorageContext();
+    context.setGlobalContextManager(manager);
+    try {
+      locks = new LockService(undefined, { telemetry: telemetry() });
+      const tracer = tracerProvider.getTracer('app');
+      await tracer.startActiveSpan('handler', async (handler) => {
+        await locks!.using('k', () => undefined);
+        handler.end();
+      });
+    } finally {
+      context.disable();
+    }
+    const [acquire, handler] = spanExporter.getFinishedSpans();
+    expect([acquire.name, handler.name]).toEqual(['lock.acquire', 'handler']);
+    expect(acquire.parentSpanContext?.spanId).toBe(handler.spanContext().spanId);
+    expect(acquire.spanContext().traceId).toBe(handler.spanContext().traceId);
   });
 
   it('marks a timed-out or failed acquisition span as an error', async () => {
