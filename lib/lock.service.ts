@@ -248,7 +248,8 @@ export class LockService implements OnApplicationShutdown {
         // one request, within what is left of the wait.
         await fresh?.release().catch(() => undefined);
         if (ended.state === 'lost') throw ended.signal.reason;
-        options = { ...options, wait: Math.max(0, asked - (performance.now() - started)) };
+        const wait = options?.wait ?? this.options.wait;
+        options = { ...options, wait: Math.max(0, wait - (performance.now() - started)) };
         contended = true;
       }
     } catch (error) {
