@@ -1,6 +1,7 @@
 import type { ExecutionContext } from '@nestjs/common';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import { InvalidLockOptionsError, type LockNotAcquiredError } from './lock.errors.js';
+import type { LockTelemetryOptions } from './lock.telemetry.js';
 
 /** Options for one acquisition (LockService) or one decorated method (@Locked). */
 export interface LockOptions {
@@ -84,6 +85,16 @@ export interface DistributedLockModuleOptions {
   maxWaitersPerKey?: number;
   /** Most callers of this process that may wait for any lock at once; as `maxWaitersPerKey`. Default: no cap. */
   maxWaiters?: number;
+  /**
+   * OpenTelemetry metrics and a span per acquisition, through `@opentelemetry/api` (install it;
+   * without an SDK it records nothing): true, or options. Default false. See docs/observability.md.
+   */
+  telemetry?: boolean | LockTelemetryOptions;
+  /**
+   * A debug log line (Nest Logger, context 'DistributedLock') for each call that waited for a lock
+   * or was refused one. Default false: Nest's default logger shows debug lines.
+   */
+  debugLogs?: boolean;
 }
 
 /** Milliseconds until a retry is worth it; a result that is not a number of 0 or more falls back to the default. */
@@ -110,6 +121,8 @@ export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   pollInterval: 500,
   maxKeyLength: 512,
   encodeKeyValues: false,
+  telemetry: false,
+  debugLogs: false,
 };
 
 /** The longest delay a Node timer keeps: beyond it, setTimeout fires after 1 ms. */
@@ -160,6 +173,11 @@ const MODULE_OPTIONS: Record<string, Check> = {
     (v) => typeof v === 'function' || (typeof v === 'number' && Number.isFinite(v) && v >= 0),
   ],
   encodeKeyValues: bool,
+  telemetry: [
+    'true, false or an object { meterProvider?, tracerProvider?, spanKeys? }',
+    (v) => typeof v === 'boolean' || (typeof v === 'object' && v !== null && !Array.isArray(v)),
+  ],
+  debugLogs: bool,
 };
 const MODULE_EXTRAS: Record<string, Check> = { isGlobal: bool, interceptor: bool };
 

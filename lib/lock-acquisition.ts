@@ -61,6 +61,8 @@ export class LockAcquisition {
   /** Whether a release right after our last failed attempt still reaches us once we watch. */
   private heard = false;
   private unwatch: (() => void) | undefined;
+  /** The lock was not had at the first try: this call waited (in this process's queue, or for the backend). */
+  contended = false;
 
   constructor(
     private readonly host: AcquisitionHost,
@@ -108,6 +110,7 @@ export class LockAcquisition {
         waiter.trying = false;
         if (lease) return lease;
       }
+      this.contended = true;
       return await this.waitInQueue(waiter);
     } finally {
       this.unwatch?.();

@@ -2,6 +2,7 @@ import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { ExtendResult, LockBackend } from './backends/lock-backend.interface.js';
 import { leaseScheduler } from './lease-scheduler.js';
+import type { LockEvents } from './lock.events.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
 
 export type LeaseState = 'held' | 'released' | 'lost';
@@ -10,6 +11,8 @@ export type LeaseState = 'held' | 'released' | 'lost';
 export interface LeaseTracker {
   leaseEnded(lease: Lease): void;
   leaseFreed(lease: Lease): void;
+  /** Where 'lost' and 'extended' go. */
+  readonly events?: LockEvents;
 }
 
 const logger = new Logger('DistributedLock');
@@ -106,7 +109,7 @@ export class Lease {
    */
   async extend(ttl?: number): Promise<void> {
     this.assertHeld();
-    if (!(await this.serially(() => this.send(ttl ?? this.ttl)))) this.assertHeld();
+    if (!(await this.serially(() => this.send(ttl ?? this.ttl, false)))) this.assertHeld();
   }
 
   /** Drops one holder; the last one deletes the keys on the backend (or keeps them until minHold). */
@@ -180,7 +183,7 @@ export class Lease {
    * from before it went out. Resolves false when the lease did not survive it (lost or released
    * meanwhile; a lease once lost is never revived, even by a late success).
    */
-  private async send(ttl: number): Promise<boolean> {
+  private async send(ttl: number, automatic: boolean): Promise<boolean> {
     this.assertHeld();
     const sentAt = performance.now();
     // Never past maxHold: what is left of it, if shorter than the ttl asked.
@@ -209,8 +212,11 @@ export class Lease {
     }
     this.ttl = ttl;
     this.atMaxHold = granted < ttl;
-    this.deadline = sentAt + Math.min(result.validityMs ?? granted, granted);
+    const validity = Math.min(result.validityMs ?? granted, granted);
+    this.deadline = sentAt + validity;
     this.nextExtendAt = extendAt(ttl, this.deadline);
+    const events = this.tracker.events;
+    if (events?.has('extended')) events.emit('extended', { keys: this.keys, ttlMs: validity, automatic });
     return true;
   }
 
@@ -236,7 +242,7 @@ export class Lease {
       return;
     }
     // A failure is kept in lastError and retried by the schedule; the deadline decides.
-    this.serially(() => this.send(this.ttl)).catch(() => undefined);
+    this.serially(() => this.send(this.ttl, true)).catch(() => undefined);
   }
 
   /** The deadline passed without a successful extension. */
@@ -258,6 +264,8 @@ export class Lease {
     logger.warn(error.message);
     this.controller ??= new AbortController();
     this.controller.abort(error);
+    const events = this.tracker.events;
+    if (events?.has('lost')) events.emit('lost', { keys: this.keys, reason, error });
     // At shutdown, a lock asked to be kept for a while (minHold) is kept for the rest of it.
     const keep = reason === 'shutdown' ? this.keepFor() : 0;
     if (keep > 0) return this.backend.extend(this.keys, this.owner, keep).then(ignore, ignore);

@@ -1,6 +1,6 @@
 import type { Observable } from 'rxjs';
 import { checkLockedOptions, type LockedOptions } from './distributed-lock.options.js';
-import { compileKeySource, type KeyResolver, type LockKeySource } from './lock-key.js';
+import { compileKeySource, keySourceTemplate, type KeyResolver, type LockKeySource } from './lock-key.js';
 import { isObservableType, lockOnSubscribe } from './lock-observable.js';
 import { LockModuleNotImportedError } from './lock.errors.js';
 import type { LockService } from './lock.service.js';
@@ -19,6 +19,8 @@ export const LOCK_SERVICE = Symbol.for('nest-distributed-lock:service');
  */
 export class LockedMethod {
   private compiled: KeyResolver | Error | undefined;
+  /** The key as declared (`order:<id>`), which events and metrics name the lock by. */
+  readonly template: string;
 
   constructor(
     readonly className: string,
@@ -27,7 +29,9 @@ export class LockedMethod {
     private readonly source: LockKeySource,
     readonly options: LockedOptions | undefined,
     readonly isStatic = false,
-  ) {}
+  ) {
+    this.template = keySourceTemplate(source, { className, methodName });
+  }
 
   /** Throws the typed error that makes start-up fail when the template or options are wrong. */
   check(): KeyResolver {
@@ -105,7 +109,7 @@ export function Locked(key: LockKeySource, options?: LockedOptions): LockedDecor
       }
       try {
         const keys = service.fullKeys(spec.check()(args, service.options.encodeKeyValues));
-        return service.run(keys, () => original.apply(this, args), spec.options);
+        return service.run(keys, () => original.apply(this, args), spec.options, spec.template);
       } catch (error) {
         return Promise.reject(error);
       }

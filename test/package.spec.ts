@@ -64,7 +64,7 @@ describe('the published package', () => {
       module: 'nodenext',
       types: ['node'],
       typeRoots: [join(root, 'node_modules/@types')],
-      paths: { ioredis: peer('ioredis'), redlock: peer('redlock') },
+      paths: { ioredis: peer('ioredis'), redlock: peer('redlock'), '@opentelemetry/api': peer('@opentelemetry/api') },
     };
     writeFileSync(
       join(app, 'tsconfig.types.json'),
@@ -120,6 +120,7 @@ describe('the published package', () => {
       const backends = {
         redis: () => new lib.RedisLockBackend('redis://127.0.0.1:6379'),
         redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
+        telemetry: () => new lib.LockService(undefined, { telemetry: true }),
       };
       const seen = {};
       for (const [name, create] of Object.entries(backends)) {
@@ -137,6 +138,11 @@ describe('the published package', () => {
       type: 'InvalidLockOptionsError',
       ours: true,
       message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
+    });
+    expect(seen.telemetry).toEqual({
+      type: 'InvalidLockOptionsError',
+      ours: true,
+      message: expect.stringContaining("option 'telemetry' needs the '@opentelemetry/api' package: npm install @opentelemetry/api"),
     });
   }, 30_000);
 
