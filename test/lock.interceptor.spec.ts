@@ -8,6 +8,7 @@ import { LockInterceptor, LockNotAcquiredError, LockService, MemoryLockBackend, 
 function contextOf(type: string, response?: object): ExecutionContext {
   return {
     getType: () => type,
+    getArgs: () => [],
     switchToHttp: () => ({ getResponse: () => response, getRequest: () => ({}) }),
   } as unknown as ExecutionContext;
 }
