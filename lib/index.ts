@@ -17,6 +17,7 @@ export type {
 } from './distributed-lock.options.js';
 export { Locked, type LockableMethod, type LockedDecorator } from './locked.decorator.js';
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
+export { LOCK_CONFLICT_CODE, LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
 export { LockService, type LockInfo } from './lock.service.js';
 export { LockHandle } from './lock.handle.js';
 export { withLockAbortSignal } from './lock-abort-scope.js';

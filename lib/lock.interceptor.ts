@@ -10,6 +10,7 @@ import {
 } from '@nestjs/common';
 import { catchError, finalize, from, mergeMap, throwError, type Observable } from 'rxjs';
 import { withLockAbortSignal } from './lock-abort-scope.js';
+import { LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
 import { InvalidLockKeyError, LockNotAcquiredError } from './lock.errors.js';
 import { LockService } from './lock.service.js';
 import { requestAbortSignal } from './request-abort.signal.js';
@@ -37,7 +38,8 @@ const CLIENT_CLOSED_REQUEST = 499;
 
 /**
  * Turns LockNotAcquiredError into the transport's "busy, retry later": HTTP 409 with Retry-After,
- * RpcException for microservices, WsException for gateways (and the client's ack, if it asked for one); and a key error at call time (a value
+ * RpcException for microservices, WsException for gateways (and the client's ack, if it asked for
+ * one), an error with `extensions.code: 'LOCK_CONFLICT'` for GraphQL; and a key error at call time (a value
  * from the request that cannot name a lock) into a 400. Every other error passes untouched.
  * On HTTP it also ends the handler's waits for locks when the client hangs up (see
  * requestAbortSignal): a request nobody waits for any more does not queue, and does not run.
@@ -105,8 +107,10 @@ export class LockInterceptor implements NestInterceptor {
         return this.forRpc(body);
       case 'ws':
         return this.forWs(body);
+      case 'graphql':
+        return this.forGraphql(body, error);
       default:
-        // GraphQL and others: Nest formats HttpException for them.
+        // Others: Nest formats HttpException for them.
         return new ConflictException(body, { cause: error });
     }
   }
@@ -162,6 +166,11 @@ export class LockInterceptor implements NestInterceptor {
     // Imported on demand: @nestjs/microservices is an optional peer.
     const { RpcException } = await import('@nestjs/microservices');
     return new RpcException(body);
+  }
+
+  /** An error whose `extensions` carry `code: 'LOCK_CONFLICT'` and the body's fields (Apollo, Mercurius). */
+  protected forGraphql(body: LockConflictBody, error: LockNotAcquiredError): unknown {
+    return new LockConflictGraphQLError(body, { cause: error });
   }
 
   protected async forWs(body: LockConflictBody): Promise<unknown> {
