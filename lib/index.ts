@@ -19,6 +19,7 @@ export { Locked, type LockableMethod, type LockedDecorator } from './locked.deco
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LOCK_CONFLICT_CODE, LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
 export { LockService, type LockInfo } from './lock.service.js';
+export { LockHealthIndicator, type LockHealthResult } from './lock.health-indicator.js';
 export { LockHandle } from './lock.handle.js';
 export { withLockAbortSignal } from './lock-abort-scope.js';
 export type { LockKeyFunction, LockKeySource, LockKeyValue } from './lock-key.js';
@@ -35,6 +36,7 @@ export {
 export {
   LockBackend,
   type AcquireResult,
+  type BackendHealth,
   type ExtendResult,
   type LockState,
   type TryAcquireOptions,
