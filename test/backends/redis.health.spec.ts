@@ -37,6 +37,9 @@ describe('LockHealthIndicator on Redis', () => {
     expect(await indicator.isHealthy('locks', { timeout: 300 })).toEqual({
       locks: { status: 'down', backend: 'redis', message: 'the redis backend did not answer within 300 ms' },
     });
+    // Up again once it answers; and no command is left in flight when the test ends.
+    server.resume();
+    await eventually(async () => expect(await indicator.isHealthy()).toMatchObject({ locks: { status: 'up' } }), 10_000);
   });
 
   it('is down on a replica, which cannot take the locks’ writes', async () => {

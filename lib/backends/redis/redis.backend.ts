@@ -111,17 +111,18 @@ export class RedisLockBackend implements LockBackend {
 
   /**
    * The server's role: locks need a master (a replica refuses their writes). A Cluster routes each
-   * key to its own master, so it has no one role. A user whose ACL leaves out ROLE, which locks do
-   * not need, gets the role as unknown rather than a health check that fails.
+   * key to its own master, so it has no one role. Read from INFO, which the documented ACL rule
+   * allows (ROLE it does not); a user whose ACL leaves INFO out gets the role as unknown rather
+   * than a health check that fails.
    */
   async health(): Promise<BackendHealth> {
     if (this.connection.cluster) return { up: true, details: { role: 'cluster' } };
     const client = (this.connection.open() ?? (await this.connection.connected('health', []))) as Redis;
-    const reply = await client.call('ROLE').catch((error: unknown) => {
-      if (error instanceof Error && error.message.startsWith('NOPERM')) return ['unknown'];
+    const info = await client.info('replication').catch((error: unknown) => {
+      if (error instanceof Error && error.message.startsWith('NOPERM')) return 'role:unknown';
       throw error;
     });
-    const role = String((reply as unknown[])[0]);
+    const role = /^role:(\S+)/m.exec(info)?.[1] ?? 'unknown';
     if (role === 'master' || role === 'unknown') return { up: true, details: { role } };
     return { up: false, details: { role }, message: `Redis is a ${role}: locks need a master, which takes writes.` };
   }
