@@ -5,6 +5,7 @@ import { MemoryLockBackend } from './backends/memory.backend.js';
 import { DISTRIBUTED_LOCK_OPTIONS } from './distributed-lock.constants.js';
 import { LockedMethodsExplorer } from './distributed-lock.explorer.js';
 import { checkModuleExtras, type DistributedLockModuleExtras, type DistributedLockModuleOptions } from './distributed-lock.options.js';
+import { LockHealthIndicator } from './lock.health-indicator.js';
 import { LockInterceptor } from './lock.interceptor.js';
 import { LockService } from './lock.service.js';
 
@@ -20,7 +21,7 @@ const { ConfigurableModuleClass, ASYNC_OPTIONS_TYPE, OPTIONS_TYPE } = new Config
       global: extras.isGlobal,
       imports: [DiscoveryModule, ...(definition.imports ?? [])],
       providers: [...(definition.providers ?? []), ...providers, ...(extras.interceptor ? [appWideInterceptor] : [])],
-      exports: [LockService, LockBackend],
+      exports: [LockService, LockBackend, LockHealthIndicator],
     };
   })
   .build();
@@ -51,6 +52,7 @@ const providers: Provider[] = [
   },
   { provide: LockBackend, useFactory: (service: LockService) => service.backend, inject: [LockService] },
   LockedMethodsExplorer,
+  LockHealthIndicator,
 ];
 
 // App-wide, not only on @Locked handlers: a busy lock deep inside a service called by a handler

@@ -17,7 +17,9 @@ export type {
 } from './distributed-lock.options.js';
 export { Locked, type LockableMethod, type LockedDecorator } from './locked.decorator.js';
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
+export { LOCK_CONFLICT_CODE, LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
 export { LockService, type LockInfo } from './lock.service.js';
+export { LockHealthIndicator, type LockHealthResult } from './lock.health-indicator.js';
 export { LockHandle } from './lock.handle.js';
 export {
   LockEvents,
@@ -48,6 +50,7 @@ export {
 export {
   LockBackend,
   type AcquireResult,
+  type BackendHealth,
   type ExtendResult,
   type LockState,
   type TryAcquireOptions,

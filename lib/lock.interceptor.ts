@@ -10,6 +10,7 @@ import {
 } from '@nestjs/common';
 import { catchError, finalize, from, mergeMap, throwError, type Observable } from 'rxjs';
 import { withLockAbortSignal } from './lock-abort-scope.js';
+import { LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
 import { InvalidLockKeyError, LockNotAcquiredError } from './lock.errors.js';
 import { LockService } from './lock.service.js';
 import { requestAbortSignal } from './request-abort.signal.js';
@@ -37,7 +38,8 @@ const CLIENT_CLOSED_REQUEST = 499;
 
 /**
  * Turns LockNotAcquiredError into the transport's "busy, retry later": HTTP 409 with Retry-After,
- * RpcException for microservices, WsException for gateways; and a key error at call time (a value
+ * RpcException for microservices, WsException for gateways (and the client's ack, if it asked for
+ * one), an error with `extensions.code: 'LOCK_CONFLICT'` for GraphQL; and a key error at call time (a value
  * from the request that cannot name a lock) into a 400. Every other error passes untouched.
  * On HTTP it also ends the handler's waits for locks when the client hangs up (see
  * requestAbortSignal): a request nobody waits for any more does not queue, and does not run.
@@ -58,12 +60,28 @@ export class LockInterceptor implements NestInterceptor {
     return handled.pipe(
       catchError((error: unknown) => {
         if (abort?.signal.aborted && error === abort.signal.reason) return throwError(() => this.clientClosed(error));
-        if (error instanceof LockNotAcquiredError) return from(this.translate(error, context)).pipe(mergeMap((e) => throwError(() => e)));
-        if (error instanceof InvalidLockKeyError) return from(this.badKey(error, context)).pipe(mergeMap((e) => throwError(() => e)));
+        if (error instanceof LockNotAcquiredError) return from(this.translate(error, context)).pipe(mergeMap((e) => this.fail(e, context)));
+        if (error instanceof InvalidLockKeyError) return from(this.badKey(error, context)).pipe(mergeMap((e) => this.fail(e, context)));
         return throwError(() => error);
       }),
       finalize(() => abort?.stop()),
     );
+  }
+
+  /**
+   * Throws the mapped error; on a gateway whose client asked for an acknowledgement (socket.io's
+   * `emitWithAck`, or `emit` with a callback), answers it with the error's body first. Nest's
+   * exception filter only emits an 'exception' event, so without this the client's ack never
+   * fires and `emitWithAck` hangs until its own timeout. Socket.io answers an ack once, so a
+   * handler that acknowledged by hand before the lock failed keeps its answer.
+   */
+  private fail(mapped: unknown, context: ExecutionContext): Observable<never> {
+    if (context.getType<string>() === 'ws' && typeof (mapped as { getError?: unknown })?.getError === 'function') {
+      // Where Nest's @Ack() finds it: the first function among the handler's arguments.
+      const ack = context.getArgs().find((arg): arg is (response: unknown) => void => typeof arg === 'function');
+      ack?.((mapped as { getError(): unknown }).getError());
+    }
+    return throwError(() => mapped);
   }
 
   /** An HttpException, so that Nest logs no error: nobody is left to answer, and nothing failed. */
@@ -89,8 +107,10 @@ export class LockInterceptor implements NestInterceptor {
         return this.forRpc(body);
       case 'ws':
         return this.forWs(body);
+      case 'graphql':
+        return this.forGraphql(body, error);
       default:
-        // GraphQL and others: Nest formats HttpException for them.
+        // Others: Nest formats HttpException for them.
         return new ConflictException(body, { cause: error });
     }
   }
@@ -146,6 +166,11 @@ export class LockInterceptor implements NestInterceptor {
     // Imported on demand: @nestjs/microservices is an optional peer.
     const { RpcException } = await import('@nestjs/microservices');
     return new RpcException(body);
+  }
+
+  /** An error whose `extensions` carry `code: 'LOCK_CONFLICT'` and the body's fields (Apollo, Mercurius). */
+  protected forGraphql(body: LockConflictBody, error: LockNotAcquiredError): unknown {
+    return new LockConflictGraphQLError(body, { cause: error });
   }
 
   protected async forWs(body: LockConflictBody): Promise<unknown> {

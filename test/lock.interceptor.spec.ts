@@ -3,11 +3,19 @@ import { BadRequestException, ConflictException, type CallHandler, type Executio
 import { RpcException } from '@nestjs/microservices';
 import { WsException } from '@nestjs/websockets';
 import { lastValueFrom, throwError } from 'rxjs';
-import { LockInterceptor, LockNotAcquiredError, LockService, MemoryLockBackend, type DistributedLockModuleOptions } from '../lib/index.js';
+import {
+  LockConflictGraphQLError,
+  LockInterceptor,
+  LockNotAcquiredError,
+  LockService,
+  MemoryLockBackend,
+  type DistributedLockModuleOptions,
+} from '../lib/index.js';
 
 function contextOf(type: string, response?: object): ExecutionContext {
   return {
     getType: () => type,
+    getArgs: () => [],
     switchToHttp: () => ({ getResponse: () => response, getRequest: () => ({}) }),
   } as unknown as ExecutionContext;
 }
@@ -66,8 +74,17 @@ describe('LockInterceptor', () => {
     expect(await retryAfterOf(busy, { retryAfter: () => Number.NaN })).toEqual({ header: '1', ms: 1_000 });
   });
 
-  it('maps to a ConflictException for GraphQL and other context types', async () => {
-    expect(await intercepted('graphql', busy)).toBeInstanceOf(ConflictException);
+  it("maps to an error with extensions.code 'LOCK_CONFLICT' for GraphQL, and to a ConflictException for other context types", async () => {
+    const error = await intercepted('graphql', busy);
+    expect(error).toBeInstanceOf(LockConflictGraphQLError);
+    expect((error as LockConflictGraphQLError).extensions).toEqual({
+      code: 'LOCK_CONFLICT',
+      statusCode: 409,
+      error: 'Conflict',
+      keys: ['lock:order:1'],
+      retryAfterMs: 1_000,
+    });
+    expect(await intercepted('kafka-streams', busy)).toBeInstanceOf(ConflictException);
   });
 
   it('passes other errors through untouched', async () => {

@@ -57,6 +57,23 @@ export interface LockBackend {
 
   /** Optional: free connections, subscriptions and timers the backend owns. */
   close?(): Promise<void>;
+
+  /**
+   * Optional, for health checks (LockHealthIndicator): what the backend's servers say of
+   * themselves beyond answering, e.g. Redis's role, or how many Redlock masters answer. It may
+   * take as long as it needs: the caller bounds it with its own timeout.
+   */
+  health?(): Promise<BackendHealth>;
+}
+
+/** What a backend reports of its servers to a health check. */
+export interface BackendHealth {
+  /** False when the servers answer but cannot serve locks: a replica, fewer masters than a quorum. */
+  up: boolean;
+  /** Shown on the health endpoint, e.g. `{ role: 'master' }` or `{ mastersUp: 2, masters: 3, quorum: 2 }`. */
+  details: Record<string, unknown>;
+  /** Why it is down, in words. */
+  message?: string;
 }
 
 export type AcquireResult =

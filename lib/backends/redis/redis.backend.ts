@@ -1,5 +1,5 @@
 import type { Cluster, Redis } from 'ioredis';
-import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { RedisConnection } from './redis.connection.js';
 import { lineScriptKeys, lockKeyLayouts, type LockKeyLayout } from './redis.keys.js';
 import { RedisWaiterLine } from './redis.line.js';
@@ -107,6 +107,24 @@ export class RedisLockBackend implements LockBackend {
       behindPing,
     });
     return (released as number) > 0;
+  }
+
+  /**
+   * The server's role: locks need a master (a replica refuses their writes). A Cluster routes each
+   * key to its own master, so it has no one role. Read from INFO, which the documented ACL rule
+   * allows (ROLE it does not); a user whose ACL leaves INFO out gets the role as unknown rather
+   * than a health check that fails.
+   */
+  async health(): Promise<BackendHealth> {
+    if (this.connection.cluster) return { up: true, details: { role: 'cluster' } };
+    const client = (this.connection.open() ?? (await this.connection.connected('health', []))) as Redis;
+    const info = await client.info('replication').catch((error: unknown) => {
+      if (error instanceof Error && error.message.startsWith('NOPERM')) return 'role:unknown';
+      throw error;
+    });
+    const role = /^role:(\S+)/m.exec(info)?.[1] ?? 'unknown';
+    if (role === 'master' || role === 'unknown') return { up: true, details: { role } };
+    return { up: false, details: { role }, message: `Redis is a ${role}: locks need a master, which takes writes.` };
   }
 
   async inspect(key: string): Promise<LockState | undefined> {

@@ -2,7 +2,7 @@ import { Logger } from '@nestjs/common';
 import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError } from '../../lock.errors.js';
-import type { ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
+import type { BackendHealth, ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
 import { RedlockMaster, type RedlockMasterClient } from './redlock-master.js';
 import { describeMaster, resolveRedlockOptions, type RedlockLockBackendOptions, type ResolvedRedlockOptions } from './redlock.options.js';
 import { RedlockMasterIdentities } from './redlock-master.identities.js';
@@ -187,6 +187,19 @@ export class RedlockLockBackend implements LockBackend {
       return { key, owner, ttlMs: pttls[this.quorum - 1] };
     }
     return undefined;
+  }
+
+  /** How many masters answer a trivial script (each within `masterTimeout`), against the quorum. */
+  async health(): Promise<BackendHealth> {
+    const answers = await Promise.allSettled(this.masters.map((master) => master.eval('return 1', 0, [])));
+    const down = this.masters.filter((_, i) => answers[i].status === 'rejected').map((master) => master.name);
+    const details = { mastersUp: this.masters.length - down.length, masters: this.masters.length, quorum: this.quorum, down };
+    if (details.mastersUp >= this.quorum) return { up: true, details };
+    return {
+      up: false,
+      details,
+      message: `${details.mastersUp} of ${this.masters.length} Redlock masters answer, fewer than the quorum of ${this.quorum}: no lock can be taken.`,
+    };
   }
 
   watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {
