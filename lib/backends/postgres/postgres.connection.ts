@@ -210,10 +210,14 @@ export class PostgresConnection {
       await client.query('COMMIT');
     } catch (error) {
       await client.query('ROLLBACK').catch(() => undefined);
+      // 42501: insufficient privilege.
+      const denied = (error as { code?: unknown }).code === '42501';
       throw new LockBackendError(
         this.backendName,
-        `could not create the lock table ${this.names.qualified}: ${sentence(error instanceof Error ? error.message : String(error))} ` +
-          `Grant the role CREATE on schema ${schema}, or create the tables in a migration (postgresLockTablesSql()) and pass createTables: false.`,
+        `could not create the lock table ${this.names.qualified}: ${sentence(error instanceof Error ? error.message : String(error))}` +
+          (denied
+            ? ` Grant the role CREATE on schema ${schema}, or create the tables in a migration (the SQL of postgresLockTablesSql()) and pass createTables: false.`
+            : ''),
         error,
       );
     } finally {
