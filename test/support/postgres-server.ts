@@ -157,7 +157,8 @@ function postgresBinDir(): string {
   return join(root, versions[0], 'bin');
 }
 
-function systemUser(name: string): { uid: number; gid: number } {
+/** The uid and gid of a system user (`postgres`), to run a server as when the tests run as root. */
+export function systemUser(name: string): { uid: number; gid: number } {
   const line = readFileSync('/etc/passwd', 'utf8')
     .split('\n')
     .find((l) => l.startsWith(`${name}:`));
