@@ -171,6 +171,64 @@ describe('PostgreSQL backend under faults, with real processes', () => {
     expect(after.isHeld).toBe(true);
   });
 
+  it('a waiter still hears of a release after its process lost its LISTEN connection', async () => {
+    quietWarnings();
+    const holder = service();
+    const backend = new PostgresLockBackend(fixture.url, { waiterTimeout: 120_000 });
+    // Neither the poll nor the holder's ttl could hand it over within the test.
+    const waiters = new LockService(backend, { keyPrefix: 'fault:', pollInterval: 60_000 });
+    fixture.cleanup(() => waiters.onApplicationShutdown());
+    const held = await holder.acquire('relisten', { ttl: 60_000 });
+    const waiting = waiters.acquire('relisten', { wait: 30_000 });
+    await until(
+      async () => backend.watching() && (await fixture.admin.query('SELECT 1 FROM distributed_locks_waiters')).rowCount === 1,
+      5_000,
+      'the waiter to listen',
+    );
+    // The connection drops, as on a network failure or when an administrator ends it.
+    await fixture.admin.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1', [`LISTEN "${backend.channel}"`]);
+    await until(() => !backend.watching(), 5_000, 'the backend to notice');
+    const releasedAt = Date.now();
+    await held.release();
+    const handle = await waiting;
+    expect(Date.now() - releasedAt).toBeLessThan(10_000);
+    expect(backend.watching()).toBe(true);
+    await handle.release();
+  });
+
+  it('an acquire that PostgreSQL carried out after it timed out leaves nothing behind once its caller gave up', async () => {
+    quietWarnings();
+    const url = `${fixture.url}?application_name=late-answer`;
+    const backend = new PostgresLockBackend(url, { commandTimeout: 300 });
+    const locks = new LockService(backend, { keyPrefix: 'fault:' });
+    fixture.cleanup(() => locks.onApplicationShutdown());
+    await locks.acquire('warm-up').then((h) => h.release());
+    const blocker = await fixture.admin.connect();
+    fixture.cleanup(() => blocker.release());
+    await blocker.query('BEGIN');
+    await blocker.query('LOCK TABLE distributed_locks IN ACCESS EXCLUSIVE MODE');
+    // Through the service: it gives up, and its release (queued behind) frees what the late
+    // attempts won. Straight on the backend: nobody will release, so the backend frees the late win.
+    const error = await locks.acquire('late', { wait: 500 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toMatch(/did not answer within 300 ms/);
+    const direct = await backend.tryAcquire(['fault:late-direct'], 'direct-owner', 60_000).catch((e: unknown) => e);
+    expect(direct).toBeInstanceOf(LockBackendError);
+    await blocker.query('ROLLBACK');
+    await until(
+      async () =>
+        (await fixture.admin.query(`SELECT 1 FROM pg_stat_activity WHERE application_name = 'late-answer' AND state <> 'idle'`))
+          .rowCount === 0,
+      5_000,
+      'the statements held up to be answered',
+    );
+    await until(
+      async () => (await locks.inspect('late')) === undefined && (await backend.inspect('fault:late-direct')) === undefined,
+      5_000,
+      'the late acquisitions to be released',
+    );
+  });
+
   it('an app whose PostgreSQL is unreachable at start-up fails with a clear error and exits', async () => {
     const url = `postgres://postgres@127.0.0.1:${await freePort()}/nowhere`;
     const started = Date.now();

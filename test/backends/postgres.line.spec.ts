@@ -169,4 +169,25 @@ describe('the line of waiters in PostgreSQL', () => {
     await until(async () => (await b.tryAcquire(['gone'], 'next', 60_000)).acquired, 5_000, "the crashed waiter's place to run out");
     expect((await b.inspect('gone'))?.owner).toBe('next');
   });
+
+  it('deletes leases and places in line that ran out long ago, now and then, and leaves the others', async () => {
+    const b = backend();
+    await b.tryAcquire(['live'], 'holder', 60_000);
+    await fixture.admin.query(`
+      INSERT INTO distributed_locks VALUES
+        ('gone', 'crashed holder', 1, clock_timestamp() - interval '2 minutes'),
+        ('just-expired', 'late holder', 2, clock_timestamp() - interval '10 seconds');
+      INSERT INTO distributed_locks_waiters VALUES
+        ('gone', 'crashed waiter', 1, 'ndl_0', clock_timestamp() - interval '2 minutes'),
+        ('live', 'waiter', 2, 'ndl_0', clock_timestamp() + interval '1 minute')`);
+    // The last clean-up was long ago: the next acquire starts one.
+    (b as unknown as { lastSweep: number }).lastSweep = Number.NEGATIVE_INFINITY;
+    await b.tryAcquire(['other'], 'someone', 60_000);
+    const rows = async () => ({
+      locks: (await fixture.admin.query('SELECT key FROM distributed_locks ORDER BY key')).rows.map((r) => r.key as string),
+      waiters: (await fixture.admin.query('SELECT owner FROM distributed_locks_waiters ORDER BY owner')).rows.map((r) => r.owner as string),
+    });
+    await until(async () => (await rows()).locks.length === 3, 5_000, 'the clean-up');
+    expect(await rows()).toEqual({ locks: ['just-expired', 'live', 'other'], waiters: ['waiter'] });
+  });
 });
