@@ -138,6 +138,22 @@ describe('the line of waiters in PostgreSQL', () => {
     expect(entered.sort()).toEqual(['first', 'second']);
   });
 
+  it('a waiter that had not listened yet when the LISTEN connection dropped is woken once it listens', async () => {
+    const [holder, b] = [backend(), backend()];
+    (await b.watch(['warm-up'], () => undefined, 'nobody'))();
+    expect((await holder.tryAcquire(['k'], 'holder', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['k'], 'waiter', 60_000)).acquired).toBe(false);
+    await fixture.admin.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1', [`LISTEN "${b.channel}"`]);
+    await until(() => !b.watching(), 5_000, 'the backend to notice');
+    // Nobody listens on the waiter's channel now: the release's message is lost.
+    await holder.release(['k'], 'holder');
+    let woken = false;
+    const stop = await b.watch(['k'], () => (woken = true), 'waiter');
+    stop();
+    expect(woken).toBe(true);
+    expect(b.watching()).toBe(true);
+  });
+
   it('a waiter for several keys has one place, the same in each line, and waiters leave every line when they give up', async () => {
     const b = backend();
     expect((await b.tryAcquire(['c'], 'holder', 60_000)).acquired).toBe(true);

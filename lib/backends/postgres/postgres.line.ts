@@ -80,8 +80,12 @@ export class PostgresWaiterLine {
     else if (this.entries.has(owner)) this.entries.set(owner, true);
   };
 
-  /** Every waiter of this process tries again: a release meant for one of them may be lost. */
+  /**
+   * Every waiter of this process tries again, those that listen now and those that will: a
+   * release meant for one of them may be lost.
+   */
   private wakeAllWaiters(): void {
+    for (const owner of this.entries.keys()) this.entries.set(owner, true);
     for (const wake of [...this.wakers.values()]) wake();
   }
 }

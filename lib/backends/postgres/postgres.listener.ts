@@ -27,6 +27,8 @@ export class PostgresListener {
   private readonly probes = new Map<string, () => void>();
   private reconnectTimer: NodeJS.Timeout | undefined;
   private reconnectAttempts = 0;
+  /** The connection dropped while listening: messages sent until it is back are lost. */
+  private missed = false;
 
   constructor(
     private readonly connection: PostgresConnection,
@@ -35,7 +37,7 @@ export class PostgresListener {
     disabled: boolean,
     /** A message on our channel (the owner whose turn it is). */
     private readonly onMessage: (payload: string) => void,
-    /** The connection was lost and is back: messages sent meanwhile are lost. */
+    /** The connection was lost and is back: messages sent meanwhile may be lost. */
     private readonly onRecovered: () => void,
     /** Whether anyone waits, so a lost connection is worth making again now rather than on the next wait. */
     private readonly hasWaiters: () => boolean,
@@ -94,6 +96,10 @@ export class PostgresListener {
       }
       this.listening = true;
       this.reconnectAttempts = 0;
+      if (this.missed) {
+        this.missed = false;
+        this.onRecovered();
+      }
     } catch (error) {
       if (this.client === client) this.client = undefined;
       await client.end().catch(() => undefined);
@@ -120,15 +126,16 @@ export class PostgresListener {
 
   /**
    * The connection dropped: until it is back, nobody hears releases. With waiters, it is made
-   * again at once (then every waiter tries again, as a release meant for one may be lost);
-   * without, at the next wait.
+   * again at once, without at the next wait; either way, once it is back, every waiter of this
+   * process tries again, as a release meant for one of them may have been lost meanwhile.
    */
   private lost(client: Client): void {
     if (this.client !== client) return;
     this.client = undefined;
-    const wasListening = this.listening;
+    if (!this.listening) return;
     this.listening = false;
-    if (wasListening && !this.stopped) this.reconnect();
+    this.missed = true;
+    if (!this.stopped) this.reconnect();
   }
 
   private reconnect(): void {
@@ -136,10 +143,7 @@ export class PostgresListener {
     const delay = Math.min(100 * ++this.reconnectAttempts, 1_000);
     this.reconnectTimer = setTimeout(() => {
       this.reconnectTimer = undefined;
-      this.listen().then(
-        () => this.onRecovered(),
-        () => this.reconnect(),
-      );
+      this.listen().catch(() => this.reconnect());
     }, delay);
   }
 
