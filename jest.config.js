@@ -4,8 +4,9 @@ const base = {
   extensionsToTreatAsEsm: ['.ts'],
   moduleNameMapper: {
     '^(\\.{1,2}/.*)\\.js$': '$1',
-    // lib/peer-require.cts is imported as './peer-require.cjs', the name it has once built.
-    '^(\\.{1,2}/.*)\\.cjs$': '$1.cts',
+    // lib/peer-require.cts is imported as './peer-require.cjs', the name it has once built. Only
+    // that file: packages' own .cjs files (the OpenTelemetry SDK's) are what they say.
+    '^(\\.{1,2}/(?:.*/)?peer-require)\\.cjs$': '$1.cts',
     // The sample app imports the package by name; in tests that is the library's sources, the one
     // copy every test file loads (decorator metadata and AsyncLocalStorage must be shared).
     '^nest-distributed-lock$': '<rootDir>/lib/index.ts',
@@ -21,6 +22,7 @@ const secondIoredisFiles = [
   'test/backends/redis.faults.spec.ts',
   'test/backends/redis.cluster.spec.ts',
   'test/backends/redis.client-version.spec.ts',
+  'test/backends/redis.acl-tls.spec.ts',
 ];
 
 /** @type {import('jest').Config} */

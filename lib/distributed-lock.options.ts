@@ -1,6 +1,7 @@
 import type { ExecutionContext } from '@nestjs/common';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import { InvalidLockOptionsError, type LockNotAcquiredError } from './lock.errors.js';
+import type { LockTelemetryOptions } from './lock.telemetry.js';
 
 /** Options for one acquisition (LockService) or one decorated method (@Locked). */
 export interface LockOptions {
@@ -10,14 +11,34 @@ export interface LockOptions {
   wait?: number;
   /** Extend the lease about every ttl/3 while held. Default: module `autoExtend` (true). */
   autoExtend?: boolean;
+  /**
+   * Keep the lock at least this long (ms) after it was taken, even when released sooner: the
+   * release shortens the lease to what is left of it instead of deleting the key. For scheduled
+   * jobs, so that an instance whose timer fires a little later does not run a fast job again.
+   */
+  minHold?: number;
+  /**
+   * Never extend the lease past this long (ms) after it was taken: a hung holder cannot keep the
+   * lock forever. A holder still running then loses it (LockLostError 'max-hold').
+   */
+  maxHold?: number;
 }
 
 /** What a busy lock does to a `using()` call or a @Locked method. */
 export type OnBusy = 'throw' | 'skip';
 
-export interface UsingOptions extends LockOptions {
+/** Options of a @Locked method. Its wait ends early under `withLockAbortSignal` (LockInterceptor: when the client hangs up). */
+export interface LockedOptions extends LockOptions {
   /** 'throw' (default) raises LockNotAcquiredError; 'skip' returns undefined without running. */
   onBusy?: OnBusy;
+}
+
+export interface UsingOptions extends LockedOptions {
+  /**
+   * Gives up waiting when aborted: the promise rejects with the signal's reason, `fn` does not run,
+   * and the call leaves the queue and the backend's line. Once `fn` runs, aborting changes nothing.
+   */
+  signal?: AbortSignal;
 }
 
 export interface AcquireOptions extends LockOptions {
@@ -56,6 +77,24 @@ export interface DistributedLockModuleOptions {
    * Default false: values go in as they are.
    */
   encodeKeyValues?: boolean;
+  /**
+   * Most callers of this process that may wait for one key at once (a multi-key call counts for
+   * each key). One more is answered busy at once (LockNotAcquiredError, HTTP 409) instead of
+   * queueing: a burst of requests for one hot key then costs nothing while it lasts. Default: no cap.
+   */
+  maxWaitersPerKey?: number;
+  /** Most callers of this process that may wait for any lock at once; as `maxWaitersPerKey`. Default: no cap. */
+  maxWaiters?: number;
+  /**
+   * OpenTelemetry metrics and a span per acquisition, through `@opentelemetry/api` (install it;
+   * without an SDK it records nothing): true, or options. Default false. See docs/observability.md.
+   */
+  telemetry?: boolean | LockTelemetryOptions;
+  /**
+   * A debug log line (Nest Logger, context 'DistributedLock') for each call that waited for a lock
+   * or was refused one. Default false: Nest's default logger shows debug lines.
+   */
+  debugLogs?: boolean;
 }
 
 /** Milliseconds until a retry is worth it; a result that is not a number of 0 or more falls back to the default. */
@@ -69,8 +108,10 @@ export interface DistributedLockModuleExtras {
   interceptor?: boolean;
 }
 
-export type ResolvedModuleOptions = Required<Omit<DistributedLockModuleOptions, 'backend' | 'retryAfter'>> &
-  Pick<DistributedLockModuleOptions, 'retryAfter'>;
+export type ResolvedModuleOptions = Required<
+  Omit<DistributedLockModuleOptions, 'backend' | 'retryAfter' | 'maxWaitersPerKey' | 'maxWaiters'>
+> &
+  Pick<DistributedLockModuleOptions, 'retryAfter' | 'maxWaitersPerKey' | 'maxWaiters'>;
 
 export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   keyPrefix: 'lock:',
@@ -80,6 +121,8 @@ export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   pollInterval: 500,
   maxKeyLength: 512,
   encodeKeyValues: false,
+  telemetry: false,
+  debugLogs: false,
 };
 
 /** The longest delay a Node timer keeps: beyond it, setTimeout fires after 1 ms. */
@@ -102,14 +145,15 @@ const waitMs: Check = ['0 (try once) or a positive finite number of milliseconds
 const bool: Check = ['true or false', (v) => typeof v === 'boolean'];
 
 const LOCK_OPTIONS: Record<string, Check> = { ttl: leaseMs, wait: waitMs, autoExtend: bool };
-const USING_OPTIONS: Record<string, Check> = {
-  ...LOCK_OPTIONS,
+const signal: Check = ['an AbortSignal', (v) => v instanceof AbortSignal];
+const PER_LOCK_OPTIONS: Record<string, Check> = { ...LOCK_OPTIONS, minHold: leaseMs, maxHold: leaseMs };
+const LOCKED_OPTIONS: Record<string, Check> = {
+  ...PER_LOCK_OPTIONS,
   onBusy: ["'throw' or 'skip'", (v) => v === 'throw' || v === 'skip'],
 };
-const ACQUIRE_OPTIONS: Record<string, Check> = {
-  ...LOCK_OPTIONS,
-  signal: ['an AbortSignal', (v) => v instanceof AbortSignal],
-};
+const USING_OPTIONS: Record<string, Check> = { ...LOCKED_OPTIONS, signal };
+const ACQUIRE_OPTIONS: Record<string, Check> = { ...PER_LOCK_OPTIONS, signal };
+const positiveInteger: Check = ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0];
 const MODULE_OPTIONS: Record<string, Check> = {
   ...LOCK_OPTIONS,
   backend: [
@@ -121,12 +165,19 @@ const MODULE_OPTIONS: Record<string, Check> = {
   ],
   keyPrefix: ['a string (may be empty)', (v) => typeof v === 'string'],
   pollInterval: positiveMs,
-  maxKeyLength: ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0],
+  maxKeyLength: positiveInteger,
+  maxWaitersPerKey: positiveInteger,
+  maxWaiters: positiveInteger,
   retryAfter: [
     'a number of milliseconds (0 or more) or a function (error, context) => milliseconds',
     (v) => typeof v === 'function' || (typeof v === 'number' && Number.isFinite(v) && v >= 0),
   ],
   encodeKeyValues: bool,
+  telemetry: [
+    'true, false or an object { meterProvider?, tracerProvider?, spanKeys? }',
+    (v) => typeof v === 'boolean' || (typeof v === 'object' && v !== null && !Array.isArray(v)),
+  ],
+  debugLogs: bool,
 };
 const MODULE_EXTRAS: Record<string, Check> = { isGlobal: bool, interceptor: bool };
 
@@ -152,6 +203,18 @@ function check(options: unknown, checks: Record<string, Check>, where: string): 
   }
 }
 
+/** minHold above maxHold cannot both hold. */
+function checkHolds(options: unknown, where: string): void {
+  const { minHold, maxHold } = (options ?? {}) as LockOptions;
+  if (minHold !== undefined && maxHold !== undefined && minHold > maxHold) {
+    throw new InvalidLockOptionsError(
+      'minHold',
+      `${where}: option 'minHold' (${minHold} ms) must not be above 'maxHold' (${maxHold} ms): the lock cannot be kept longer than ` +
+        `it may be held. Lower minHold or raise maxHold.`,
+    );
+  }
+}
+
 function show(value: unknown): string {
   if (typeof value === 'string') return `'${value}'`;
   if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object';
@@ -161,11 +224,24 @@ function show(value: unknown): string {
 export function checkLockOptions(options: unknown, where: string): void {
   check(options, LOCK_OPTIONS, where);
 }
+export function checkLockedOptions(options: unknown, where: string): void {
+  if (typeof options === 'object' && options !== null && 'signal' in options) {
+    throw new InvalidLockOptionsError(
+      'signal',
+      `${where}: option 'signal' cannot be fixed on a decorator, as it would be shared by every call. A @Locked method stops ` +
+        `waiting when its HTTP request closes (LockInterceptor); for other sources, call it inside withLockAbortSignal(signal, fn).`,
+    );
+  }
+  check(options, LOCKED_OPTIONS, where);
+  checkHolds(options, where);
+}
 export function checkUsingOptions(options: unknown, where: string): void {
   check(options, USING_OPTIONS, where);
+  checkHolds(options, where);
 }
 export function checkAcquireOptions(options: unknown, where: string): void {
   check(options, ACQUIRE_OPTIONS, where);
+  checkHolds(options, where);
 }
 /** Checks `isGlobal` and `interceptor` as forRoot / forRootAsync receive them. */
 export function checkModuleExtras(extras: DistributedLockModuleExtras): void {

@@ -9,6 +9,7 @@ export type {
   AcquireOptions,
   DistributedLockModuleExtras,
   DistributedLockModuleOptions,
+  LockedOptions,
   LockOptions,
   OnBusy,
   RetryAfterFunction,
@@ -18,6 +19,21 @@ export { Locked, type LockableMethod, type LockedDecorator } from './locked.deco
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LockService, type LockInfo } from './lock.service.js';
 export { LockHandle } from './lock.handle.js';
+export {
+  LockEvents,
+  type LockAcquiredEvent,
+  type LockBusyEvent,
+  type LockEventBase,
+  type LockEventListener,
+  type LockEventMap,
+  type LockEventName,
+  type LockExtendedEvent,
+  type LockFailedEvent,
+  type LockLostEvent,
+  type LockReleasedEvent,
+} from './lock.events.js';
+export { LOCK_TELEMETRY_SCOPE, type LockTelemetryOptions } from './lock.telemetry.js';
+export { withLockAbortSignal } from './lock-abort-scope.js';
 export type { LockKeyFunction, LockKeySource, LockKeyValue } from './lock-key.js';
 export {
   DistributedLockError,

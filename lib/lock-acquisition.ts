@@ -3,6 +3,7 @@ import type { LockBackend } from './backends/lock-backend.interface.js';
 import type { AcquireOptions, ResolvedModuleOptions } from './distributed-lock.options.js';
 import { Lease, type LeaseTracker } from './lock-lease.js';
 import type { LockWaitQueue, Waiter } from './lock-wait-queue.js';
+import { scopedAbortSignal } from './lock-abort-scope.js';
 import { DistributedLockError, LockBackendError } from './lock.errors.js';
 import { newOwnerToken } from './owner-token.js';
 
@@ -10,6 +11,8 @@ import { newOwnerToken } from './owner-token.js';
 export interface NotAcquired {
   waitedMs: number;
   retryAfterMs?: number;
+  /** Refused without waiting: this process already had as many waiters as its cap allows. */
+  queueFull?: 'perKey' | 'total';
 }
 
 /** What an acquisition needs from the LockService it runs for. */
@@ -34,6 +37,8 @@ export class LockAcquisition {
   private readonly ttl: number;
   private readonly wait: number;
   private readonly autoExtend: boolean;
+  private readonly minHold: number | undefined;
+  private readonly maxHold: number | undefined;
   private readonly signal: AbortSignal | undefined;
   /**
    * One per call, shared by its attempts: the backend's line knows a waiter by it, and a release
@@ -56,16 +61,21 @@ export class LockAcquisition {
   /** Whether a release right after our last failed attempt still reaches us once we watch. */
   private heard = false;
   private unwatch: (() => void) | undefined;
+  /** The lock was not had at the first try: this call waited (in this process's queue, or for the backend). */
+  contended = false;
 
   constructor(
     private readonly host: AcquisitionHost,
     private readonly keys: string[],
     options: AcquireOptions | undefined,
   ) {
-    this.ttl = options?.ttl ?? host.options.ttl;
+    this.maxHold = options?.maxHold;
+    this.minHold = options?.minHold;
+    // A first lease longer than maxHold would outlive it.
+    this.ttl = Math.min(options?.ttl ?? host.options.ttl, this.maxHold ?? Number.POSITIVE_INFINITY);
     this.wait = options?.wait ?? host.options.wait;
     this.autoExtend = options?.autoExtend ?? host.options.autoExtend;
-    this.signal = options?.signal;
+    this.signal = scopedAbortSignal(options?.signal);
     this.deadline = this.started + this.wait;
     this.willWait = this.wait > 0;
     this.id = keys.join('\n');
@@ -86,8 +96,11 @@ export class LockAcquisition {
     // line: the waiter the backend hands the lock to is normally the first here (see waitInQueue
     // for when it is not).
     const queue = this.host.queue;
+    // Over a cap on waiters: busy at once, before anything is asked or queued.
+    const queueFull = queue.full(this.keys);
+    if (queueFull) return { waitedMs: 0, queueFull };
     const first = queue.allTrying(this.id);
-    const waiter = queue.join(this.id);
+    const waiter = queue.join(this.id, this.keys);
     try {
       if (first) {
         // The backend listened before the attempt went out and keeps a wake-up until it is watched.
@@ -97,10 +110,11 @@ export class LockAcquisition {
         waiter.trying = false;
         if (lease) return lease;
       }
+      this.contended = true;
       return await this.waitInQueue(waiter);
     } finally {
       this.unwatch?.();
-      queue.leave(this.id, waiter);
+      queue.leave(this.id, this.keys, waiter);
       this.leaveLine();
     }
   }
@@ -194,7 +208,12 @@ export class LockAcquisition {
       throw this.shutDownError();
     }
     const validUntil = sentAt + (result.validityMs ?? this.ttl);
-    const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host);
+    const holds =
+      this.minHold === undefined && this.maxHold === undefined
+        ? undefined
+        : // Counted from the request (max: never later than the backend's) and from the answer (min: never sooner than the work began).
+          { minUntil: this.minHold && performance.now() + this.minHold, maxUntil: this.maxHold && sentAt + this.maxHold };
+    const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host, holds);
     this.host.leaseStarted(lease);
     this.acquired = lease;
     return lease;

@@ -55,6 +55,15 @@ export function compileKeySource(source: LockKeySource, origin: KeyOrigin, param
   return resolvers.length === 1 ? resolvers[0] : (args, encodeValues) => resolvers.flatMap((resolve) => resolve(args, encodeValues));
 }
 
+/**
+ * The key as declared, for events and metrics: one value per method, whatever the arguments. A key
+ * function shows as `Class.method()`; several keys are joined by `,`.
+ */
+export function keySourceTemplate(source: LockKeySource, origin: KeyOrigin): string {
+  const items: readonly unknown[] = Array.isArray(source) ? source : [source];
+  return items.map((item) => (typeof item === 'string' ? item : `${origin.className}.${origin.methodName}()`)).join(',');
+}
+
 function parseTemplate(template: string, where: string, params: readonly ParameterInfo[] | undefined): Part[] {
   if (template.length === 0) {
     throw new InvalidLockKeyError(`@Locked on ${where} has an empty key template. Use a template such as 'order:<id>'.`);

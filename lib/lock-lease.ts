@@ -2,6 +2,7 @@ import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { ExtendResult, LockBackend } from './backends/lock-backend.interface.js';
 import { leaseScheduler } from './lease-scheduler.js';
+import type { LockEvents } from './lock.events.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
 
 export type LeaseState = 'held' | 'released' | 'lost';
@@ -10,9 +11,19 @@ export type LeaseState = 'held' | 'released' | 'lost';
 export interface LeaseTracker {
   leaseEnded(lease: Lease): void;
   leaseFreed(lease: Lease): void;
+  /** Where 'lost' and 'extended' go. */
+  readonly events?: LockEvents;
 }
 
 const logger = new Logger('DistributedLock');
+
+/** The bounds a lock's minHold and maxHold set, as performance.now() times. */
+export interface HoldBounds {
+  /** A release before it keeps the keys until it (the lease is shortened, not deleted). */
+  minUntil?: number;
+  /** No extension reaches past it. */
+  maxUntil?: number;
+}
 
 /**
  * One successful acquisition: the owner token, its deadline and its watchdog. Reentrant handles
@@ -45,6 +56,8 @@ export class Lease {
   private extensions = 0;
   /** Settles once the last extension asked so far has its answer: the next one goes out after it. */
   private lastExtension: Promise<unknown> = Promise.resolve();
+  /** The last extension was cut short by maxHold: the lease now ends there, and no extension follows. */
+  private atMaxHold = false;
   /** Resolves when the lease ends, so an extension queued behind one that never answers gives up. */
   private ended: Promise<void> | undefined;
   private resolveEnded: (() => void) | undefined;
@@ -59,7 +72,9 @@ export class Lease {
     private deadline: number,
     private readonly autoExtend: boolean,
     private readonly tracker: LeaseTracker,
+    private readonly holds?: HoldBounds,
   ) {
+    this.atMaxHold = holds?.maxUntil !== undefined && deadline >= holds.maxUntil;
     this.nextExtendAt = extendAt(ttl, deadline);
     this.arm();
   }
@@ -94,13 +109,22 @@ export class Lease {
    */
   async extend(ttl?: number): Promise<void> {
     this.assertHeld();
-    if (!(await this.serially(() => this.send(ttl ?? this.ttl)))) this.assertHeld();
+    if (!(await this.serially(() => this.send(ttl ?? this.ttl, false)))) this.assertHeld();
   }
 
-  /** Drops one holder; the last one deletes the keys on the backend. */
+  /** Drops one holder; the last one deletes the keys on the backend (or keeps them until minHold). */
   async release(): Promise<void> {
     if (--this.holders > 0 || this.state !== 'held') return;
     this.end('released');
+    const keep = this.keepFor();
+    if (keep > 0) {
+      // Not free yet: the lease is shortened to the rest of minHold and runs out by itself. Local
+      // waiters are not woken; they wait for that end as for any lease.
+      await this.backend.extend(this.keys, this.owner, keep).catch((error: unknown) => {
+        throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'release failed', error);
+      });
+      return;
+    }
     const releasing = this.backend.release(this.keys, this.owner);
     // The release request is on its way; a local waiter's acquire now goes out behind it (on one
     // connection: in order), saving the wait for the pub/sub message. Were it to arrive first, it
@@ -121,6 +145,12 @@ export class Lease {
   shutdown(): Promise<void> {
     if (this.current === 'held' && performance.now() >= this.deadline) return this.expire();
     return this.lose('shutdown');
+  }
+
+  /** Whole milliseconds of minHold still ahead (0 when none). */
+  private keepFor(): number {
+    const until = this.holds?.minUntil;
+    return until === undefined ? 0 : Math.max(0, Math.ceil(until - performance.now()));
   }
 
   /** The scheduler's call comes late when the event loop stalls: a read past the deadline declares the loss itself. */
@@ -153,12 +183,19 @@ export class Lease {
    * from before it went out. Resolves false when the lease did not survive it (lost or released
    * meanwhile; a lease once lost is never revived, even by a late success).
    */
-  private async send(ttl: number): Promise<boolean> {
+  private async send(ttl: number, automatic: boolean): Promise<boolean> {
     this.assertHeld();
     const sentAt = performance.now();
+    // Never past maxHold: what is left of it, if shorter than the ttl asked.
+    const maxUntil = this.holds?.maxUntil;
+    const granted = maxUntil === undefined ? ttl : Math.min(ttl, Math.floor(maxUntil - sentAt));
+    if (granted <= 0) {
+      this.atMaxHold = true;
+      return true;
+    }
     let result: ExtendResult;
     try {
-      result = await this.backend.extend(this.keys, this.owner, ttl);
+      result = await this.backend.extend(this.keys, this.owner, granted);
     } catch (error) {
       if (this.current === 'held') {
         this.lastError = error;
@@ -174,8 +211,12 @@ export class Lease {
       return false;
     }
     this.ttl = ttl;
-    this.deadline = sentAt + Math.min(result.validityMs ?? ttl, ttl);
+    this.atMaxHold = granted < ttl;
+    const validity = Math.min(result.validityMs ?? granted, granted);
+    this.deadline = sentAt + validity;
     this.nextExtendAt = extendAt(ttl, this.deadline);
+    const events = this.tracker.events;
+    if (events?.has('extended')) events.emit('extended', { keys: this.keys, ttlMs: validity, automatic });
     return true;
   }
 
@@ -188,7 +229,7 @@ export class Lease {
       leaseScheduler.cancel(this);
       return;
     }
-    this.dueExtend = this.autoExtend && this.extensions === 0 && this.nextExtendAt < this.deadline;
+    this.dueExtend = this.autoExtend && !this.atMaxHold && this.extensions === 0 && this.nextExtendAt < this.deadline;
     leaseScheduler.schedule(this, this.dueExtend ? this.nextExtendAt : this.deadline);
   }
 
@@ -201,7 +242,7 @@ export class Lease {
       return;
     }
     // A failure is kept in lastError and retried by the schedule; the deadline decides.
-    this.serially(() => this.send(this.ttl)).catch(() => undefined);
+    this.serially(() => this.send(this.ttl, true)).catch(() => undefined);
   }
 
   /** The deadline passed without a successful extension. */
@@ -211,6 +252,7 @@ export class Lease {
     const unanswered =
       this.extensions > 0 ? new LockBackendError(this.backend.name, 'the extension got no answer before the lease ran out') : undefined;
     const cause = this.lastError ?? unanswered;
+    if (!cause && this.atMaxHold) return this.lose('max-hold');
     return this.lose(cause ? 'backend-error' : 'expired', cause);
   }
 
@@ -222,14 +264,16 @@ export class Lease {
     logger.warn(error.message);
     this.controller ??= new AbortController();
     this.controller.abort(error);
+    const events = this.tracker.events;
+    if (events?.has('lost')) events.emit('lost', { keys: this.keys, reason, error });
+    // At shutdown, a lock asked to be kept for a while (minHold) is kept for the rest of it.
+    const keep = reason === 'shutdown' ? this.keepFor() : 0;
+    if (keep > 0) return this.backend.extend(this.keys, this.owner, keep).then(ignore, ignore);
     // Frees the keys at once if they are still ours (after a stall), so waiters need not sit out
     // the rest of the TTL. Compare-and-delete: it never touches another owner's lock.
     return this.backend
       .release(this.keys, this.owner)
-      .then(
-        () => undefined,
-        () => undefined,
-      )
+      .then(ignore, ignore)
       .finally(() => this.tracker.leaseFreed(this));
   }
 
@@ -239,6 +283,10 @@ export class Lease {
     this.resolveEnded?.();
     this.tracker.leaseEnded(this);
   }
+}
+
+function ignore(): undefined {
+  return undefined;
 }
 
 /**

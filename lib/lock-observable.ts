@@ -1,4 +1,5 @@
 import { isObservable, Observable, type Subscription } from 'rxjs';
+import { withLockAbortSignal } from './lock-abort-scope.js';
 import { runHolding } from './lock-context.js';
 import type { LockHandle } from './lock.handle.js';
 
@@ -51,24 +52,28 @@ export function holdWhileSubscribed(
 
     let inner: Subscription | undefined;
     let done: (() => void) | undefined;
-    relock(
-      (): Promise<void> =>
-        new Promise((resolve) => {
-          // Unsubscribed while it waited for the lock: give the lock back at once.
-          if (subscriber.closed) return resolve();
-          done = resolve;
-          inner = source.subscribe({
-            next: (item) => subscriber.next(item),
-            error: (error: unknown) => {
-              subscriber.error(error);
-              resolve();
-            },
-            complete: () => {
-              subscriber.complete();
-              resolve();
-            },
-          });
-        }),
+    // Unsubscribed while it waits for the lock: it stops waiting.
+    const unsubscribed = new AbortController();
+    withLockAbortSignal(unsubscribed.signal, () =>
+      relock(
+        (): Promise<void> =>
+          new Promise((resolve) => {
+            // Unsubscribed while it waited for the lock: give the lock back at once.
+            if (subscriber.closed) return resolve();
+            done = resolve;
+            inner = source.subscribe({
+              next: (item) => subscriber.next(item),
+              error: (error: unknown) => {
+                subscriber.error(error);
+                resolve();
+              },
+              complete: () => {
+                subscriber.complete();
+                resolve();
+              },
+            });
+          }),
+      ),
     ).then(
       // Settled without running the body: the lock was busy and onBusy is 'skip'.
       () => subscriber.complete(),
@@ -77,6 +82,7 @@ export function holdWhileSubscribed(
     return () => {
       inner?.unsubscribe();
       done?.();
+      unsubscribed.abort();
     };
   });
 }
@@ -90,9 +96,11 @@ export function holdWhileSubscribed(
 export function lockOnSubscribe(start: () => Promise<unknown>): Observable<unknown> {
   return new Observable((subscriber) => {
     let inner: Subscription | undefined;
-    start().then(
+    // Unsubscribed while it waits for the lock (an SSE client that left): it stops waiting.
+    const unsubscribed = new AbortController();
+    withLockAbortSignal(unsubscribed.signal, start).then(
       (result) => {
-        // Unsubscribed while it waited: the lock handed over is released at the end of this turn.
+        // Unsubscribed as the lock came: the lock handed over is released at the end of this turn.
         if (subscriber.closed) return;
         if (isObservable(result)) {
           inner = result.subscribe(subscriber);
@@ -104,7 +112,10 @@ export function lockOnSubscribe(start: () => Promise<unknown>): Observable<unkno
       },
       (error: unknown) => subscriber.error(error),
     );
-    return () => inner?.unsubscribe();
+    return () => {
+      inner?.unsubscribe();
+      unsubscribed.abort();
+    };
   });
 }
 

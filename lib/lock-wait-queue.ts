@@ -34,6 +34,14 @@ export class Waiter {
   }
 }
 
+/** Caps on this process's waiters; a caller beyond them is answered "busy" at once. */
+export interface WaiterLimits {
+  /** Waiters for one key (a multi-key waiter counts for each of its keys). */
+  perKey?: number;
+  /** Waiters for any key. */
+  total?: number;
+}
+
 /**
  * Local FIFO queues of waiters, one per key set. Only the head of a queue talks to the backend;
  * the others wait their turn, so a release wakes one local waiter instead of all of them, and a
@@ -41,17 +49,34 @@ export class Waiter {
  */
 export class LockWaitQueue {
   private readonly queues = new Map<string, Waiter[]>();
+  /** Waiters per key, kept only when there is a cap per key (one map update per key and join). */
+  private readonly perKey: Map<string, number> | undefined;
+  private size = 0;
+
+  constructor(private readonly limits: WaiterLimits = {}) {
+    this.perKey = limits.perKey === undefined ? undefined : new Map();
+  }
 
   /** Nobody waits on this key set yet: the queue is empty, or all in it are on their first attempt. */
   allTrying(id: string): boolean {
     return this.queues.get(id)?.every((waiter) => waiter.trying) ?? true;
   }
 
-  join(id: string): Waiter {
+  /** Which cap one more waiter for these keys would pass, if any. */
+  full(keys: readonly string[]): 'perKey' | 'total' | undefined {
+    const { perKey, total } = this.limits;
+    if (total !== undefined && this.size >= total) return 'total';
+    if (perKey !== undefined && keys.some((key) => (this.perKey!.get(key) ?? 0) >= perKey)) return 'perKey';
+    return undefined;
+  }
+
+  join(id: string, keys: readonly string[]): Waiter {
     const waiter = new Waiter();
     const queue = this.queues.get(id);
     if (queue) queue.push(waiter);
     else this.queues.set(id, [waiter]);
+    this.size++;
+    if (this.perKey) for (const key of keys) this.perKey.set(key, (this.perKey.get(key) ?? 0) + 1);
     return waiter;
   }
 
@@ -60,14 +85,27 @@ export class LockWaitQueue {
   }
 
   /** Leaves the queue; when the head leaves, the next waiter takes its place and is woken. */
-  leave(id: string, waiter: Waiter): void {
+  leave(id: string, keys: readonly string[], waiter: Waiter): void {
     const queue = this.queues.get(id);
     if (!queue) return;
     const index = queue.indexOf(waiter);
     if (index < 0) return;
     queue.splice(index, 1);
+    this.size--;
+    if (this.perKey) {
+      for (const key of keys) {
+        const count = this.perKey.get(key)! - 1;
+        if (count === 0) this.perKey.delete(key);
+        else this.perKey.set(key, count);
+      }
+    }
     if (queue.length === 0) this.queues.delete(id);
     else if (index === 0) queue[0].wake();
+  }
+
+  /** How many callers of this process wait (or make their first attempt) now. */
+  get waiting(): number {
+    return this.size;
   }
 
   /** Wakes every waiter of every key set (at shutdown, so that they give up). */

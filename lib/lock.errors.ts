@@ -36,10 +36,19 @@ export class LockNotAcquiredError extends DistributedLockError {
     readonly waitedMs: number,
     /** Remaining lease of the holder when we gave up, if the backend told us. */
     readonly retryAfterMs?: number,
+    /**
+     * Set when the call did not wait at all: this process already had as many callers waiting as
+     * the module's `maxWaitersPerKey` ('perKey') or `maxWaiters` ('total') allows.
+     */
+    readonly queueFull?: 'perKey' | 'total',
   ) {
     super(
-      `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'were' : 'was'} held by another owner ` +
-        `for the whole wait of ${Math.round(waitedMs)} ms. Retry later, or raise the \`wait\` option.`,
+      queueFull
+        ? `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'have' : 'has'} too many callers of this process waiting already ` +
+            `(the module's ${queueFull === 'perKey' ? 'maxWaitersPerKey' : 'maxWaiters'} option), so this one did not wait. Retry later, ` +
+            `or raise the cap.`
+        : `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'were' : 'was'} held by another owner ` +
+            `for the whole wait of ${Math.round(waitedMs)} ms. Retry later, or raise the \`wait\` option.`,
     );
   }
 }
@@ -49,7 +58,8 @@ export type LockLostReason =
   | 'expired' // the lease's local deadline passed without a successful extension
   | 'taken' // an extension found the key gone or owned by someone else
   | 'backend-error' // extensions failed (backend unreachable) until the lease ran out
-  | 'shutdown'; // the application shut down and released the lock while its holder still ran
+  | 'shutdown' // the application shut down and released the lock while its holder still ran
+  | 'max-hold'; // the holder ran past the lock's maxHold, so the lease was not extended further
 
 /** Fired on `LockHandle.signal` when the lease is lost while the holder still runs. */
 export class LockLostError extends DistributedLockError {
@@ -70,6 +80,8 @@ function describeLoss(reason: LockLostReason): string {
       return 'the backend no longer has this owner on the key (it expired and another owner took it, or it was deleted). Stop writing: another holder may be working.';
     case 'backend-error':
       return 'the backend could not be reached to extend the lease before it ran out. Stop writing: another holder may acquire it.';
+    case 'max-hold':
+      return 'the holder ran past the maxHold given for this lock, so the lease was not extended further. Stop writing: another holder may acquire it. Raise maxHold if the work needs longer.';
     case 'shutdown':
       return (
         'the application is shutting down and released this lock while its holder still ran. Stop the work now: another instance ' +

@@ -1,6 +1,8 @@
 import { Logger } from '@nestjs/common';
+import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { Lease } from './lock-lease.js';
+import type { LockEvents } from './lock.events.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -14,6 +16,8 @@ const logger = new Logger('DistributedLock');
 export class LockHandle implements AsyncDisposable {
   private released = false;
   private combinedSignal: AbortSignal | undefined;
+  /** For the 'released' event's heldMs: a number, read whether or not anyone listens yet. */
+  private readonly acquiredAt = performance.now();
 
   /** @internal Created by LockService. */
   constructor(
@@ -23,6 +27,10 @@ export class LockHandle implements AsyncDisposable {
     readonly leases: readonly Lease[],
     /** True when this handle entered a lock its async context already held. */
     readonly reentrant: boolean,
+    /** @internal Where 'released' goes. */
+    private readonly events?: LockEvents,
+    /** @internal The @Locked key template, for events. */
+    private readonly template?: string,
   ) {}
 
   /**
@@ -85,6 +93,16 @@ export class LockHandle implements AsyncDisposable {
   async release(): Promise<void> {
     if (this.released) return;
     this.released = true;
+    // Before the backend's answer: the next holder's 'acquired' must not come first.
+    const events = this.events;
+    if (events?.has('released')) {
+      events.emit('released', {
+        keys: this.keys,
+        template: this.template,
+        heldMs: performance.now() - this.acquiredAt,
+        reentrant: this.reentrant,
+      });
+    }
     if (this.leases.length === 1) return this.leases[0].release();
     const results = await Promise.allSettled(this.leases.map((lease) => lease.release()));
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');

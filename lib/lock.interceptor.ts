@@ -1,15 +1,18 @@
 import {
   BadRequestException,
   ConflictException,
+  HttpException,
   Injectable,
   Optional,
   type CallHandler,
   type ExecutionContext,
   type NestInterceptor,
 } from '@nestjs/common';
-import { catchError, from, mergeMap, throwError, type Observable } from 'rxjs';
+import { catchError, finalize, from, mergeMap, throwError, type Observable } from 'rxjs';
+import { withLockAbortSignal } from './lock-abort-scope.js';
 import { InvalidLockKeyError, LockNotAcquiredError } from './lock.errors.js';
 import { LockService } from './lock.service.js';
+import { requestAbortSignal } from './request-abort.signal.js';
 
 /**
  * The default wait before a retry. The holder's remaining lease is no estimate of when it
@@ -29,10 +32,15 @@ export interface LockConflictBody {
   retryAfterMs: number;
 }
 
+/** The status nginx and others log for a request its client closed before the answer (no client sees it). */
+const CLIENT_CLOSED_REQUEST = 499;
+
 /**
  * Turns LockNotAcquiredError into the transport's "busy, retry later": HTTP 409 with Retry-After,
  * RpcException for microservices, WsException for gateways; and a key error at call time (a value
  * from the request that cannot name a lock) into a 400. Every other error passes untouched.
+ * On HTTP it also ends the handler's waits for locks when the client hangs up (see
+ * requestAbortSignal): a request nobody waits for any more does not queue, and does not run.
  * DistributedLockModule registers it app-wide (APP_INTERCEPTOR), so a busy lock anywhere under a
  * handler maps, whether @Locked sits on the handler, on a service it calls, or LockService is used
  * directly (`interceptor: false` turns that off). Subclass and override a `for*` method to change
@@ -44,12 +52,30 @@ export class LockInterceptor implements NestInterceptor {
   constructor(@Optional() private readonly locks?: LockService) {}
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
-    return next.handle().pipe(
+    const abort = requestAbortSignal(context);
+    // Nest binds the handler to the async context in which handle() is called.
+    const handled = abort ? withLockAbortSignal(abort.signal, () => next.handle()) : next.handle();
+    return handled.pipe(
       catchError((error: unknown) => {
+        if (abort?.signal.aborted && error === abort.signal.reason) return throwError(() => this.clientClosed(error));
         if (error instanceof LockNotAcquiredError) return from(this.translate(error, context)).pipe(mergeMap((e) => throwError(() => e)));
         if (error instanceof InvalidLockKeyError) return from(this.badKey(error, context)).pipe(mergeMap((e) => throwError(() => e)));
         return throwError(() => error);
       }),
+      finalize(() => abort?.stop()),
+    );
+  }
+
+  /** An HttpException, so that Nest logs no error: nobody is left to answer, and nothing failed. */
+  protected clientClosed(reason: unknown): unknown {
+    return new HttpException(
+      {
+        statusCode: CLIENT_CLOSED_REQUEST,
+        error: 'Client Closed Request',
+        message: 'The client closed the request while it waited for a lock.',
+      },
+      CLIENT_CLOSED_REQUEST,
+      { cause: reason },
     );
   }
 

@@ -17,6 +17,9 @@ import { LockAcquisition, type NotAcquired } from './lock-acquisition.js';
 import { fullLockKeys, type LockKeys } from './lock-key.js';
 import { Lease } from './lock-lease.js';
 import { LockWaitQueue } from './lock-wait-queue.js';
+import { logWaitsAndRefusals } from './lock.debug-log.js';
+import { LockEvents, type LockBusyEvent } from './lock.events.js';
+import { instrumentLocks } from './lock.telemetry.js';
 import { InvalidLockKeyError, LockNotAcquiredError } from './lock.errors.js';
 import { LockHandle } from './lock.handle.js';
 
@@ -40,7 +43,9 @@ export interface LockInfo {
 export class LockService implements OnApplicationShutdown {
   readonly options: ResolvedModuleOptions;
   /** @internal This process's callers waiting for a key set, in order of arrival. */
-  readonly queue = new LockWaitQueue();
+  readonly queue: LockWaitQueue;
+  /** Acquired, released, busy, failed, lost, extended: `locks.events.on('busy', (event) => ...)` (docs/observability.md). */
+  readonly events = new LockEvents();
   private readonly leases = new Set<Lease>();
   /** Requests that run in the background (releases after a scope returned, attempts in flight); shutdown waits for them. */
   private readonly releasing = new Set<Promise<void>>();
@@ -52,6 +57,11 @@ export class LockService implements OnApplicationShutdown {
     options?: DistributedLockModuleOptions,
   ) {
     this.options = resolveModuleOptions(options, backend);
+    this.queue = new LockWaitQueue({ perKey: this.options.maxWaitersPerKey, total: this.options.maxWaiters });
+    // Both are listeners of `events`, like any the application adds: with neither, no event is built.
+    if (this.options.debugLogs) logWaitsAndRefusals(this.events);
+    const telemetry = this.options.telemetry;
+    if (telemetry) instrumentLocks(this.events, backend.name, telemetry === true ? {} : telemetry);
   }
 
   /**
@@ -64,7 +74,7 @@ export class LockService implements OnApplicationShutdown {
     const full = this.fullKeys(keys);
     const result = await this.hold(full, options);
     if (result instanceof LockHandle) return result;
-    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs);
+    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs, result.queueFull);
   }
 
   /** One attempt, no waiting: the handle, or undefined if any key is held elsewhere. */
@@ -117,11 +127,19 @@ export class LockService implements OnApplicationShutdown {
   }
 
   /** @internal The body of `using()` once keys and options are checked; @Locked calls it directly. */
-  async run<T>(keys: string[], fn: (lock: LockHandle) => T | Promise<T>, options?: UsingOptions): Promise<T | undefined> {
-    const result = await this.hold(keys, options);
+  async run<T>(
+    keys: string[],
+    fn: (lock: LockHandle) => T | Promise<T>,
+    options?: UsingOptions,
+    template?: string,
+  ): Promise<T | undefined> {
+    // 'skip' means "do not wait": a job that another instance is running is skipped at once, not
+    // run after it (unless a wait is asked for).
+    if (options?.onBusy === 'skip' && options.wait === undefined) options = { ...options, wait: 0 };
+    const result = await this.hold(keys, options, template);
     if (!(result instanceof LockHandle)) {
       if (options?.onBusy === 'skip') return undefined;
-      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs);
+      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs, result.queueFull);
     }
     // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
     // marked released at once (no re-entry), and the release request is sent before any later
@@ -131,7 +149,7 @@ export class LockService implements OnApplicationShutdown {
     try {
       const value = await runHolding(result, () => fn(result));
       // An Observable's work runs while it is subscribed: the lock goes with it.
-      const held = holdWhileSubscribed(value, result, release, (subscribe) => this.run(keys, subscribe, options));
+      const held = holdWhileSubscribed(value, result, release, (subscribe) => this.run(keys, subscribe, options, template));
       handedOver = held !== undefined;
       return held ? (held as T) : value;
     } finally {
@@ -183,41 +201,67 @@ export class LockService implements OnApplicationShutdown {
    * Acquires what the context does not hold yet through this service's backend, and re-enters
    * what it does.
    */
-  private async hold(keys: string[], options: AcquireOptions | undefined): Promise<LockHandle | NotAcquired> {
+  private async hold(keys: string[], options: AcquireOptions | undefined, template?: string): Promise<LockHandle | NotAcquired> {
     const started = performance.now();
-    for (;;) {
-      const held = heldLocks(this.backend);
-      const covering = new Set<Lease>();
-      let missing = keys;
-      if (held) {
-        missing = [];
-        for (const key of keys) {
-          const lease = held.get(key)?.leases.find((l) => l.keys.includes(key));
-          if (lease?.state === 'held') covering.add(lease);
-          else missing.push(key);
+    const events = this.events;
+    // A wait asked, not what is left of it on a second round: a call that asked to wait and ran out timed out.
+    const asked = options?.wait ?? this.options.wait;
+    let contended = false;
+    try {
+      for (;;) {
+        const held = heldLocks(this.backend);
+        const covering = new Set<Lease>();
+        let missing = keys;
+        if (held) {
+          missing = [];
+          for (const key of keys) {
+            const lease = held.get(key)?.leases.find((l) => l.keys.includes(key));
+            if (lease?.state === 'held') covering.add(lease);
+            else missing.push(key);
+          }
+          if (covering.size > 0 && missing.length > 0) this.checkOrder(missing, covering);
         }
-        if (covering.size > 0 && missing.length > 0) this.checkOrder(missing, covering);
+        let fresh: Lease | undefined;
+        if (missing.length > 0) {
+          const acquisition = new LockAcquisition(this, missing, options);
+          const result = await acquisition.run();
+          contended ||= acquisition.contended;
+          if (!(result instanceof Lease)) {
+            if (events.has('busy')) events.emit('busy', this.busyEvent(keys, template, result, started, asked));
+            return result;
+          }
+          fresh = result;
+        }
+        const ended = [...covering].find((lease) => lease.state !== 'held');
+        if (!ended) {
+          for (const lease of covering) lease.holders++;
+          const leases = fresh ? [...covering, fresh] : [...covering];
+          const handle = new LockHandle(keys, leases, covering.size > 0, events, template);
+          if (events.has('acquired')) {
+            const { fencingToken, reentrant } = handle;
+            events.emit('acquired', { keys, template, fencingToken, waitedMs: performance.now() - started, contended, reentrant });
+          }
+          return handle;
+        }
+        // The outer holder let go while we waited for the rest. Lost: never re-enter a lost lock.
+        // Released: a released lock is never re-entered either, so everything is acquired anew, as
+        // one request, within what is left of the wait.
+        await fresh?.release().catch(() => undefined);
+        if (ended.state === 'lost') throw ended.signal.reason;
+        const wait = options?.wait ?? this.options.wait;
+        options = { ...options, wait: Math.max(0, wait - (performance.now() - started)) };
+        contended = true;
       }
-      let fresh: Lease | undefined;
-      if (missing.length > 0) {
-        const result = await new LockAcquisition(this, missing, options).run();
-        if (!(result instanceof Lease)) return result;
-        fresh = result;
-      }
-      const ended = [...covering].find((lease) => lease.state !== 'held');
-      if (!ended) {
-        for (const lease of covering) lease.holders++;
-        const leases = fresh ? [...covering, fresh] : [...covering];
-        return new LockHandle(keys, leases, covering.size > 0);
-      }
-      // The outer holder let go while we waited for the rest. Lost: never re-enter a lost lock.
-      // Released: a released lock is never re-entered either, so everything is acquired anew, as
-      // one request, within what is left of the wait.
-      await fresh?.release().catch(() => undefined);
-      if (ended.state === 'lost') throw ended.signal.reason;
-      const wait = options?.wait ?? this.options.wait;
-      options = { ...options, wait: Math.max(0, wait - (performance.now() - started)) };
+    } catch (error) {
+      if (events.has('failed')) events.emit('failed', { keys, template, waitedMs: performance.now() - started, error });
+      throw error;
     }
+  }
+
+  private busyEvent(keys: string[], template: string | undefined, result: NotAcquired, started: number, asked: number): LockBusyEvent {
+    const { queueFull, retryAfterMs } = result;
+    const timedOut = queueFull === undefined && asked > 0;
+    return { keys, template, waitedMs: performance.now() - started, timedOut, queueFull, retryAfterMs };
   }
 
   /**

@@ -1,6 +1,6 @@
 import type { Observable } from 'rxjs';
-import { checkUsingOptions, type UsingOptions } from './distributed-lock.options.js';
-import { compileKeySource, type KeyResolver, type LockKeySource } from './lock-key.js';
+import { checkLockedOptions, type LockedOptions } from './distributed-lock.options.js';
+import { compileKeySource, keySourceTemplate, type KeyResolver, type LockKeySource } from './lock-key.js';
 import { isObservableType, lockOnSubscribe } from './lock-observable.js';
 import { LockModuleNotImportedError } from './lock.errors.js';
 import type { LockService } from './lock.service.js';
@@ -19,21 +19,25 @@ export const LOCK_SERVICE = Symbol.for('nest-distributed-lock:service');
  */
 export class LockedMethod {
   private compiled: KeyResolver | Error | undefined;
+  /** The key as declared (`order:<id>`), which events and metrics name the lock by. */
+  readonly template: string;
 
   constructor(
     readonly className: string,
     readonly methodName: string,
     private readonly ctor: abstract new (...args: never[]) => unknown,
     private readonly source: LockKeySource,
-    readonly options: UsingOptions | undefined,
+    readonly options: LockedOptions | undefined,
     readonly isStatic = false,
-  ) {}
+  ) {
+    this.template = keySourceTemplate(source, { className, methodName });
+  }
 
   /** Throws the typed error that makes start-up fail when the template or options are wrong. */
   check(): KeyResolver {
     if (this.compiled === undefined) {
       try {
-        checkUsingOptions(this.options, `@Locked on ${this.className}.${this.methodName}`);
+        checkLockedOptions(this.options, `@Locked on ${this.className}.${this.methodName}`);
         const origin = { className: this.className, methodName: this.methodName };
         this.compiled = compileKeySource(this.source, origin, declaredParameters(this.ctor, this.methodName, this.isStatic));
       } catch (error) {
@@ -81,7 +85,7 @@ export function registerFallbackService(service: LockService): () => void {
  * `@Locked(['account:<from>', 'account:<to>'])`. The method must return a Promise or an
  * Observable; an Observable holds the lock while it is subscribed (lock-observable.ts).
  */
-export function Locked(key: LockKeySource, options?: UsingOptions): LockedDecorator {
+export function Locked(key: LockKeySource, options?: LockedOptions): LockedDecorator {
   return (target, propertyKey, descriptor) => {
     const original = descriptor.value as unknown as Method;
     const methodName = String(propertyKey);
@@ -105,7 +109,7 @@ export function Locked(key: LockKeySource, options?: UsingOptions): LockedDecora
       }
       try {
         const keys = service.fullKeys(spec.check()(args, service.options.encodeKeyValues));
-        return service.run(keys, () => original.apply(this, args), spec.options);
+        return service.run(keys, () => original.apply(this, args), spec.options, spec.template);
       } catch (error) {
         return Promise.reject(error);
       }

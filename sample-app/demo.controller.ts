@@ -1,22 +1,25 @@
-import { Body, ConflictException, Controller, Get, Header, Post, Res } from '@nestjs/common';
+import { Body, ConflictException, Controller, Post, Res } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
 import type { ServerResponse } from 'node:http';
 import { runDemo } from './demo.runner.js';
 import { IntRangePipe } from './int-range.pipe.js';
-import { SHOP_PAGE } from './shop.page.js';
 
-/** The page at / and the demo it runs: this instance sends the buyers to itself, over HTTP. */
+/**
+ * Most buyers one POST /demo may ask for. Each buyer is two requests per endpoint (a GET that
+ * opens its connection, then the purchase), so one call makes this process send itself at most
+ * 3 × (2 × 500 + 2) = 3 006 requests, and only one demo runs at a time. 500 is the demo's own
+ * default: enough buyers at once for the unsafe endpoint to oversell.
+ */
+export const DEMO_MAX_BUYERS = 500;
+/** Stock per demo product: one row each, whatever the number; above the buyers nothing sells out. */
+export const DEMO_MAX_STOCK = 10_000;
+
+/** The demo the page runs: this instance sends the buyers to itself, over HTTP. Served only when switched on. */
 @Controller()
 export class DemoController {
   private running = false;
 
   constructor(private readonly adapterHost: HttpAdapterHost) {}
-
-  @Get()
-  @Header('Content-Type', 'text/html; charset=utf-8')
-  page(): string {
-    return SHOP_PAGE;
-  }
 
   /**
    * Streams the run as newline-delimited JSON, one DemoEvent per line, so the page can show
@@ -24,8 +27,8 @@ export class DemoController {
    */
   @Post('demo')
   async run(
-    @Body('buyers', new IntRangePipe('buyers', 1, 2_000, 500)) buyers: number,
-    @Body('stock', new IntRangePipe('stock', 1, 10_000, 100)) stock: number,
+    @Body('buyers', new IntRangePipe('buyers', 1, DEMO_MAX_BUYERS, 500)) buyers: number,
+    @Body('stock', new IntRangePipe('stock', 1, DEMO_MAX_STOCK, 100)) stock: number,
     @Res() reply: ServerResponse | { raw: ServerResponse },
   ): Promise<void> {
     if (this.running)

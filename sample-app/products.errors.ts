@@ -1,4 +1,4 @@
-import { ConflictException, NotFoundException } from '@nestjs/common';
+import { BadRequestException, ConflictException, NotFoundException } from '@nestjs/common';
 
 export class ProductNotFoundException extends NotFoundException {
   constructor(readonly productId: number) {
@@ -45,6 +45,29 @@ export class StaleFencingTokenException extends ConflictException {
       productId,
       fencingToken,
       lastToken,
+    });
+  }
+}
+
+/** 400: a restock that would take the stock past what its column can hold. Nothing was added. */
+export class StockLimitException extends BadRequestException {
+  constructor(
+    readonly productId: number,
+    readonly stock: number,
+    readonly requested: number,
+    readonly limit: number,
+  ) {
+    super({
+      statusCode: 400,
+      error: 'Bad Request',
+      code: 'STOCK_LIMIT',
+      message:
+        `Restocking product ${productId} by ${requested} would take its stock from ${stock} past ${limit}, the most it can hold; ` +
+        `at most ${limit - stock} more fit.`,
+      productId,
+      stock,
+      requested,
+      limit,
     });
   }
 }

@@ -11,6 +11,9 @@ export interface Product {
 
 export type Endpoint = 'unsafe' | 'locked' | 'atomic';
 
+/** The most a product's stock can hold: `stock` is a PostgreSQL `integer` (see database.migrations.ts). */
+export const MAX_STOCK = 2_147_483_647;
+
 interface ProductRow {
   id: number;
   name: string;
@@ -89,13 +92,18 @@ export class ProductsRepository {
     return rows[0] && { orderId: rows[0].id, stock: rows[0].stock };
   }
 
-  /** Adds stock under the product's lock, fenced like a locked sale. */
+  /**
+   * Adds stock under the product's lock, fenced like a locked sale. Refused (undefined) when the sum
+   * would not fit the `integer` column: `stock + $2` past it is an error in PostgreSQL, so the
+   * bound is tested as `stock <= max - $2`, which cannot overflow.
+   */
   async addStockFenced(id: number, quantity: number, token: number | undefined): Promise<Product | undefined> {
     const { rows } = await this.db.query<ProductRow>(
       token === undefined
-        ? 'UPDATE products SET stock = stock + $2 WHERE id = $1 RETURNING id, name, stock, last_token'
-        : 'UPDATE products SET stock = stock + $2, last_token = $3 WHERE id = $1 AND last_token < $3 RETURNING id, name, stock, last_token',
-      token === undefined ? [id, quantity] : [id, quantity, token],
+        ? 'UPDATE products SET stock = stock + $2 WHERE id = $1 AND stock <= $3::integer - $2::integer RETURNING id, name, stock, last_token'
+        : `UPDATE products SET stock = stock + $2, last_token = $4
+           WHERE id = $1 AND stock <= $3::integer - $2::integer AND last_token < $4 RETURNING id, name, stock, last_token`,
+      token === undefined ? [id, quantity, MAX_STOCK] : [id, quantity, MAX_STOCK, token],
     );
     return rows[0] && toProduct(rows[0]);
   }

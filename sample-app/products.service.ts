@@ -1,7 +1,7 @@
 import { Injectable } from '@nestjs/common';
 import { Locked, LockService } from 'nest-distributed-lock';
-import { OutOfStockException, ProductNotFoundException, StaleFencingTokenException } from './products.errors.js';
-import { ProductsRepository, type Endpoint, type Product } from './products.repository.js';
+import { OutOfStockException, ProductNotFoundException, StaleFencingTokenException, StockLimitException } from './products.errors.js';
+import { MAX_STOCK, ProductsRepository, type Endpoint, type Product } from './products.repository.js';
 
 export interface Purchase {
   orderId: number;
@@ -58,8 +58,13 @@ export class ProductsService {
    * written since: a holder paused past its lease cannot overwrite the next holder's sale.
    * (A check of `lock.signal` before writing would only narrow that window; the fence closes it.)
    */
-  @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
   async purchase(id: number, quantity: number): Promise<Purchase> {
+    await this.mustExist(id);
+    return this.sellUnderLock(id, quantity);
+  }
+
+  @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
+  private async sellUnderLock(id: number, quantity: number): Promise<Purchase> {
     const token = this.locks.current(`product:${id}`)?.fencingToken;
     const stock = await this.readStock(id, quantity);
     if (token === undefined) {
@@ -86,13 +91,30 @@ export class ProductsService {
    * Under the same lock as locked sales: a locked sale writes back a count it read, so any other
    * writer of `stock` that skipped the lock would be overwritten by it.
    */
-  @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
   async restock(id: number, quantity: number): Promise<Product> {
+    await this.mustExist(id);
+    return this.addStockUnderLock(id, quantity);
+  }
+
+  @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
+  private async addStockUnderLock(id: number, quantity: number): Promise<Product> {
     const token = this.locks.current(`product:${id}`)?.fencingToken;
     const product = await this.products.addStockFenced(id, quantity, token);
     if (product) return product;
+    // Refused: either the stock would leave its column's range, or a newer holder wrote since.
     const current = await this.get(id);
+    if (current.stock > MAX_STOCK - quantity) throw new StockLimitException(id, current.stock, quantity, MAX_STOCK);
     throw new StaleFencingTokenException(id, token!, current.lastToken);
+  }
+
+  /**
+   * Before the lock, not under it: a request for a product that does not exist must cost the lock
+   * backend nothing. Each lock taken is a round trip to Redis, and leaves a fencing counter there
+   * for a lease (30 s by default): requests for random ids would each add a key. Products are
+   * never deleted, so one that exists now still exists under the lock.
+   */
+  private async mustExist(id: number): Promise<void> {
+    await this.get(id);
   }
 
   private async readStock(id: number, quantity: number): Promise<number> {

@@ -10,6 +10,12 @@ export interface ShopConfig {
   lockTtlMs?: number;
   /** Whether the watchdog extends held leases (default true). Tests switch it off to let a lease lapse. */
   lockAutoExtend?: boolean;
+  /**
+   * Serve `POST /demo`, the page's "Run the demo" button (default off). It needs no credentials and
+   * makes this process send itself thousands of requests: a demo for your own machine, not a route
+   * to leave open.
+   */
+  demo?: boolean;
 }
 
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ShopConfig {
@@ -23,7 +29,16 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ShopConfig 
       : undefined,
     lockTtlMs: env.LOCK_TTL_MS ? positive('LOCK_TTL_MS', env.LOCK_TTL_MS) : undefined,
     lockAutoExtend: env.LOCK_AUTO_EXTEND ? env.LOCK_AUTO_EXTEND !== 'false' : undefined,
+    demo: onOff('SHOP_DEMO', env.SHOP_DEMO),
   };
+}
+
+/** A switch that opens a route is read strictly: a typo must not leave it on, or silently off. */
+function onOff(name: string, value: string | undefined): boolean {
+  const normalized = (value ?? '').trim().toLowerCase();
+  if (['on', 'true', '1'].includes(normalized)) return true;
+  if (['', 'off', 'false', '0'].includes(normalized)) return false;
+  throw new Error(`${name} must be 'on' or 'off' (unset: off), got '${value}'.`);
 }
 
 function positive(name: string, value: string): number {
@@ -40,7 +55,7 @@ export function describeConfig(config: ShopConfig): string {
     : config.redisUrl
       ? `Redis at ${redact(config.redisUrl)}`
       : 'in-process locks (one process only)';
-  return `${database}; ${locks}`;
+  return `${database}; ${locks}${config.demo ? '; POST /demo on (SHOP_DEMO)' : ''}`;
 }
 
 function redact(url: string): string {

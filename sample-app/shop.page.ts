@@ -1,8 +1,5 @@
-/**
- * The shop's one page: products and their stock, and a button that runs the demo on this
- * instance, filling in each endpoint's numbers as the events stream in. Plain HTML and JS,
- * served as a string so there is nothing to build or copy next to the compiled app.
- */
+import { DEMO_MAX_BUYERS, DEMO_MAX_STOCK } from './demo.controller.js';
+
 /** The three ways to buy, one result card each. */
 const ENDPOINTS = [
   {
@@ -29,7 +26,18 @@ function card({ endpoint, title, what }: (typeof ENDPOINTS)[number]): string {
     </section>`;
 }
 
-export const SHOP_PAGE = /* html */ `<!doctype html>
+/** What the controls say when POST /demo is not served: the button would only get a 404. */
+const DEMO_OFF =
+  'The demo is off on this shop. Start it with <code>SHOP_DEMO=on npm run shop</code> to run it here, ' +
+  'or run <code>npm run demo</code> in a terminal.';
+
+/**
+ * The shop's one page: products and their stock, and a button that runs the demo on this
+ * instance, filling in each endpoint's numbers as the events stream in; with `demo` off, the
+ * button is disabled and says how to switch it on. Plain HTML and JS, served as a string so there
+ * is nothing to build or copy next to the compiled app.
+ */
+export const shopPage = ({ demo }: { demo: boolean }): string => /* html */ `<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -81,10 +89,10 @@ export const SHOP_PAGE = /* html */ `<!doctype html>
     Built on <code>nest-distributed-lock</code>; every buyer is a real HTTP request to this server.</p>
 
   <div class="controls">
-    <button id="run" type="button">Run the demo</button>
-    <label>buyers <input id="buyers" type="number" min="1" max="2000" value="500"></label>
-    <label>stock <input id="stock" type="number" min="1" max="10000" value="100"></label>
-    <span id="status" data-state="idle">Each endpoint gets a fresh product.</span>
+    <button id="run" type="button"${demo ? '' : ' disabled'}>Run the demo</button>
+    <label>buyers <input id="buyers" type="number" min="1" max="${DEMO_MAX_BUYERS}" value="500"${demo ? '' : ' disabled'}></label>
+    <label>stock <input id="stock" type="number" min="1" max="${DEMO_MAX_STOCK}" value="100"${demo ? '' : ' disabled'}></label>
+    ${demo ? '<span id="status" data-state="idle">Each endpoint gets a fresh product.</span>' : `<span id="status" data-state="off">${DEMO_OFF}</span>`}
   </div>
 
   <div class="cards">

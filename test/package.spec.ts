@@ -24,7 +24,7 @@ describe('the published package', () => {
     };
     writeFileSync(join(installed, 'package.json'), JSON.stringify(manifest));
     // The app's required peers and the package's own dependencies, from this repo's node_modules;
-    // not the optional peers (ioredis, redlock, pg): the package must load without them.
+    // not the optional peers (ioredis, redlock, pg, @opentelemetry/api): the package must load without them.
     // (Node resolves a symlinked package's own dependencies from its real path.)
     for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', ...Object.keys(manifest.dependencies)]) {
       symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
@@ -66,7 +66,7 @@ describe('the published package', () => {
       module: 'nodenext',
       types: ['node'],
       typeRoots: [join(root, 'node_modules/@types')],
-      paths: { ioredis: peer('ioredis'), redlock: peer('redlock'), pg: [pgTypes] },
+      paths: { ioredis: peer('ioredis'), redlock: peer('redlock'), '@opentelemetry/api': peer('@opentelemetry/api'), pg: [pgTypes] },
     };
     writeFileSync(
       join(app, 'tsconfig.types.json'),
@@ -121,6 +121,7 @@ describe('the published package', () => {
         redis: () => new lib.RedisLockBackend('redis://127.0.0.1:6379'),
         redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
         postgres: () => new lib.PostgresLockBackend('postgres://127.0.0.1:5432/app'),
+        telemetry: () => new lib.LockService(undefined, { telemetry: true }),
       };
       const seen = {};
       for (const [name, create] of Object.entries(backends)) {
@@ -139,6 +140,11 @@ describe('the published package', () => {
         message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
       });
       expect(seen.postgres).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install pg') });
+      expect(seen.telemetry).toEqual({
+        type: 'InvalidLockOptionsError',
+        ours: true,
+        message: expect.stringContaining("option 'telemetry' needs the '@opentelemetry/api' package: npm install @opentelemetry/api"),
+      });
     }
   }, 30_000);
 

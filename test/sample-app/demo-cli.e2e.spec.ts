@@ -8,7 +8,7 @@ const run = promisify(execFile);
 /** `npm run demo` is `node dist-dev/sample-app/demo.js` after a build. */
 describe('npm run demo', () => {
   it('prints progress, a table per endpoint and, last, the result as one JSON object', async () => {
-    const { stdout, summary } = await runDemo([], {}, 60_000);
+    const { stdout, summary } = await runDemo([], {}, 150_000);
     expect(Object.keys(summary)).toEqual(['demo', 'stock', 'buyers', 'results']);
     expect(summary).toMatchObject({ demo: 'oversell', stock: 100, buyers: 500 });
     expect(Object.keys(summary.results)).toEqual(['unsafe', 'locked', 'atomic']);
@@ -26,7 +26,7 @@ describe('npm run demo', () => {
       const { sold, stockLeft, oversold } = summary.results[endpoint];
       expect(stdout).toMatch(new RegExp(`^${endpoint}\\s+${sold}\\s+${stockLeft}\\s+${oversold}\\s+\\d+$`, 'm'));
     }
-  }, 90_000);
+  }, 180_000);
 
   it('--instances N without DATABASE_URL and REDIS_URL says which is missing and exits non-zero', async () => {
     const env = { ...process.env, DATABASE_URL: '', REDIS_URL: '', REDLOCK_URLS: '' };

@@ -1,6 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Redis } from 'ioredis';
+import { RedisLockBackend } from 'nest-distributed-lock';
+import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import request from 'supertest';
+import { lockKeyLayout } from '../../lib/backends/redis/redis.keys.js';
 import { PostgresServer } from '../support/postgres-server.js';
 import { RedisServer } from '../support/redis-server.js';
 import { until } from '../support/wait.js';
@@ -82,8 +86,13 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
     let shops: ShopProcess[] = [];
     let db: pg.Client;
     let databaseUrl: string;
+    /** To hold a product's lock from the test, as a third process would, and to look at its line of waiters. */
+    let locks: RedisLockBackend;
+    let admin: Redis;
 
     beforeAll(async () => {
+      locks = new RedisLockBackend(redis.url);
+      admin = new Redis(redis.url);
       databaseUrl = await postgres.createDatabase();
       // A short lease, so the paused holder loses it quickly; the watchdog still extends it
       // for every holder that runs.
@@ -95,6 +104,8 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
 
     afterAll(async () => {
       await db?.end();
+      admin?.disconnect();
+      await locks?.close();
       await Promise.all(shops.map((shop) => shop.stop()));
     });
 
@@ -102,16 +113,23 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
       const [paused, other] = shops;
       const { body: product } = await request(paused.url).post('/products').send({ name: 'fenced', stock: 10 }).expect(201);
 
-      // Hold the first buyer between "took the lock" and "read the stock": its SELECT waits for
-      // this table lock. Then freeze its process there, as a long GC pause or a stopped VM would.
-      const blocker = new pg.Client({ connectionString: databaseUrl });
-      await blocker.connect();
-      await blocker.query('BEGIN');
-      await blocker.query('LOCK TABLE products IN ACCESS EXCLUSIVE MODE');
+      // Hold the first buyer between "took the lock" and "read the stock": its SELECT waits for a
+      // table lock. It checks that the product exists before it takes the lock, so the table is
+      // locked only once that check is behind it: while it waits in line for the product's lock,
+      // held from here. Then it gets the lock, and its stock read waits.
+      const key = `lock:product:${product.id}`;
+      const holder = randomBytes(16).toString('hex');
+      expect(await locks.tryAcquire([key], holder, 30_000, { willWait: false })).toMatchObject({ acquired: true });
       const stale = request(paused.url)
         .post(`/products/${product.id}/purchase`)
         .send({ quantity: 1 })
         .then((r) => r);
+      await until(async () => (await admin.zcard(lockKeyLayout(key).line)) === 1, 10_000, 'the first buyer to wait in line for the lock');
+      const blocker = new pg.Client({ connectionString: databaseUrl });
+      await blocker.connect();
+      await blocker.query('BEGIN');
+      await blocker.query('LOCK TABLE products IN ACCESS EXCLUSIVE MODE');
+      await locks.release([key], holder);
       await until(
         // From another connection: inside a transaction, pg_stat_activity is a frozen snapshot.
         async () =>
@@ -120,6 +138,7 @@ describe('the shop as several processes on PostgreSQL and Redis', () => {
         10_000,
         'the first buyer to wait for the stock read, holding the product lock',
       );
+      // Freeze its process there, as a long GC pause or a stopped VM would.
       paused.pause();
       await blocker.query('COMMIT');
       await blocker.end();

@@ -15,15 +15,16 @@ const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 const SCREENSHOTS = resolve(import.meta.dirname, '../../.tmp');
 
 /**
- * The shop in this process on its embedded defaults: PGlite in memory, in-process locks. One app
- * for the whole file: starting the embedded database is the slow part.
+ * The shop in this process on its embedded defaults: PGlite in memory, in-process locks, with the
+ * page's demo route switched on. One app for the whole file: starting the embedded database is the
+ * slow part.
  */
 describe('the shop, one process, embedded PostgreSQL', () => {
   let app: INestApplication;
   let http: ReturnType<typeof request>;
 
   beforeAll(async () => {
-    app = await createShopApp({}, false);
+    app = await createShopApp({ demo: true }, false);
     await app.listen(0, '127.0.0.1');
     http = request(app.getHttpServer());
   }, 60_000);

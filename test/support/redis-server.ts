@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { connect as tlsConnect } from 'node:tls';
 
 /** A free TCP port on 127.0.0.1, as the kernel hands it out. */
 export async function freePort(): Promise<number> {
@@ -11,6 +12,18 @@ export async function freePort(): Promise<number> {
   const { port } = server.address() as { port: number };
   await new Promise<void>((resolve) => server.close(() => resolve()));
   return port;
+}
+
+/** A server certificate, its key and the CA that signed it, as files (see tls-certificates.ts). */
+export interface RedisServerTls {
+  certFile: string;
+  keyFile: string;
+  caFile: string;
+  /**
+   * Set: clients must show a certificate the CA signed (Redis's own default), and this is the one
+   * the harness shows for its readiness PING. Unset: clients need none.
+   */
+  clientCertificate?: { cert: string; key: string };
 }
 
 /**
@@ -27,6 +40,8 @@ export class RedisServer {
     private readonly extraArgs: readonly string[],
     private readonly configFile: string | undefined,
     private readonly env: NodeJS.ProcessEnv | undefined,
+    /** Set: the port speaks TLS only, and there is no plain one. */
+    readonly tls: RedisServerTls | undefined,
   ) {}
 
   /**
@@ -34,12 +49,19 @@ export class RedisServer {
    * `config`: the text of a config file, written to the server's own directory and passed first;
    * for settings only a file can hold (a sentinel's `sentinel monitor`, which it also rewrites).
    * `env`: added to the server's environment (e.g. an LD_PRELOAD that shifts its clock).
+   * `tls`: the port speaks TLS with this certificate, and no port takes plain connections.
    */
   static async start(
-    options: { args?: readonly string[]; port?: number; config?: string; env?: NodeJS.ProcessEnv } = {},
+    options: { args?: readonly string[]; port?: number; config?: string; env?: NodeJS.ProcessEnv; tls?: RedisServerTls } = {},
   ): Promise<RedisServer> {
     const port = options.port ?? (await freePort());
-    const server = new RedisServer(port, options.args ?? [], options.config === undefined ? undefined : 'redis.conf', options.env);
+    const server = new RedisServer(
+      port,
+      options.args ?? [],
+      options.config === undefined ? undefined : 'redis.conf',
+      options.env,
+      options.tls,
+    );
     if (options.config !== undefined) writeFileSync(join(server.dir, 'redis.conf'), options.config);
     try {
       await server.launch();
@@ -51,7 +73,7 @@ export class RedisServer {
   }
 
   get url(): string {
-    return `redis://127.0.0.1:${this.port}`;
+    return `${this.tls ? 'rediss' : 'redis'}://127.0.0.1:${this.port}`;
   }
 
   get pid(): number | undefined {
@@ -97,12 +119,16 @@ export class RedisServer {
 
   private async launch(): Promise<void> {
     const config = this.configFile === undefined ? [] : [join(this.dir, this.configFile)];
+    const tls = this.tls;
+    const ports = tls
+      ? ['--port', '0', '--tls-port', String(this.port), '--tls-cert-file', tls.certFile, '--tls-key-file', tls.keyFile]
+      : ['--port', String(this.port)];
     const child = spawn(
       'redis-server',
       [
         ...config,
-        '--port',
-        String(this.port),
+        ...ports,
+        ...(tls ? ['--tls-ca-cert-file', tls.caFile, '--tls-auth-clients', tls.clientCertificate ? 'yes' : 'no'] : []),
         '--bind',
         '127.0.0.1',
         '--save',
@@ -123,7 +149,7 @@ export class RedisServer {
       child.once('exit', (code) => reject(new Error(`redis-server on port ${this.port} exited (${code}) before it was ready:\n${output}`))),
     );
     // The port may be taken between freePort() and the launch; that surfaces here as an exit.
-    await Promise.race([waitForPing(this.port, 10_000), exited]);
+    await Promise.race([waitForPing(this.port, 10_000, tls), exited]);
     // Only the launch needs the output; after it, pipes must not keep the test process alive.
     child.stdout!.removeAllListeners('data').destroy();
     child.stderr!.removeAllListeners('data').destroy();
@@ -132,25 +158,27 @@ export class RedisServer {
 }
 
 /** Polls with PING until the server answers PONG, or fails after `timeoutMs`. */
-async function waitForPing(port: number, timeoutMs: number): Promise<void> {
+async function waitForPing(port: number, timeoutMs: number, tls: RedisServerTls | undefined): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    if (await ping(port)) return;
+    if (await ping(port, tls)) return;
     if (Date.now() > deadline) throw new Error(`redis-server on port ${port} did not answer PING within ${timeoutMs} ms`);
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
 }
 
-function ping(port: number): Promise<boolean> {
+function ping(port: number, tls: RedisServerTls | undefined): Promise<boolean> {
   return new Promise((resolve) => {
-    const socket = new Socket();
+    // Only whether it is up: checking its certificate is the tests' business.
+    const socket = tls ? tlsConnect({ port, host: '127.0.0.1', rejectUnauthorized: false, ...tls.clientCertificate }) : new Socket();
     const done = (ok: boolean) => {
       socket.destroy();
       resolve(ok);
     };
     socket.setTimeout(1_000, () => done(false));
     socket.once('error', () => done(false));
-    socket.connect(port, '127.0.0.1', () => socket.write('PING\r\n'));
+    if (tls) socket.once('secureConnect', () => socket.write('PING\r\n'));
+    else socket.connect(port, '127.0.0.1', () => socket.write('PING\r\n'));
     socket.once('data', (data) => done(data.toString().startsWith('+PONG')));
   });
 }

@@ -1,4 +1,8 @@
+import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
+import { ACL_RULE_DOCS, isAclDenial } from './redis.acl.js';
+
+const logger = new Logger('DistributedLock');
 
 interface Channel {
   listeners: Set<(message: string) => void>;
@@ -18,6 +22,8 @@ export class RedisReleaseSubscriber {
   private readonly channels = new Map<string, Channel>();
   /** Created on the first watch. Every (un)subscribe chains on it, so they go out in call order. */
   private client: Promise<Redis | Cluster> | undefined;
+  /** A refusal by ACL is said once: unlike a lost connection, it does not go away by itself. */
+  private refusalLogged = false;
 
   constructor(
     private readonly connect: () => Promise<Redis | Cluster>,
@@ -62,9 +68,10 @@ export class RedisReleaseSubscriber {
       channel = { listeners: new Set(), active };
       this.channels.set(name, channel);
       const added = channel;
-      active.catch(() => {
+      active.catch((error: unknown) => {
         // A failed subscription must not stay cached as if active: the next watcher tries anew.
         if (this.channels.get(name) === added) this.channels.delete(name);
+        if (isAclDenial(error)) this.logRefusal(name, error as Error);
       });
     }
     channel.listeners.add(listener);
@@ -76,6 +83,17 @@ export class RedisReleaseSubscriber {
     if (!channel?.listeners.delete(listener) || channel.listeners.size > 0) return;
     this.channels.delete(name);
     this.client?.then((client) => (this.sharded ? client.sunsubscribe(name) : client.unsubscribe(name))).catch(() => undefined);
+  }
+
+  /** Locks still work, but waiters would wait for a poll: the operator should hear of it. */
+  private logRefusal(channel: string, error: Error): void {
+    if (this.refusalLogged) return;
+    this.refusalLogged = true;
+    const command = this.sharded ? 'SSUBSCRIBE' : 'SUBSCRIBE';
+    logger.warn(
+      `Redis refused ${command} ${channel}: ${error.message.replace(/\.+$/, '')}. Waiters of this process are not woken when a lock is ` +
+        `released, and find out by polling (pollInterval) instead. Allow the Redis user ${command} on this channel: ${ACL_RULE_DOCS}.`,
+    );
   }
 
   private subscriber(): Promise<Redis | Cluster> {

@@ -1,6 +1,7 @@
 import type { Cluster, Redis } from 'ioredis';
 import { LockBackendError } from '../../lock.errors.js';
 import { CommandDeadlines } from './command-deadlines.js';
+import { ACL_RULE_DOCS, isAclDenial } from './redis.acl.js';
 import type { RedisConnection } from './redis.connection.js';
 import type { RedisScript } from './redis.scripts.js';
 
@@ -74,14 +75,27 @@ export class RedisScriptRunner {
     });
   }
 
-  private failure({ op, keys }: ScriptCall, client: Redis | Cluster, error: unknown): LockBackendError {
+  private failure({ op, keys, redisKeys }: ScriptCall, client: Redis | Cluster, error: unknown): LockBackendError {
     const message = sentence(error instanceof Error ? error.message : String(error));
     return new LockBackendError(
       this.backendName,
-      `${op} of ${keys.join(', ')} failed: ${message}${this.connection.describeState(client)}`,
+      `${op} of ${keys.join(', ')} failed: ${message}${isAclDenial(error) ? aclAdvice(op, redisKeys, client) : ''}${this.connection.describeState(client)}`,
       error,
     );
   }
+}
+
+/**
+ * What the user's ACL must allow for this call. Redis says which command it refused, but not which
+ * key: the keys are named as Redis sees them (the client's keyPrefix included), companions too.
+ */
+function aclAdvice(op: string, redisKeys: readonly string[], client: Redis | Cluster): string {
+  const prefix = client.options.keyPrefix ?? '';
+  const publish = op === 'release' ? ', and PUBLISH (SPUBLISH on Cluster) to the wake-up channel of the waiter it names' : '';
+  return (
+    ` The Redis user's ACL refused it: this call needs EVALSHA, EVAL and the commands of the lock scripts ` +
+    `on the keys ${redisKeys.map((key) => prefix + key).join(', ')}${publish}. ${ACL_RULE_DOCS}.`
+  );
 }
 
 /** Messages from ioredis and our own may end in '.' or '?' already; no 'cache..' or 'overloaded?.'. */

@@ -1,4 +1,8 @@
+import { Logger } from '@nestjs/common';
+import { ACL_RULE_DOCS, isAclDenial } from '../redis/redis.acl.js';
 import type { RedlockMaster, RedlockSubscriberClient } from './redlock-master.js';
+
+const logger = new Logger('DistributedLock');
 
 /**
  * Release notifications from every master, for every waiter of one backend: one subscriber
@@ -16,6 +20,8 @@ export class RedlockReleaseSubscriber {
   /** Per master: channels whose SUBSCRIBE failed, asked again when its connection is back. */
   private readonly renewals: Set<Channel>[];
   private closed = false;
+  /** A refusal by ACL is said once: unlike a master that is down, it does not go away by itself. */
+  private refusalLogged = false;
 
   constructor(
     private readonly masters: readonly RedlockMaster[],
@@ -66,7 +72,8 @@ export class RedlockReleaseSubscriber {
     const connection = this.connection(i);
     channel.subscribed[i] = connection.subscribe(channel.name).then(
       () => true,
-      () => {
+      (error: unknown) => {
+        if (isAclDenial(error)) this.logRefusal(channel.name, i, error as Error);
         if (!this.live(channel)) return false;
         const renew = this.renewals[i];
         // One listener per connection, whatever the number of channels to renew.
@@ -80,6 +87,17 @@ export class RedlockReleaseSubscriber {
         renew.add(channel);
         return false;
       },
+    );
+  }
+
+  /** Locks still work, but waiters would wait for a poll: the operator should hear of it. */
+  private logRefusal(channel: string, i: number, error: Error): void {
+    if (this.refusalLogged) return;
+    this.refusalLogged = true;
+    logger.warn(
+      `RedlockLockBackend: master ${this.masters[i].name} refused SUBSCRIBE ${channel}: ${error.message.replace(/\.+$/, '')}. ` +
+        `Waiters of this process are not woken when a lock is released, and find out by polling (pollInterval) instead. ` +
+        `Allow the Redis user SUBSCRIBE and UNSUBSCRIBE on the release channels: ${ACL_RULE_DOCS}.`,
     );
   }
 

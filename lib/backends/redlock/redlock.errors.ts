@@ -1,4 +1,5 @@
 import { LockBackendError, withoutCommand } from '../../lock.errors.js';
+import { ACL_RULE_DOCS, isAclDenial } from '../redis/redis.acl.js';
 
 /** One master that did not answer an operation, and why. */
 export interface MasterFailure {
@@ -24,7 +25,7 @@ export class RedlockQuorumError extends LockBackendError {
       'redlock',
       `no quorum for ${operation} of ${keys.join(', ')}: ${masters - failures.length} of ${masters} masters answered, ` +
         `${quorum} needed (${failures.map((f) => f.error.message).join('; ')}). ` +
-        `Check that at least ${quorum} of the masters are running and reachable from this process.`,
+        advice(failures, quorum),
       failures[0]?.error,
     );
     // Without the commands the clients attached (their arguments carry owner tokens).
@@ -33,4 +34,13 @@ export class RedlockQuorumError extends LockBackendError {
 
   /** The masters that did not answer, and why. */
   readonly failures: readonly MasterFailure[];
+}
+
+function advice(failures: readonly MasterFailure[], quorum: number): string {
+  const refused = failures.filter((failure) => isAclDenial(failure.error)).length;
+  if (refused === 0) return `Check that at least ${quorum} of the masters are running and reachable from this process.`;
+  return (
+    `${refused} of them refused it by the Redis user's ACL: the user needs EVALSHA, EVAL and the commands of the lock scripts ` +
+    `on the lock keys, and PUBLISH to the release channels, on every master. ${ACL_RULE_DOCS}.`
+  );
 }

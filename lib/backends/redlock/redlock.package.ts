@@ -1,5 +1,6 @@
 import { InvalidLockOptionsError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
+import { redactUrl } from '../redis/redis.options.js';
 import type { RedlockMaster, RedlockMasterClient } from './redlock-master.js';
 
 export interface LoadedScript {
@@ -80,7 +81,7 @@ export function openClient(url: string): OwnedClient {
   } catch (error) {
     throw new InvalidLockOptionsError(
       'clients',
-      `RedlockLockBackend needs the 'ioredis' package to connect to ${url}: npm install ioredis (${error instanceof Error ? error.message : String(error)})`,
+      `RedlockLockBackend needs the 'ioredis' package to connect to ${redactUrl(url)}: npm install ioredis (${error instanceof Error ? error.message : String(error)})`,
     );
   }
   const client = new ioredis.Redis(url, { lazyConnect: true });

@@ -105,6 +105,17 @@ describe('redlock backend', () => {
     expect(await backend.release(['partly', 'gone'], 'me')).toBe(false);
   });
 
+  it('takes a release message, which any client of a master can publish, for a wake-up only', async () => {
+    expect((await backend.tryAcquire(['woken'], 'holder', 30_000)).acquired).toBe(true);
+    let woken = 0;
+    const stop = await backend.watch(['woken'], () => woken++);
+    await Promise.all(direct.map((client) => client.publish('lock-released:woken', 'forged')));
+    await until(() => woken === 1, 5_000, 'the forged message to wake the waiter');
+    stop();
+    // The woken waiter asks the masters again: they still say another owner holds the key.
+    expect(await backend.tryAcquire(['woken'], 'waiter', 30_000)).toEqual({ acquired: false });
+  });
+
   it('runs @Locked in a Nest app built from URLs, and closes the connections it opened on shutdown', async () => {
     @Injectable()
     class Jobs {

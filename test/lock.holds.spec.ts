@@ -1,0 +1,113 @@
+import { afterEach, describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import { InvalidLockOptionsError, LockLostError, LockService, MemoryLockBackend } from '../lib/index.js';
+import { until } from './support/wait.js';
+
+afterEach(() => {
+  jest.restoreAllMocks();
+});
+
+/** Two instances of an app on one store. */
+function instances(options = {}): [LockService, LockService] {
+  const backend = new MemoryLockBackend();
+  return [new LockService(backend, { wait: 60_000, ...options }), new LockService(backend, { wait: 60_000, ...options })];
+}
+
+describe("onBusy: 'skip'", () => {
+  it('does not wait: a job another instance runs is skipped at once, however long the module lets others wait', async () => {
+    const [a, b] = instances();
+    const holder = await a.acquire('job:report');
+    let ran = false;
+    expect(await b.using('job:report', () => (ran = true), { onBusy: 'skip' })).toBeUndefined();
+    expect(ran).toBe(false);
+    // The skip came back while the other run still held the lock.
+    expect(holder.isHeld).toBe(true);
+    await holder.release();
+  });
+
+  it('waits when a wait is asked for explicitly', async () => {
+    const [a, b] = instances();
+    const holder = await a.acquire('job:report');
+    const skipped = b.using('job:report', () => 'ran', { onBusy: 'skip', wait: 30_000 });
+    await until(() => b.queue.waiting === 1, 5_000, 'the call to wait');
+    await holder.release();
+    expect(await skipped).toBe('ran');
+  });
+});
+
+describe('minHold', () => {
+  it('keeps the lock after a fast job until minHold, then lets it run out, without logging a lost lock', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn');
+    const [a, b] = instances();
+    expect(await a.using('job:tick', () => 'ran', { onBusy: 'skip', minHold: 400 })).toBe('ran');
+    // Another instance whose timer fires a little later finds the job's lock still there.
+    expect(await b.using('job:tick', () => 'again', { onBusy: 'skip', minHold: 400 })).toBeUndefined();
+    const lease = await b.inspect('job:tick');
+    expect(lease?.ttlMs).toBeLessThanOrEqual(400);
+    expect(lease?.heldHere).toBe(false);
+    await until(async () => !(await b.isLocked('job:tick')), 5_000, 'the kept lock to run out');
+    expect(await b.using('job:tick', () => 'next tick', { onBusy: 'skip', minHold: 400 })).toBe('next tick');
+    expect(warn).not.toHaveBeenCalled();
+  });
+
+  it('is released as usual when the job ran longer than minHold', async () => {
+    const [a] = instances();
+    const handle = await a.acquire('job:long', { minHold: 50 });
+    // The job outlasts its minHold.
+    await new Promise((resolve) => setTimeout(resolve, 80));
+    await handle.release();
+    expect(await a.isLocked('job:long')).toBe(false);
+  });
+
+  it('is kept at application shutdown too: the lock stays for the rest of minHold', async () => {
+    const [a, b] = instances();
+    // The store outlives this instance, as a Redis does (closing an in-memory backend empties it).
+    a.backend.close = async () => undefined;
+    const running = a.using('job:nightly', (lock) => new Promise((resolve) => lock.signal.addEventListener('abort', resolve)), {
+      minHold: 60_000,
+    });
+    await until(() => b.isLocked('job:nightly'), 5_000, 'the job to start');
+    await a.onApplicationShutdown();
+    await running;
+    expect(await b.isLocked('job:nightly')).toBe(true);
+    expect((await b.inspect('job:nightly'))!.ttlMs).toBeGreaterThan(30_000);
+  });
+});
+
+describe('maxHold', () => {
+  it('stops extending the lease at maxHold: a hung holder loses the lock (max-hold) and another instance takes it', async () => {
+    const [a, b] = instances();
+    const handle = await a.acquire('job:hung', { ttl: 300, maxHold: 700 });
+    const lost = await new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
+    expect(lost).toBeInstanceOf(LockLostError);
+    expect(lost).toMatchObject({ reason: 'max-hold' });
+    expect(String(lost)).toContain('maxHold');
+    const next = await b.tryAcquire('job:hung');
+    expect(next?.isHeld).toBe(true);
+    await next?.release();
+  });
+
+  it('below the ttl, is the whole lease: never extended', async () => {
+    const [a, b] = instances();
+    const handle = await a.acquire('job:short', { ttl: 60_000, maxHold: 200 });
+    expect((await b.inspect('job:short'))!.ttlMs).toBeLessThanOrEqual(200);
+    await until(async () => !(await b.isLocked('job:short')), 5_000, 'the lease to run out at maxHold');
+    expect(handle.isHeld).toBe(false);
+  });
+
+  it('leaves a job that finishes in time alone: released as usual, nothing logged', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn');
+    const [a] = instances();
+    expect(await a.using('job:quick', () => 'done', { ttl: 300, maxHold: 10_000 })).toBe('done');
+    expect(await a.isLocked('job:quick')).toBe(false);
+    expect(warn).not.toHaveBeenCalled();
+  });
+});
+
+describe('hold options are checked', () => {
+  it('refuses minHold above maxHold, and holds as module options', async () => {
+    const [a] = instances();
+    await expect(a.using('x', () => 1, { minHold: 500, maxHold: 100 })).rejects.toThrow(/'minHold' \(500 ms\) must not be above 'maxHold'/);
+    expect(() => new LockService(new MemoryLockBackend(), { minHold: 10 } as never)).toThrow(InvalidLockOptionsError);
+  });
+});
