@@ -1,5 +1,6 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
+import { inspect } from 'node:util';
 import pg from 'pg';
 import { PostgresLockBackend } from '../../lib/backends/postgres/postgres.backend.js';
 import { postgresLockTablesSql } from '../../lib/backends/postgres/postgres.schema.js';
@@ -81,6 +82,18 @@ describe('PostgresLockBackend options', () => {
     expect(await connections('bad-options')).toBe(0);
     await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(timers), 5_000);
     expect(await tables('public')).not.toContain('distributed_locks');
+  });
+
+  it('shows neither the password of its connection strings nor owner tokens when logged', async () => {
+    const backend = new PostgresLockBackend(fixture.url.replace('postgres@', 'postgres:s3cret-main@'), {
+      listenConnection: fixture.url.replace('postgres@', 'postgres:s3cret-listen@'),
+    });
+    fixture.cleanup(() => backend.close());
+    await backend.tryAcquire(['k'], 'owner-token-1', 60_000);
+    await backend.tryAcquire(['k'], 'owner-token-2', 60_000);
+    const shown = `${inspect(backend, { depth: 10, showHidden: true })}\n${JSON.stringify(backend)}\n${String(backend)}`;
+    expect(shown).toContain('public.distributed_locks');
+    expect(shown).not.toMatch(/s3cret|owner-token/);
   });
 
   it('leaves a pg.Pool it was given open, and closes the pool and connections it created', async () => {

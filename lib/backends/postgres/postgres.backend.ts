@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { inspect } from 'node:util';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { PostgresConnection } from './postgres.connection.js';
 import { PostgresWaiterLine } from './postgres.line.js';
@@ -128,6 +129,18 @@ export class PostgresLockBackend implements LockBackend {
     await this.line.close();
     await this.sweeping;
     await this.connection.closePool();
+  }
+
+  /**
+   * What logs show of the backend: its table, not its connection settings (a connection string
+   * holds the password) nor its waiters' owner tokens.
+   */
+  toJSON(): { name: string; table: string; waiterTimeout: number } {
+    return { name: this.name, table: this.connection.names.qualified, waiterTimeout: this.waiterTimeout };
+  }
+
+  [inspect.custom](depth: number, options: object): string {
+    return `PostgresLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
   }
 
   /** @internal For tests: the channel releases NOTIFY to reach this backend's waiters. */
