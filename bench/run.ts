@@ -1,5 +1,6 @@
 import { Report } from './harness.js';
 import { memoryBench } from './memory.bench.js';
+import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
 import { redlockBench } from './redlock.bench.js';
 
@@ -11,6 +12,7 @@ const groups: Record<string, (report: Report) => Promise<void>> = {
   memory: memoryBench,
   redis: redisBench,
   redlock: redlockBench,
+  postgres: postgresBench,
 };
 
 const args = process.argv.slice(2);

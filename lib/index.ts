@@ -58,6 +58,9 @@ export {
 export { MemoryLockBackend } from './backends/memory.backend.js';
 export { RedisLockBackend } from './backends/redis/redis.backend.js';
 export type { RedisClusterConnectionOptions, RedisLockBackendOptions, RedisLockConnection } from './backends/redis/redis.options.js';
+export { PostgresLockBackend } from './backends/postgres/postgres.backend.js';
+export type { PostgresLockBackendOptions, PostgresLockConnection } from './backends/postgres/postgres.options.js';
+export { postgresLockTablesSql } from './backends/postgres/postgres.schema.js';
 export { RedlockLockBackend } from './backends/redlock/redlock.backend.js';
 export type { RedlockLockBackendOptions } from './backends/redlock/redlock.options.js';
 export type { RedlockMasterClient, RedlockSubscriberClient } from './backends/redlock/redlock-master.js';

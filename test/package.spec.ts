@@ -24,7 +24,7 @@ describe('the published package', () => {
     };
     writeFileSync(join(installed, 'package.json'), JSON.stringify(manifest));
     // The app's required peers and the package's own dependencies, from this repo's node_modules;
-    // not the optional peers (ioredis, redlock): the package must load without them.
+    // not the optional peers (ioredis, redlock, pg, @opentelemetry/api): the package must load without them.
     // (Node resolves a symlinked package's own dependencies from its real path.)
     for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', ...Object.keys(manifest.dependencies)]) {
       symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
@@ -58,13 +58,15 @@ describe('the published package', () => {
       const dir = join(root, 'node_modules', name);
       return [join(dir, (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { types: string }).types)];
     };
+    // pg ships no types of its own: they are @types/pg, which the app installs with it.
+    const pgTypes = join(root, 'node_modules/@types/pg/index.d.ts');
     const compilerOptions = {
       strict: true,
       noEmit: true,
       module: 'nodenext',
       types: ['node'],
       typeRoots: [join(root, 'node_modules/@types')],
-      paths: { ioredis: peer('ioredis'), redlock: peer('redlock'), '@opentelemetry/api': peer('@opentelemetry/api') },
+      paths: { ioredis: peer('ioredis'), redlock: peer('redlock'), '@opentelemetry/api': peer('@opentelemetry/api'), pg: [pgTypes] },
     };
     writeFileSync(
       join(app, 'tsconfig.types.json'),
@@ -113,13 +115,12 @@ describe('the published package', () => {
     expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({ skipped: 'LockNotAcquiredError', ran: 'mon' });
   }, 30_000);
 
-  it('says which package to install, at construction, when a backend needs an optional peer the app lacks', () => {
-    writeFileSync(
-      join(app, 'peers.mjs'),
-      `import * as lib from 'nest-distributed-lock';
+  it('says which package to install, at construction, when a backend needs an optional peer the app lacks (ESM and CommonJS)', () => {
+    const body = `
       const backends = {
         redis: () => new lib.RedisLockBackend('redis://127.0.0.1:6379'),
         redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
+        postgres: () => new lib.PostgresLockBackend('postgres://127.0.0.1:5432/app'),
         telemetry: () => new lib.LockService(undefined, { telemetry: true }),
       };
       const seen = {};
@@ -127,23 +128,24 @@ describe('the published package', () => {
         try { create(); seen[name] = 'created'; }
         catch (error) { seen[name] = { type: error.constructor.name, ours: error instanceof lib.DistributedLockError, message: error.message }; }
       }
-      console.log(JSON.stringify(seen));`,
-    );
-    const seen = JSON.parse(execFileSync(process.execPath, ['peers.mjs'], { cwd: app, encoding: 'utf8' }).trim()) as Record<
-      string,
-      unknown
-    >;
-    expect(seen.redis).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install ioredis') });
-    expect(seen.redlock).toEqual({
-      type: 'InvalidLockOptionsError',
-      ours: true,
-      message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
-    });
-    expect(seen.telemetry).toEqual({
-      type: 'InvalidLockOptionsError',
-      ours: true,
-      message: expect.stringContaining("option 'telemetry' needs the '@opentelemetry/api' package: npm install @opentelemetry/api"),
-    });
+      console.log(JSON.stringify(seen));`;
+    writeFileSync(join(app, 'peers.mjs'), `import * as lib from 'nest-distributed-lock';${body}`);
+    writeFileSync(join(app, 'peers.cjs'), `const lib = require('nest-distributed-lock');${body}`);
+    for (const file of ['peers.mjs', 'peers.cjs']) {
+      const seen = JSON.parse(execFileSync(process.execPath, [file], { cwd: app, encoding: 'utf8' }).trim()) as Record<string, unknown>;
+      expect(seen.redis).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install ioredis') });
+      expect(seen.redlock).toEqual({
+        type: 'InvalidLockOptionsError',
+        ours: true,
+        message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
+      });
+      expect(seen.postgres).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install pg') });
+      expect(seen.telemetry).toEqual({
+        type: 'InvalidLockOptionsError',
+        ours: true,
+        message: expect.stringContaining("option 'telemetry' needs the '@opentelemetry/api' package: npm install @opentelemetry/api"),
+      });
+    }
   }, 30_000);
 
   it('works from a CommonJS app through require()', () => {

@@ -5,10 +5,19 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { freePort } from './redis-server.js';
 
+export interface PostgresServerOptions {
+  /**
+   * Keep `synchronous_commit` on, so a commit the server acknowledged survives a crash of the
+   * server (not of the machine: fsync stays off). For tests that crash and restart it.
+   */
+  durable?: boolean;
+}
+
 /**
  * A PostgreSQL cluster of the test's own: a fresh `initdb` in a temp dir, a `postgres` on a free
  * port of 127.0.0.1, trust auth, nothing shared with the machine's own server on 5432.
- * Durability is switched off (fsync, synchronous_commit): the cluster is thrown away after.
+ * Durability is switched off (fsync, synchronous_commit unless `durable`): the cluster is thrown
+ * away after.
  */
 export class PostgresServer {
   private child: ChildProcess | undefined;
@@ -19,16 +28,17 @@ export class PostgresServer {
     private readonly dir: string,
     private readonly bin: string,
     private readonly user: { uid: number; gid: number } | undefined,
+    private readonly durable: boolean,
   ) {}
 
-  static async start(): Promise<PostgresServer> {
+  static async start(options: PostgresServerOptions = {}): Promise<PostgresServer> {
     const bin = postgresBinDir();
     // initdb and postgres refuse to run as root: run them as the `postgres` system user, in a
     // temp dir that user owns.
     const user = process.getuid?.() === 0 ? systemUser('postgres') : undefined;
     const dir = mkdtempSync(join(tmpdir(), 'ndl-postgres-'));
     if (user) chownSync(dir, user.uid, user.gid);
-    const server = new PostgresServer(await freePort(), dir, bin, user);
+    const server = new PostgresServer(await freePort(), dir, bin, user, options.durable ?? false);
     try {
       execFileSync(
         join(bin, 'initdb'),
@@ -74,15 +84,28 @@ export class PostgresServer {
   }
 
   async stop(): Promise<void> {
+    await this.crash();
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  /**
+   * Stops the server at once, as a crash would (SIGQUIT: immediate shutdown, no checkpoint; the
+   * next start recovers from the WAL). The data stays for `restart()`.
+   */
+  async crash(): Promise<void> {
     const child = this.child;
     this.child = undefined;
     if (child && child.exitCode === null && child.signalCode === null) {
       const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-      // SIGQUIT: immediate shutdown, no checkpoint; the data dir is deleted next anyway.
       child.kill('SIGQUIT');
       await exited;
     }
-    rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  /** Starts the server again on the same port with the same data (after `crash()`, or crashes it first). */
+  async restart(): Promise<void> {
+    await this.crash();
+    await this.launch();
   }
 
   private async launch(): Promise<void> {
@@ -100,7 +123,7 @@ export class PostgresServer {
         '-c',
         'fsync=off',
         '-c',
-        'synchronous_commit=off',
+        `synchronous_commit=${this.durable ? 'on' : 'off'}`,
         '-c',
         'full_page_writes=off',
         '-c',
@@ -134,7 +157,8 @@ function postgresBinDir(): string {
   return join(root, versions[0], 'bin');
 }
 
-function systemUser(name: string): { uid: number; gid: number } {
+/** The uid and gid of a system user (`postgres`), to run a server as when the tests run as root. */
+export function systemUser(name: string): { uid: number; gid: number } {
   const line = readFileSync('/etc/passwd', 'utf8')
     .split('\n')
     .find((l) => l.startsWith(`${name}:`));

@@ -1,0 +1,197 @@
+import 'reflect-metadata';
+import { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import pg from 'pg';
+import { LockService, PostgresLockBackend, RedisLockBackend } from '../lib/index.js';
+import { PostgresServer } from '../test/support/postgres-server.js';
+import { RedisServer } from '../test/support/redis-server.js';
+import { compareRates, percentile, round, timedSections, type Report, type Row } from './harness.js';
+
+/** One acquire+release pair, or a hot-key worker's lock: resolves to the release. */
+type LockOnce = (key: string) => Promise<() => Promise<unknown>>;
+
+/**
+ * PostgreSQL backend on a cluster of the bench's own (durable commits, as in production): next to
+ * the least a lease table can cost (one INSERT, one DELETE), session advisory locks, and the Redis
+ * backend on a redis-server of its own for the hot key.
+ */
+export async function postgresBench(report: Report): Promise<void> {
+  report.note('postgres: uncontended pairs, hot key, many keys (starts its own PostgreSQL and redis-server)');
+  const server = await PostgresServer.start({ durable: true });
+  const redis = await RedisServer.start();
+  const url = await server.createDatabase('bench');
+  const pools: pg.Pool[] = [];
+  const pool = (max = 10) => {
+    const created = new pg.Pool({ connectionString: url, max });
+    pools.push(created);
+    return created;
+  };
+  const closers: (() => Promise<unknown>)[] = [];
+  const service = (backend: PostgresLockBackend | RedisLockBackend) => {
+    const created = new LockService(backend);
+    closers.push(() => created.onApplicationShutdown());
+    return created;
+  };
+  try {
+    const admin = pool(2);
+    await admin.query('CREATE TABLE floor_locks (key text COLLATE "C" PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL)');
+    await uncontended(report, url, pool, service);
+    await hotKey(report, url, pool, service, redis);
+    await manyKeys(report, url, service);
+  } finally {
+    for (const close of closers) await close();
+    for (const p of pools) await p.end();
+    await redis.stop();
+    await server.stop();
+  }
+}
+
+async function uncontended(
+  report: Report,
+  url: string,
+  pool: (max?: number) => pg.Pool,
+  service: (backend: PostgresLockBackend) => LockService,
+): Promise<void> {
+  const floor = pool(1);
+  let token = 0;
+  const advisory = new pg.Client({ connectionString: url });
+  await advisory.connect();
+  const backend = new PostgresLockBackend(pool(1));
+  const ours = service(new PostgresLockBackend(pool(1)));
+  const impls: Record<string, LockOnce> = {
+    // The least a lease table costs: one INSERT to take the key, one DELETE to free it.
+    'raw floor (INSERT + DELETE)': async (key) => {
+      const owner = String(++token);
+      await floor.query(`INSERT INTO floor_locks VALUES ($1, $2, now() + interval '30 s')`, [key, owner]);
+      return () => floor.query('DELETE FROM floor_locks WHERE key = $1 AND owner = $2', [key, owner]);
+    },
+    'session advisory lock': async (key) => {
+      const { rows } = await advisory.query('SELECT pg_try_advisory_lock(hashtext($1)) AS got', [key]);
+      if (!rows[0].got) throw new Error('advisory: busy');
+      return () => advisory.query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
+    },
+    // The backend alone (its two functions, no handle, lease or watchdog): what the protocol costs.
+    'ours (backend only)': async (key) => {
+      const owner = `owner-${++token}`;
+      if (!(await backend.tryAcquire([key], owner, 30_000, { willWait: false })).acquired) throw new Error('ours: busy');
+      return () => backend.release([key], owner);
+    },
+    ours: async (key) => {
+      const handle = await ours.acquire(key, { wait: 60_000 });
+      return () => handle.release();
+    },
+  };
+  const rates = await compareRates(
+    Object.fromEntries(Object.entries(impls).map(([impl, lock]) => [impl, async () => (await lock(`pair:${impl}`))()])),
+    { rounds: 5, ms: 600, warmupMs: 300 },
+  );
+  await backend.close();
+  await advisory.end();
+  for (const [impl, opsPerSec] of Object.entries(rates)) {
+    report.add({
+      scenario: 'postgres: uncontended acquire+release (serial, one connection)',
+      impl,
+      opsPerSec: Math.round(opsPerSec),
+      usPerPair: round(1e6 / opsPerSec, 1),
+      vsFloor: round(rates['raw floor (INSERT + DELETE)'] / opsPerSec),
+    });
+  }
+}
+
+const HOT_KEY = { workers: 8, sections: 50, sectionMs: 1, scenario: 'postgres: hot key, 8 workers x 50 sections of 1 ms' };
+
+/** A hot-key row from every wait and every section's real length (ms), and the run's length. */
+function hotKeyRow(impl: string, elapsedMs: number, waits: number[], inside: number[]): Row {
+  const { workers, sections, scenario } = HOT_KEY;
+  waits.sort((a, b) => a - b);
+  const rate = (workers * sections * 1000) / elapsedMs;
+  const ideal = 1000 / (inside.reduce((sum, ms) => sum + ms, 0) / inside.length);
+  return {
+    scenario,
+    impl,
+    sectionsPerSec: Math.round(rate),
+    vsIdeal: round(rate / ideal),
+    waitP50Ms: round(waits[Math.floor(waits.length / 2)], 1),
+    waitP99Ms: round(percentile(waits, 99), 1),
+    waitMaxMs: round(waits[waits.length - 1], 1),
+    // A fair lock makes a worker wait for the 7 others at most, once each.
+    fifoBoundMs: Math.round(workers * (1000 / ideal)),
+  };
+}
+
+async function hotKey(
+  report: Report,
+  url: string,
+  pool: (max?: number) => pg.Pool,
+  service: (backend: PostgresLockBackend | RedisLockBackend) => LockService,
+  redis: RedisServer,
+): Promise<void> {
+  const { workers, sections, sectionMs } = HOT_KEY;
+  const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
+    const key = `hot:${impl}`;
+    const rounds = (count: number, waits: number[], inside: number[]) =>
+      Promise.all(Array.from({ length: workers }, (_, w) => timedSections(() => lockFor(w)(key), count, sectionMs, waits, inside)));
+    await rounds(5, [], []); // warm: connections, LISTEN, JIT
+    const waits: number[] = [];
+    const inside: number[] = [];
+    const started = performance.now();
+    await rounds(sections, waits, inside);
+    report.add(hotKeyRow(impl, performance.now() - started, waits, inside));
+  };
+  const viaService = (locks: LockService) => async (key: string) => {
+    const handle = await locks.acquire(key, { wait: 60_000 });
+    return () => handle.release();
+  };
+  // Every worker is its own "instance": a pool, a LISTEN connection and a service of its own.
+  const perWorker = Array.from({ length: workers }, () => viaService(service(new PostgresLockBackend(pool(2)))));
+  await run('ours (8 instances)', (w) => perWorker[w]);
+  const shared = viaService(service(new PostgresLockBackend(pool(2))));
+  await run('ours (one instance, 8 callers)', () => shared);
+  // Blocking session advisory locks, a connection per worker: PostgreSQL's own lock queue.
+  const advisory = await Promise.all(
+    Array.from({ length: workers }, async () => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      return client;
+    }),
+  );
+  await run('session advisory lock (8 connections)', (w) => async (key) => {
+    await advisory[w].query('SELECT pg_advisory_lock(hashtext($1))', [key]);
+    return () => advisory[w].query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
+  });
+  await Promise.all(advisory.map((client) => client.end()));
+  const redisClients = Array.from({ length: workers }, () => new Redis(redis.port, '127.0.0.1'));
+  const redisWorkers = redisClients.map((client) => viaService(service(new RedisLockBackend(client))));
+  await run('Redis backend (8 instances)', (w) => redisWorkers[w]);
+  for (const client of redisClients) client.disconnect();
+}
+
+/** 8 callers of one instance, each on keys of its own: how many acquisitions a second the table takes. */
+async function manyKeys(report: Report, url: string, service: (backend: PostgresLockBackend) => LockService): Promise<void> {
+  const locks = service(new PostgresLockBackend(url));
+  let next = 0;
+  const rates = await compareRates(
+    {
+      ours: async () => {
+        const handle = await locks.acquire(`many:${next++ % 100_000}`);
+        await handle.release();
+      },
+    },
+    { rounds: 3, ms: 600, warmupMs: 300 },
+  );
+  // compareRates runs one caller; run 8 at once for the concurrent figure.
+  const started = performance.now();
+  let done = 0;
+  await Promise.all(
+    Array.from({ length: 8 }, async (_, caller) => {
+      for (let i = 0; i < 300; i++) {
+        const handle = await locks.acquire(`many:${caller}:${i}`);
+        await handle.release();
+        done++;
+      }
+    }),
+  );
+  const concurrent = (done * 1000) / (performance.now() - started);
+  report.add({ scenario: 'postgres: many keys, acquire+release', impl: 'ours, 1 caller', opsPerSec: Math.round(rates.ours) });
+  report.add({ scenario: 'postgres: many keys, acquire+release', impl: 'ours, 8 callers (pool of 10)', opsPerSec: Math.round(concurrent) });
+}

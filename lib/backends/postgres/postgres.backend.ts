@@ -1,0 +1,176 @@
+import { performance } from 'node:perf_hooks';
+import { inspect } from 'node:util';
+import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { PostgresConnection } from './postgres.connection.js';
+import { PostgresWaiterLine } from './postgres.line.js';
+import {
+  checkConnection,
+  resolveBackendOptions,
+  type PostgresLockBackendOptions,
+  type PostgresLockConnection,
+} from './postgres.options.js';
+
+/** How often a backend deletes leases and places in line that ran out long ago (see sweep()). */
+const SWEEP_EVERY_MS = 5 * 60_000;
+
+/**
+ * Leases in a PostgreSQL table, through `pg`. Every operation is one statement, one round trip:
+ * a function call (see postgres.schema.ts). Leases expire by the server's clock; fencing tokens
+ * come from a sequence, so they increase per key across restarts. Waiters stand in a fair line in
+ * the database; a release tells only the first waiter's process, by NOTIFY on a channel that
+ * process LISTENs on.
+ *
+ * Exclusive while PostgreSQL keeps its committed data: a failover to an asynchronous replica that
+ * had not received a lease can grant it twice, and hand out tokens again. Synchronous replication
+ * keeps both.
+ */
+export class PostgresLockBackend implements LockBackend {
+  readonly name = 'postgres';
+  readonly fencing = true;
+  readonly waiterTimeout: number;
+
+  private readonly connection: PostgresConnection;
+  private readonly line: PostgresWaiterLine;
+  private lastSweep = performance.now();
+  private sweeping: Promise<void> | undefined;
+
+  /**
+   * `new PostgresLockBackend(pool)` uses your `pg.Pool` and leaves it open;
+   * `new PostgresLockBackend('postgres://user:password@host:5432/db')` or
+   * `new PostgresLockBackend({ host, database, ... })` creates a pool (pg must be installed) and
+   * closes it on application shutdown. The LISTEN connection is always the backend's own.
+   */
+  constructor(connection: PostgresLockConnection, options?: PostgresLockBackendOptions) {
+    const checked = checkConnection(connection);
+    const resolved = resolveBackendOptions(options);
+    this.waiterTimeout = resolved.waiterTimeout;
+    this.connection = new PostgresConnection(checked, resolved, this.name);
+    this.line = new PostgresWaiterLine(this.connection, resolved.commandTimeout, resolved.listenConnection !== false);
+  }
+
+  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
+    const willWait = options?.willWait ?? true;
+    this.line.attemptStarting(owner, willWait);
+    this.sweepNowAndThen();
+    const [row] = await this.connection.run({
+      op: 'acquire',
+      keys,
+      text: `SELECT acquired, token, retry_after_ms FROM ${this.connection.names.acquire}($1, $2, $3, $4, $5, $6)`,
+      values: [keys, owner, Math.ceil(ttlMs), this.waiterTimeout, willWait, this.line.channel],
+      onLateAnswer: ([late]) => {
+        // It answered after we reported a failure. Freeing the keys here would be wrong when the
+        // same owner tries again (its next attempt finds the lock its own) or holds the lock by
+        // now: the caller decides.
+        if (late?.acquired !== true) return;
+        if (options?.onLateAcquire) options.onLateAcquire();
+        else this.release(keys, owner).catch(() => undefined);
+      },
+    });
+    if (row.acquired === true) {
+      this.line.leave(owner);
+      return { acquired: true, fencingToken: Number(row.token) };
+    }
+    return { acquired: false, retryAfterMs: row.retry_after_ms === null ? undefined : Math.max(0, Number(row.retry_after_ms)) };
+  }
+
+  async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
+    const [row] = await this.connection.run({
+      op: 'extend',
+      keys,
+      text: `SELECT ${this.connection.names.extend}($1, $2, $3) AS extended`,
+      values: [keys, owner, Math.ceil(ttlMs)],
+    });
+    return row.extended === true ? { extended: true } : { extended: false };
+  }
+
+  async release(keys: readonly string[], owner: string): Promise<boolean> {
+    this.line.leave(owner);
+    const [row] = await this.connection.run({
+      op: 'release',
+      keys,
+      text: `SELECT ${this.connection.names.release}($1, $2) AS released`,
+      values: [keys, owner],
+    });
+    return (row.released as number) > 0;
+  }
+
+  async inspect(key: string): Promise<LockState | undefined> {
+    const [row] = await this.connection.run({
+      op: 'inspect',
+      keys: [key],
+      text:
+        `SELECT owner, fencing_token, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8 AS ttl_ms ` +
+        `FROM ${this.connection.names.locks} WHERE key = $1 AND expires_at > clock_timestamp()`,
+      values: [key],
+    });
+    if (!row) return undefined;
+    return { key, owner: row.owner as string, ttlMs: Math.max(0, row.ttl_ms as number), fencingToken: Number(row.fencing_token) };
+  }
+
+  async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
+    if (this.connection.closed) throw this.connection.closedError('watch', keys);
+    // Releases name the waiter whose turn it is: without the owner, nothing here would answer to
+    // that name, and the caller polls.
+    if (owner === undefined) return () => undefined;
+    return this.line.watch(onRelease, owner);
+  }
+
+  /**
+   * Once this process listens on its channel: a release that names one of its waiters reaches it
+   * from then on, and is kept until that waiter watches.
+   */
+  watching(): boolean {
+    return this.line.watching();
+  }
+
+  /** Closes the LISTEN connection, and the pool if the backend created it. */
+  async close(): Promise<void> {
+    if (!this.connection.stop()) return;
+    await this.line.close();
+    await this.sweeping;
+    await this.connection.closePool();
+  }
+
+  /**
+   * What logs show of the backend: its table, not its connection settings (a connection string
+   * holds the password) nor its waiters' owner tokens.
+   */
+  toJSON(): { name: string; table: string; waiterTimeout: number } {
+    return { name: this.name, table: this.connection.names.qualified, waiterTimeout: this.waiterTimeout };
+  }
+
+  [inspect.custom](depth: number, options: object): string {
+    return `PostgresLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
+  }
+
+  /** @internal For tests: the channel releases NOTIFY to reach this backend's waiters. */
+  get channel(): string {
+    return this.line.channel;
+  }
+
+  /**
+   * A lease that ran out stays in its row until the key is locked again, and a waiter that died
+   * keeps its rows until someone looks at its line: for keys nobody locks again (one per order id,
+   * say), now and then, in the background, rows that ran out more than a minute ago are deleted.
+   * Without a key lock: a row that is that far gone cannot be extended, and a call that takes
+   * the key meanwhile writes a new row version, which the delete then leaves alone.
+   */
+  private sweepNowAndThen(): void {
+    const now = performance.now();
+    if (now - this.lastSweep < SWEEP_EVERY_MS || this.sweeping) return;
+    this.lastSweep = now;
+    const { locks, waiters } = this.connection.names;
+    const sweep = (table: string, column: string) =>
+      this.connection.run({
+        op: 'clean-up',
+        keys: [],
+        text: `DELETE FROM ${table} WHERE ${column} < clock_timestamp() - interval '1 minute'`,
+        values: [],
+      });
+    this.sweeping = Promise.all([sweep(locks, 'expires_at'), sweep(waiters, 'deadline')]).then(
+      () => undefined,
+      () => undefined,
+    );
+    void this.sweeping.finally(() => (this.sweeping = undefined));
+  }
+}

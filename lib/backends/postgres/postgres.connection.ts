@@ -1,0 +1,257 @@
+import { Logger } from '@nestjs/common';
+import type { Client, ClientConfig, Pool, PoolConfig } from 'pg';
+import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
+import { requirePeer } from '../../peer-require.cjs';
+import { CommandDeadlines } from '../redis/command-deadlines.js';
+import type { CheckedConnection, ResolvedPostgresOptions } from './postgres.options.js';
+import { lockNames, postgresLockTablesSql, SCHEMA_VERSION, type PostgresLockNames } from './postgres.schema.js';
+
+const logger = new Logger('DistributedLock');
+
+/**
+ * For pools the backend creates: TCP keep-alive, so a connection to a server that vanished is
+ * found. (Connecting is also bounded by the command timeout below: pg waits forever by default.)
+ */
+const CREATED_POOL_DEFAULTS = { keepAlive: true } satisfies PoolConfig;
+
+/** One statement the backend sends: what it is for (for errors) and the SQL. */
+export interface Statement {
+  /** The operation and the lock keys it is for, as error messages name them. */
+  op: string;
+  keys: readonly string[];
+  text: string;
+  values: readonly unknown[];
+  /** The answer that came after the statement was reported as failed (timed out). */
+  onLateAnswer?: (rows: Record<string, unknown>[]) => void;
+}
+
+/**
+ * The PostgreSQL backend's pool: the user's, left open, or one it creates on first use and closes
+ * on application shutdown. Makes sure the lock tables exist before the first statement, and bounds
+ * every statement by the command timeout.
+ */
+export class PostgresConnection {
+  readonly names: PostgresLockNames;
+  private readonly owned: boolean;
+  /** The pg package, loaded when the backend must create its pool or its LISTEN connection. */
+  private readonly pg: PgPackage | undefined;
+  private pool: Pool | undefined;
+  /** Resolves once the lock tables are there; reset after a failure, so the next call tries again. */
+  private tables: Promise<void> | undefined;
+  private tablesReady = false;
+  private readonly deadlines: CommandDeadlines;
+  private stopped = false;
+  /** The last connection error of a pool we created, to say why an operation failed. */
+  private lastError: Error | undefined;
+
+  constructor(
+    private readonly connection: CheckedConnection,
+    private readonly options: ResolvedPostgresOptions,
+    /** The backend's name, for errors. */
+    private readonly backendName: string,
+  ) {
+    this.names = lockNames(options.schema, options.table);
+    this.deadlines = new CommandDeadlines(options.commandTimeout);
+    this.owned = connection.kind === 'config';
+    if (connection.kind === 'pool') this.pool = connection.pool;
+    else this.pg = loadPg('connection');
+    const listen = options.listenConnection;
+    if (this.pg === undefined && listen !== undefined && listen !== false) this.pg = loadPg('listenConnection');
+  }
+
+  get closed(): boolean {
+    return this.stopped;
+  }
+
+  /**
+   * Runs one statement, bounded by the command timeout, and returns its rows; failures become a
+   * LockBackendError that names the operation and the keys.
+   */
+  run(statement: Statement): Promise<Record<string, unknown>[]> {
+    if (this.stopped) return Promise.reject(this.closedError(statement.op, statement.keys));
+    return new Promise((resolve, reject) => {
+      const command = this.deadlines.track(() =>
+        reject(
+          this.failure(
+            statement,
+            new Error(
+              `PostgreSQL did not answer within ${this.options.commandTimeout} ms (commandTimeout); is it paused, overloaded, ` +
+                `or is the statement waiting for a lock another transaction holds on the lock table?`,
+            ),
+          ),
+        ),
+      );
+      const sent = this.tablesReady ? this.query(statement) : this.ensureTables().then(() => this.query(statement));
+      sent.then(
+        (rows) => {
+          if (this.deadlines.answered(command)) resolve(rows);
+          else statement.onLateAnswer?.(rows);
+        },
+        (error: unknown) => {
+          if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+        },
+      );
+    });
+  }
+
+  /**
+   * A new connection of its own, for LISTEN: to `listenConnection` if given, else with the pool's
+   * settings. Not connected yet; the caller connects it and owns it.
+   */
+  newListenClient(): Client {
+    const listen = this.options.listenConnection;
+    if (listen !== undefined && listen !== false) {
+      const config: ClientConfig = typeof listen === 'string' ? { connectionString: listen } : listen;
+      return new this.pg!.Client({ keepAlive: true, ...config });
+    }
+    const pool = this.openPool();
+    // The pool's own settings object, as it passes it to its clients: a copy would lose the
+    // password, which pg-pool keeps in a non-enumerable property.
+    const PoolClient = (pool as unknown as { Client: new (config: unknown) => Client }).Client;
+    return new PoolClient(pool.options);
+  }
+
+  /** Refuses statements from now on; false if it was already closed. */
+  stop(): boolean {
+    if (this.stopped) return false;
+    this.stopped = true;
+    return true;
+  }
+
+  /** Ends the pool if the backend created it (after stop()). */
+  async closePool(): Promise<void> {
+    if (!this.owned || !this.pool) return;
+    const pool = this.pool;
+    // pool.end() waits for every checked-out connection: one stuck on a paused server would hold up
+    // the shutdown, so it gets a second, and its sockets go with the process.
+    await withTimeout(pool.end(), 1_000).catch(() => undefined);
+  }
+
+  closedError(op: string, keys: readonly string[]): LockBackendError {
+    return new LockBackendError(
+      this.backendName,
+      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: the backend is closed (the application shut down).`,
+    );
+  }
+
+  failure({ op, keys }: { op: string; keys: readonly string[] }, error: unknown): LockBackendError {
+    const message = sentence(error instanceof Error ? error.message || String(error) : String(error));
+    const hint = error instanceof Error && 'hint' in error && typeof error.hint === 'string' ? ` ${sentence(error.hint)}` : '';
+    const down =
+      this.lastError && this.lastError !== error ? ` (The pool's last connection error: ${sentence(this.lastError.message)})` : '';
+    return new LockBackendError(
+      this.backendName,
+      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}${hint}${down}`,
+      error,
+    );
+  }
+
+  private async query(statement: Statement): Promise<Record<string, unknown>[]> {
+    const result = await this.openPool().query(statement.text, statement.values as unknown[]);
+    return result.rows as Record<string, unknown>[];
+  }
+
+  private openPool(): Pool {
+    if (this.pool) return this.pool;
+    const config = (this.connection as { config: PoolConfig }).config;
+    const pool = new this.pg!.Pool({ ...CREATED_POOL_DEFAULTS, connectionTimeoutMillis: this.options.commandTimeout, ...config });
+    let down = false;
+    // An idle connection that breaks (a server restart) is reported here; without a listener it
+    // would crash the process.
+    pool.on('error', (error: Error) => {
+      this.lastError = error;
+      if (!down) logger.warn(`PostgreSQL connection failed: ${sentence(error.message)} Lock operations fail until it is back.`);
+      down = true;
+    });
+    pool.on('connect', () => {
+      this.lastError = undefined;
+      if (down) logger.log('PostgreSQL connection is back.');
+      down = false;
+    });
+    this.pool = pool;
+    return pool;
+  }
+
+  private ensureTables(): Promise<void> {
+    this.tables ??= this.createTables().then(
+      () => void (this.tablesReady = true),
+      (error: unknown) => {
+        this.tables = undefined;
+        throw error;
+      },
+    );
+    return this.tables;
+  }
+
+  /**
+   * The lock tables at the version this code expects, created if missing (when allowed). Instances
+   * that start together take turns on a transaction advisory lock; the first creates, the others
+   * find the tables there.
+   */
+  private async createTables(): Promise<void> {
+    const pool = this.openPool();
+    const version = async (client: Pool | { query: Pool['query'] }) =>
+      (await client.query(`SELECT obj_description(to_regclass($1), 'pg_class') AS version`, [this.names.qualified])).rows[0]?.version;
+    if ((await version(pool)) === SCHEMA_VERSION) return;
+    const { schema, table, createTables } = this.options;
+    if (!createTables) {
+      throw new LockBackendError(
+        this.backendName,
+        `the lock table ${this.names.qualified} (version '${SCHEMA_VERSION}') is missing and createTables is false: run the SQL of ` +
+          `postgresLockTablesSql({ schema: '${schema}', table: '${table}' }) in a migration, or leave createTables on.`,
+      );
+    }
+    const client = await pool.connect();
+    try {
+      await client.query('BEGIN');
+      await client.query('SET LOCAL client_min_messages = warning');
+      await client.query('SELECT pg_advisory_xact_lock(hashtextextended($1, 0))', [`nest-distributed-lock:create:${this.names.qualified}`]);
+      if ((await version(client)) !== SCHEMA_VERSION) await client.query(postgresLockTablesSql({ schema, table }));
+      await client.query('COMMIT');
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      // 42501: insufficient privilege.
+      const denied = (error as { code?: unknown }).code === '42501';
+      throw new LockBackendError(
+        this.backendName,
+        `could not create the lock table ${this.names.qualified}: ${sentence(error instanceof Error ? error.message : String(error))}` +
+          (denied
+            ? ` Grant the role CREATE on schema ${schema}, or create the tables in a migration (the SQL of postgresLockTablesSql()) and pass createTables: false.`
+            : ''),
+        error,
+      );
+    } finally {
+      client.release();
+    }
+  }
+}
+
+type PgPackage = { Pool: typeof Pool; Client: typeof Client };
+
+/**
+ * pg is an optional peer, needed only when the backend creates a connection: loaded then, at
+ * construction, so a missing package stops the application at start-up, not at its first lock.
+ */
+function loadPg(option: string): PgPackage {
+  try {
+    return requirePeer('pg') as PgPackage;
+  } catch (error) {
+    throw new InvalidLockOptionsError(
+      option,
+      `PostgresLockBackend needs the 'pg' package to connect to PostgreSQL: npm install pg, or pass a pg.Pool you created ` +
+        `(${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+}
+
+/** Messages from pg and our own may end in '.' or '?' already. */
+function sentence(text: string): string {
+  return /[.?!]$/.test(text) ? text : `${text}.`;
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([promise, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ms)))]).finally(() =>
+    clearTimeout(timer),
+  );
+}

@@ -1,0 +1,244 @@
+import { describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import { execFile, fork, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { resolve } from 'node:path';
+import { promisify } from 'node:util';
+import type pg from 'pg';
+import { LockBackendError, LockLostError, LockNotAcquiredError, LockService, PostgresLockBackend } from '../../lib/index.js';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { fencedWrite } from '../fixtures/postgres-fenced-store.mjs';
+import { usePostgresServer } from '../support/postgres-fixture.js';
+import { freePort } from '../support/redis-server.js';
+import { until } from '../support/wait.js';
+
+const fixtures = resolve(import.meta.dirname, '../fixtures');
+const write = fencedWrite as (pool: pg.Pool, token: number, value: string) => Promise<boolean>;
+
+interface HolderMessage {
+  type: 'acquired' | 'lost' | 'wrote' | 'released';
+  token?: number;
+  reason?: string;
+  name?: string;
+  accepted?: boolean;
+  aborted?: boolean;
+}
+
+/** A child process holding `key`, and the messages it sent so far. */
+class Holder {
+  readonly messages: HolderMessage[] = [];
+  private constructor(readonly child: ChildProcess) {
+    child.on('message', (message: HolderMessage) => this.messages.push(message));
+  }
+
+  static async start(url: string, key: string, ttl: number): Promise<Holder> {
+    const holder = new Holder(
+      fork(resolve(fixtures, 'postgres-lock-holder.mjs'), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
+    );
+    await holder.next('acquired');
+    return holder;
+  }
+
+  next(type: HolderMessage['type']): Promise<HolderMessage> {
+    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(() =>
+      this.messages.find((m) => m.type === type)!,
+    );
+  }
+
+  async kill(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    const exited = once(this.child, 'exit');
+    this.child.kill('SIGKILL');
+    await exited;
+  }
+}
+
+// synchronous_commit on: a commit the server acknowledged survives its crash, as in production.
+const fixture = usePostgresServer({ durable: true });
+
+function service(connection: ConstructorParameters<typeof PostgresLockBackend>[0] = fixture.url): LockService {
+  const locks = new LockService(new PostgresLockBackend(connection), { keyPrefix: 'fault:' });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+function quietWarnings(): void {
+  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  fixture.cleanup(() => warn.mockRestore());
+}
+
+describe('PostgreSQL backend under faults, with real processes', () => {
+  it('another process acquires within the ttl after the holder is SIGKILLed', async () => {
+    const ttl = 1_500;
+    const holder = await Holder.start(fixture.url, 'killed', ttl);
+    fixture.cleanup(() => holder.kill());
+    const locks = service();
+    expect(await locks.tryAcquire('killed')).toBeUndefined();
+    await holder.kill();
+    const killedAt = Date.now();
+    const handle = await locks.acquire('killed', { wait: 10_000 });
+    // The waiter retries when the holder's lease is due to end (PostgreSQL told it how long).
+    expect(Date.now() - killedAt).toBeLessThan(ttl + 1_500);
+    expect(handle.fencingToken).toBeGreaterThan((await holder.next('acquired')).token!);
+  });
+
+  it('a holder paused past its ttl loses: its signal fires, the next holder has a larger token, its late write is rejected', async () => {
+    await fixture.admin.query('CREATE TABLE IF NOT EXISTS fenced (id int PRIMARY KEY, token bigint NOT NULL, value text NOT NULL)');
+    const holder = await Holder.start(fixture.url, 'paused', 1_000);
+    fixture.cleanup(() => holder.kill());
+    const stale = (await holder.next('acquired')).token!;
+    holder.child.kill('SIGSTOP'); // as in a long GC pause: the process does nothing, not even extend
+    fixture.cleanup(() => holder.child.kill('SIGCONT'));
+
+    const locks = service();
+    const handle = await locks.acquire('paused', { wait: 10_000 });
+    expect(handle.fencingToken).toBeGreaterThan(stale);
+    expect(await write(fixture.admin, handle.fencingToken!, 'new holder')).toBe(true);
+
+    holder.child.kill('SIGCONT');
+    const lost = await holder.next('lost');
+    expect(lost).toMatchObject({ name: 'LockLostError' });
+    expect(['expired', 'taken']).toContain(lost.reason);
+    holder.child.send({ type: 'write' });
+    expect(await holder.next('wrote')).toMatchObject({ accepted: false, aborted: true });
+    expect((await fixture.admin.query('SELECT value FROM fenced WHERE id = 1')).rows[0].value).toBe('new holder');
+    // Its lost lease was released by compare-and-delete: the new holder's lock is untouched.
+    expect((await locks.inspect('paused'))?.heldHere).toBe(true);
+    holder.child.send({ type: 'release' });
+    await holder.next('released');
+    expect(handle.isHeld).toBe(true);
+  });
+
+  it('PostgreSQL crashed and restarted under load: acquires fail with LockBackendError within their wait, then go on with greater tokens', async () => {
+    quietWarnings();
+    const services = [service(), service()];
+    const tokens: number[] = [];
+    const failures: unknown[] = [];
+    let stop = false;
+    // Callers that take turns on one key for the whole test, each acquisition's token in order.
+    const load = Array.from({ length: 6 }, (_, i) =>
+      (async () => {
+        while (!stop) {
+          const started = Date.now();
+          try {
+            await services[i % 2].using('restart', (lock) => void tokens.push(lock.fencingToken!), { wait: 1_000, ttl: 2_000 });
+          } catch (error) {
+            failures.push(error);
+            // Never hangs: at most one commandTimeout (2 s) past the wait.
+            expect(Date.now() - started).toBeLessThan(1_000 + 2_000 + 1_000);
+          }
+        }
+      })(),
+    );
+    await until(() => tokens.length >= 50, 10_000, 'acquisitions before the crash');
+    await fixture.server.crash();
+    const before = tokens.length;
+    const backendErrors = () => failures.filter((f) => f instanceof LockBackendError);
+    await until(() => backendErrors().length >= 2, 10_000, 'acquisitions to fail while PostgreSQL is down');
+    await fixture.server.restart();
+    await until(() => tokens.length >= before + 50, 20_000, 'acquisitions after the restart');
+    stop = true;
+    await Promise.all(load);
+
+    for (const failure of backendErrors()) expect((failure as Error).message).toMatch(/acquire of fault:restart failed/);
+    // The others waited out a lease whose holder could not release it while the server was down
+    // (the lease survived the crash, as it should, and ran out after the restart).
+    for (const failure of failures) if (!(failure instanceof LockBackendError)) expect(failure).toBeInstanceOf(LockNotAcquiredError);
+    // Strictly increasing across the crash: the sequence is in the WAL, and committed advances survive.
+    for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
+  });
+
+  it('a holder whose extensions wait behind another transaction loses its lock with a backend-error reason, not a hang', async () => {
+    quietWarnings();
+    const locks = service();
+    const handle = await locks.acquire('stalled', { ttl: 900 });
+    // Another transaction takes the lock table for itself: the extensions wait behind it.
+    const blocker = await fixture.admin.connect();
+    fixture.cleanup(() => blocker.release());
+    await blocker.query('BEGIN');
+    await blocker.query('LOCK TABLE distributed_locks IN ACCESS EXCLUSIVE MODE');
+    fixture.cleanup(() => blocker.query('ROLLBACK'));
+    const reason = await new Promise<unknown>((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
+    expect(reason).toBeInstanceOf(LockLostError);
+    expect((reason as LockLostError).reason).toBe('backend-error');
+    const started = Date.now();
+    const error = await locks.acquire('other', { wait: 500 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toMatch(/did not answer within 2000 ms/);
+    expect(Date.now() - started).toBeLessThan(6_000);
+    await blocker.query('ROLLBACK');
+    const after = await locks.acquire('other', { wait: 5_000 });
+    expect(after.isHeld).toBe(true);
+  });
+
+  it('a waiter still hears of a release after its process lost its LISTEN connection', async () => {
+    quietWarnings();
+    const holder = service();
+    const backend = new PostgresLockBackend(fixture.url, { waiterTimeout: 120_000 });
+    // Neither the poll nor the holder's ttl could hand it over within the test.
+    const waiters = new LockService(backend, { keyPrefix: 'fault:', pollInterval: 60_000 });
+    fixture.cleanup(() => waiters.onApplicationShutdown());
+    const held = await holder.acquire('relisten', { ttl: 60_000 });
+    const waiting = waiters.acquire('relisten', { wait: 30_000 });
+    await until(
+      async () => backend.watching() && (await fixture.admin.query('SELECT 1 FROM distributed_locks_waiters')).rowCount === 1,
+      5_000,
+      'the waiter to listen',
+    );
+    // The connection drops, as on a network failure or when an administrator ends it.
+    await fixture.admin.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1', [`LISTEN "${backend.channel}"`]);
+    await until(() => !backend.watching(), 5_000, 'the backend to notice');
+    const releasedAt = Date.now();
+    await held.release();
+    const handle = await waiting;
+    expect(Date.now() - releasedAt).toBeLessThan(10_000);
+    expect(backend.watching()).toBe(true);
+    await handle.release();
+  });
+
+  it('an acquire that PostgreSQL carried out after it timed out leaves nothing behind once its caller gave up', async () => {
+    quietWarnings();
+    const url = `${fixture.url}?application_name=late-answer`;
+    const backend = new PostgresLockBackend(url, { commandTimeout: 300 });
+    const locks = new LockService(backend, { keyPrefix: 'fault:' });
+    fixture.cleanup(() => locks.onApplicationShutdown());
+    await locks.acquire('warm-up').then((h) => h.release());
+    const blocker = await fixture.admin.connect();
+    fixture.cleanup(() => blocker.release());
+    await blocker.query('BEGIN');
+    await blocker.query('LOCK TABLE distributed_locks IN ACCESS EXCLUSIVE MODE');
+    // Through the service: it gives up, and its release (queued behind) frees what the late
+    // attempts won. Straight on the backend: nobody will release, so the backend frees the late win.
+    const error = await locks.acquire('late', { wait: 500 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toMatch(/did not answer within 300 ms/);
+    const direct = await backend.tryAcquire(['fault:late-direct'], 'direct-owner', 60_000).catch((e: unknown) => e);
+    expect(direct).toBeInstanceOf(LockBackendError);
+    await blocker.query('ROLLBACK');
+    await until(
+      async () =>
+        (await fixture.admin.query(`SELECT 1 FROM pg_stat_activity WHERE application_name = 'late-answer' AND state <> 'idle'`))
+          .rowCount === 0,
+      5_000,
+      'the statements held up to be answered',
+    );
+    await until(
+      async () => (await locks.inspect('late')) === undefined && (await backend.inspect('fault:late-direct')) === undefined,
+      5_000,
+      'the late acquisitions to be released',
+    );
+  });
+
+  it('an app whose PostgreSQL is unreachable at start-up fails with a clear error and exits', async () => {
+    const url = `postgres://postgres@127.0.0.1:${await freePort()}/nowhere`;
+    const started = Date.now();
+    const { stdout } = await promisify(execFile)(process.execPath, [resolve(fixtures, 'postgres-app-startup.mjs'), url], {
+      timeout: 20_000,
+    });
+    const result = JSON.parse(stdout.trim().split('\n').pop()!) as { name: string; message: string };
+    expect(result.name).toBe('LockBackendError');
+    expect(result.message).toMatch(/Lock backend 'postgres' failed: acquire of lock:job failed: .*ECONNREFUSED/);
+    // Exits on its own once the app is closed: no timer or connection keeps it alive.
+    expect(Date.now() - started).toBeLessThan(15_000);
+  });
+});
