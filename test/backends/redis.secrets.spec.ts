@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { inspect } from 'node:util';
-import { LockBackendError, LockLostError, LockService, RedisLockBackend } from '../../lib/index.js';
+import { LockBackendError, LockLostError, LockService, RedisLockBackend, RedlockLockBackend } from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
 
 const fixture = useRedisServer();
@@ -37,5 +37,27 @@ describe('errors and logs keep secrets out', () => {
     const error = await handle.extend().catch((e: unknown) => e);
     expect(error instanceof LockBackendError || error instanceof LockLostError).toBe(true);
     expect(shown(error)).not.toContain(handle.leases[0].owner);
+  });
+
+  it('a backend shown in a log (util.inspect, JSON.stringify) shows no password of its connection, nor owner tokens', async () => {
+    const url = `redis://default:s3cret-pw@127.0.0.1:${fixture.server.port}/0`;
+    const redis = new RedisLockBackend(url);
+    // Three masters nobody listens on: shown, not used.
+    const redlock = new RedlockLockBackend([
+      'redis://default:s3cret-pw@127.0.0.1:1',
+      'redis://127.0.0.1:2?password=s3cret-pw',
+      'redis://:s3cret-pw@127.0.0.1:3',
+    ]);
+    const locks = new LockService(redis);
+    fixture.cleanup(() => redlock.close());
+    fixture.cleanup(() => locks.onApplicationShutdown());
+    const handle = await locks.acquire('shown');
+    for (const backend of [redis, redlock]) {
+      const text = `${inspect(backend, { depth: 10, showHidden: true })}\n${JSON.stringify(backend)}`;
+      expect(text).not.toContain('s3cret-pw');
+      expect(text).not.toContain(handle.leases[0].owner);
+    }
+    expect(inspect(redis)).toMatch(/RedisLockBackend \{ name: 'redis'/);
+    expect(JSON.parse(JSON.stringify(redlock))).toEqual({ name: 'redlock', masters: 3, quorum: 2 });
   });
 });

@@ -1,3 +1,4 @@
+import { inspect } from 'node:util';
 import type { Cluster, Redis } from 'ioredis';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { RedisConnection } from './redis.connection.js';
@@ -37,6 +38,18 @@ export class RedisLockBackend implements LockBackend {
     this.connection = new RedisConnection(checked, this.name);
     this.scripts = new RedisScriptRunner(this.connection, this.name, commandTimeout);
     this.line = new RedisWaiterLine(this.connection, commandTimeout);
+  }
+
+  /**
+   * What logs show of the backend (`util.inspect`, `JSON.stringify`): not its connection, whose
+   * URL or options hold the password, nor its waiters' owner tokens.
+   */
+  toJSON(): { name: string; waiterTimeout: number } {
+    return { name: this.name, waiterTimeout: this.waiterTimeout };
+  }
+
+  [inspect.custom](depth: number, options: object): string {
+    return `RedisLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {

@@ -1,3 +1,4 @@
+import { inspect } from 'node:util';
 import { Logger } from '@nestjs/common';
 import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
@@ -81,6 +82,18 @@ export class RedlockLockBackend implements LockBackend {
     this.isRefusal = (error) => error instanceof ResourceLockedError;
     this.subscriber = new RedlockReleaseSubscriber(this.masters, this.quorum, this.options.subscribeTimeout);
     this.identities = new RedlockMasterIdentities(this.masters);
+  }
+
+  /**
+   * What logs show of the backend (`util.inspect`, `JSON.stringify`): not its masters' URLs or
+   * options, which hold passwords, nor its waiters' owner tokens.
+   */
+  toJSON(): { name: string; masters: number; quorum: number } {
+    return { name: this.name, masters: this.masters.length, quorum: this.quorum };
+  }
+
+  [inspect.custom](depth: number, options: object): string {
+    return `RedlockLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<RedlockAcquireResult> {
