@@ -35,28 +35,44 @@ describe('LockService on a real Redis against the model of its promises, with fa
   beforeAll(() => Logger.overrideLogger(false));
   afterAll(() => Logger.overrideLogger(['log', 'error', 'warn']));
 
-  // Not in `npm test` for now: a CI run found a failing case here that it did not report before
-  // its time ran out (each step of shrinking a real-time case takes real seconds). Run it with
-  // `npm run test:model:redis`; it stops at the first failure and prints its seed.
+  // Not in `npm test`: each case takes real time. Run it with `npm run test:model:redis`
+  // (MODEL_RUNS_REDIS cases; MODEL_SEED replays a run). It stops at the first failing case, then
+  // shrinks that case for at most SHRINK_MS: each step of shrinking replays a program in real time,
+  // so unbounded shrinking can outlast a CI job and report nothing. The seed comes first, so even a
+  // run that is killed says how to replay it.
   const runs = Number(process.env.MODEL_RUNS_REDIS ?? 0);
+  const seed = Number(process.env.MODEL_SEED ?? Math.floor(Math.random() * 2 ** 31));
+  const SHRINK_MS = 60_000;
   (runs > 0 ? it : it.skip)(
     'keeps every promise on random programs of two processes over one Redis',
     async () => {
-      await fc.assert(
-        fc.asyncProperty(scenario, async (s) => {
-          await fixture.admin.flushall();
-          const store = new lib.RedisLockBackend(fixture.server.url);
-          const waiting = () => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size;
-          try {
-            const violations = await run(lib, realTime, s, store, waiting);
-            if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
-          } finally {
-            await store.close();
-          }
-        }),
-        { numRuns: runs, endOnFailure: true },
+      process.stderr.write(`Model on a real Redis: ${runs} cases, seed ${seed} (replay: MODEL_SEED=${seed})\n`);
+      const property = fc.asyncProperty(scenario, async (s) => {
+        await fixture.admin.flushall();
+        const store = new lib.RedisLockBackend(fixture.server.url);
+        const waiting = () => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size;
+        try {
+          const violations = await run(lib, realTime, s, store, waiting);
+          if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
+        } finally {
+          await store.close();
+        }
+      });
+      const found = await fc.check(property, { numRuns: runs, seed, endOnFailure: true });
+      if (!found.failed) return;
+      // From the failing case (its path), shrinking only: what is smallest when time runs out.
+      const shrunk = await fc.check(property, {
+        seed,
+        path: found.counterexamplePath ?? undefined,
+        plugins: [fc.interruptAfterTimeLimit(SHRINK_MS)],
+      });
+      const smallest = shrunk.failed ? shrunk : found;
+      throw new Error(
+        `${fc.defaultReportMessage(found)}\n\nShrunk for at most ${SHRINK_MS / 1000} s to: ${fc.stringify(smallest.counterexample)}\n` +
+          `(path ${smallest.counterexamplePath})\n${String((smallest.errorInstance as Error | undefined)?.message ?? '')}`,
       );
     },
-    300_000,
+    // Cases take about 0.3 s each on an idle machine; shrinking is bounded above.
+    runs * 3_000 + SHRINK_MS + 30_000,
   );
 });
