@@ -97,50 +97,6 @@ describe('RedisLockBackend through a real Sentinel', () => {
   });
 });
 
-describe('RedisLockBackend through a Sentinel failover', () => {
-  it('after a failover to a replica that never got the lock, a second owner gets it, with a greater fencing token', async () => {
-    const failover = await RedisSentinel.start({ name: 'failover', replica: true, downAfterMs: 500 });
-    const services: LockService[] = [];
-    const connect = () => {
-      const created = new LockService(
-        new RedisLockBackend({ sentinels: failover.sentinels, name: failover.name }, { commandTimeout: 1_000 }),
-        { pollInterval: 200 },
-      );
-      services.push(created);
-      return created;
-    };
-    const admin = new Redis(failover.master.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
-    try {
-      const [a, b] = [connect(), connect()];
-      await a.isLocked('warm-up');
-      // Replication is asynchronous: hold the replica up and queue more on its link than the
-      // sockets can carry, so the lock written next is still in the master's buffer when it dies.
-      failover.replica!.pause();
-      await admin.set('backlog', 'x'.repeat(48 * 1024 * 1024));
-      const first = await a.acquire('order:1', { ttl: 60_000, autoExtend: false });
-      await failover.master.kill();
-      failover.replica!.resume();
-      await failover.untilMasterIs(failover.replica!.port, 30_000);
-
-      // The promoted replica never had the lock: a second owner gets it while the first holds.
-      const second = await b.acquire('order:1', { ttl: 60_000, wait: 20_000 });
-      expect(first.isHeld).toBe(true);
-      // Its counter was lost too; the new one starts from the clock, so storage can still tell.
-      expect(second.fencingToken).toBeGreaterThan(first.fencingToken!);
-      // The first owner learns it at its next extension, once its client found the new master.
-      await until(async () => (await a.isLocked('order:1').catch(() => false)) === true, 20_000, 'the first owner to reach the new master');
-      const lost = await first.extend().catch((error: unknown) => error);
-      expect(lost).toBeInstanceOf(LockLostError);
-      expect((lost as LockLostError).reason).toBe('taken');
-      await second.release();
-    } finally {
-      admin.disconnect();
-      await Promise.all(services.map((s) => s.onApplicationShutdown()));
-      await failover.stop();
-    }
-  }, 60_000);
-});
-
 describe('RedisLockBackend after a Sentinel failover, while the old master still acts as one', () => {
   it('moves to the new master as soon as the sentinel announces it, not when the old master is reconfigured seconds later', async () => {
     const setup = await RedisSentinel.start({ name: 'switch', replica: true, downAfterMs: 5_000 });
@@ -186,6 +142,50 @@ describe('RedisLockBackend after a Sentinel failover, while the old master still
       await service.onApplicationShutdown();
       for (const admin of admins) admin.disconnect();
       await setup.stop();
+    }
+  }, 60_000);
+});
+
+describe('RedisLockBackend through a Sentinel failover', () => {
+  it('after a failover to a replica that never got the lock, a second owner gets it, with a greater fencing token', async () => {
+    const failover = await RedisSentinel.start({ name: 'failover', replica: true, downAfterMs: 500 });
+    const services: LockService[] = [];
+    const connect = () => {
+      const created = new LockService(
+        new RedisLockBackend({ sentinels: failover.sentinels, name: failover.name }, { commandTimeout: 1_000 }),
+        { pollInterval: 200 },
+      );
+      services.push(created);
+      return created;
+    };
+    const admin = new Redis(failover.master.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
+    try {
+      const [a, b] = [connect(), connect()];
+      await a.isLocked('warm-up');
+      // Replication is asynchronous: hold the replica up and queue more on its link than the
+      // sockets can carry, so the lock written next is still in the master's buffer when it dies.
+      failover.replica!.pause();
+      await admin.set('backlog', 'x'.repeat(48 * 1024 * 1024));
+      const first = await a.acquire('order:1', { ttl: 60_000, autoExtend: false });
+      await failover.master.kill();
+      failover.replica!.resume();
+      await failover.untilMasterIs(failover.replica!.port, 30_000);
+
+      // The promoted replica never had the lock: a second owner gets it while the first holds.
+      const second = await b.acquire('order:1', { ttl: 60_000, wait: 20_000 });
+      expect(first.isHeld).toBe(true);
+      // Its counter was lost too; the new one starts from the clock, so storage can still tell.
+      expect(second.fencingToken).toBeGreaterThan(first.fencingToken!);
+      // The first owner learns it at its next extension, once its client found the new master.
+      await until(async () => (await a.isLocked('order:1').catch(() => false)) === true, 20_000, 'the first owner to reach the new master');
+      const lost = await first.extend().catch((error: unknown) => error);
+      expect(lost).toBeInstanceOf(LockLostError);
+      expect((lost as LockLostError).reason).toBe('taken');
+      await second.release();
+    } finally {
+      admin.disconnect();
+      await Promise.all(services.map((s) => s.onApplicationShutdown()));
+      await failover.stop();
     }
   }, 60_000);
 });
