@@ -184,8 +184,11 @@ function collectHolds(events: readonly HistoryEvent[], windows: readonly Window[
   }
   for (const { hold, ended } of latest.values()) {
     if (ended) continue;
-    const killed = windows.find((w) => w.kind === 'kill-worker' && w.target === hold.worker && w.start >= hold.start);
-    if (killed) hold.end = killed.start;
+    // The first kill of its worker not over before the hold began: the worker's last lines may be
+    // stamped just after the nemesis stamped the kill (SIGKILL goes out after), and the process is
+    // gone by the kill's end.
+    const killed = windows.find((w) => w.kind === 'kill-worker' && w.target === hold.worker && w.end >= hold.start);
+    if (killed) hold.end = Math.max(hold.start, killed.start);
   }
   return holds;
 }

@@ -118,6 +118,21 @@ describe('checkHistory', () => {
     expect(checkHistory(lateWrite, options).violations.overlap).toBe(1);
   });
 
+  it("ends the hold of a killed worker with the kill, even when the worker's last lines are stamped just after it", () => {
+    const worker = 'w1';
+    const history: HistoryEvent[] = [
+      { t: 10, type: 'fault', kind: 'kill-worker', phase: 'start', target: worker },
+      // Written by the worker between the nemesis's stamp and the SIGKILL.
+      { t: 10.5, type: 'attempt', holder: 'w1.0', worker, key: 'k', waitMs: 1000 },
+      { t: 11, type: 'acquired', holder: 'w1.0', worker, key: 'k', token: 1, deadline: 1011 },
+      { t: 40, type: 'fault', kind: 'kill-worker', phase: 'end', target: worker },
+      ...section('w2.0', 'k', 2000, 2, 0, 1),
+    ];
+    const report = checkHistory(history, options);
+    expect(report.overlaps).toEqual([]);
+    expect(report.violations.overlap).toBe(0);
+  });
+
   it('reports a wait that ended later than its bound, and errors by type', () => {
     const worker = 'w1';
     const history: HistoryEvent[] = [
