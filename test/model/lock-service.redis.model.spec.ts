@@ -3,33 +3,13 @@ import { Logger } from '@nestjs/common';
 import fc from 'fast-check';
 import * as lib from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
-import { run, scenario, type Clock } from './lock-service.model.js';
+import { run, scenario } from './lock-service.model.js';
+import { runningTimeClock } from './running-time.clock.js';
 
 // The same random programs as on fake time, on a real redis-server and real time: the Redis
 // backend's line, hand-overs and late answers under the same injected faults. Fewer cases, as each
 // takes real milliseconds; a failure prints its seed, and replays the program (not its timing).
-const realTime: Clock = {
-  async drive(work) {
-    let timer: NodeJS.Timeout | undefined;
-    const gaveUp = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), 20_000)));
-    try {
-      return await Promise.race([
-        work.then(
-          () => true as const,
-          () => true as const,
-        ),
-        gaveUp,
-      ]);
-    } finally {
-      clearTimeout(timer);
-    }
-  },
-  // Real timers of this process are shared with Jest's own: not counted here (the fake-time model
-  // counts them exactly).
-  timersLeft: async () => 0,
-  slackMs: 500,
-};
-
+// Waits are bounded on the time this process could run (see runningTimeClock).
 describe('LockService on a real Redis against the model of its promises, with faulty calls', () => {
   const fixture = useRedisServer();
   beforeAll(() => Logger.overrideLogger(false));
@@ -51,10 +31,12 @@ describe('LockService on a real Redis against the model of its promises, with fa
         await fixture.admin.flushall();
         const store = new lib.RedisLockBackend(fixture.server.url);
         const waiting = () => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size;
+        const clock = runningTimeClock(500);
         try {
-          const violations = await run(lib, realTime, s, store, waiting);
+          const violations = await run(lib, clock, s, store, waiting);
           if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
         } finally {
+          clock.stop();
           await store.close();
         }
       });
@@ -66,10 +48,14 @@ describe('LockService on a real Redis against the model of its promises, with fa
         path: found.counterexamplePath ?? undefined,
         plugins: [fc.interruptAfterTimeLimit(SHRINK_MS)],
       });
+      const replay = shrunk.failed
+        ? `It failed again when replayed; shrinking found ${shrunk.numShrinks} smaller failing case(s)` +
+          `${shrunk.interrupted ? ` before its ${SHRINK_MS / 1000} s ran out` : ''}. The smallest:`
+        : 'It passed when replayed (its timing did not repeat). The case:';
       const smallest = shrunk.failed ? shrunk : found;
       throw new Error(
-        `${fc.defaultReportMessage(found)}\n\nShrunk for at most ${SHRINK_MS / 1000} s to: ${fc.stringify(smallest.counterexample)}\n` +
-          `(path ${smallest.counterexamplePath})\n${String((smallest.errorInstance as Error | undefined)?.message ?? '')}`,
+        `${fc.defaultReportMessage(found)}\n\n${replay} ${fc.stringify(smallest.counterexample)} (path ${smallest.counterexamplePath})\n` +
+          String((smallest.errorInstance as Error | undefined)?.message ?? ''),
       );
     },
     // Cases take about 0.3 s each on an idle machine; shrinking is bounded above.
