@@ -60,6 +60,16 @@ function deadlineOf(handle: LockHandle): number {
 
 type Section = (handle: LockHandle) => Promise<void>;
 
+/**
+ * The port of the Redis server the backend's connection is on (with Sentinel, the master it was
+ * told of), so an overlap shows whether its two holders locked on one server or on two. Read from
+ * the backend's own client: not public API, the harness looks inside.
+ */
+function serverOf(backend: LockBackend): number | undefined {
+  const client = (backend as unknown as { connection?: { client?: { stream?: { remotePort?: number } } } }).connection?.client;
+  return client?.stream?.remotePort;
+}
+
 @Injectable()
 class RegisterWriter {
   constructor(readonly locks: LockService) {}
@@ -78,7 +88,7 @@ async function caller(writer: RegisterWriter, holder: string, worker: string): P
     try {
       await writer.update(key, async (handle) => {
         const token = handle.fencingToken;
-        log({ t: now(), type: 'acquired', ...base, token, deadline: deadlineOf(handle) });
+        log({ t: now(), type: 'acquired', ...base, token, deadline: deadlineOf(handle), server: serverOf(writer.locks.backend) });
         const onLost = () => {
           const reason = (handle.signal.reason as { reason?: string }).reason ?? 'unknown';
           log({ t: now(), type: 'lost', ...base, reason, deadline: deadlineOf(handle) });

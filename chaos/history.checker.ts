@@ -18,6 +18,11 @@ export interface CheckOptions {
   waitSlackMs: number;
   /** Fences are not checked on a backend without tokens (Redlock): its writes are unconditional. */
   fencing: boolean;
+  /**
+   * How long after a failover's new master is announced a client may still lock on the old one:
+   * the time to hear the announcement and reconnect. Default 1 000 ms.
+   */
+  failoverGraceMs?: number;
 }
 
 export interface CheckReport {
@@ -38,6 +43,8 @@ export interface CheckReport {
   slowWaits: number;
   errors: Record<string, number>;
   faults: Record<string, number>;
+  /** Failovers the store's monitor saw (`failover` events), whoever caused them. */
+  failovers: number;
   /** Counts of what the guarantees table does not allow, by kind; all zero for a clean run. */
   violations: Record<string, number>;
 }
@@ -63,8 +70,9 @@ export function checkHistory(history: readonly HistoryEvent[], options: CheckOpt
   const events = [...history].sort((a, b) => a.t - b.t);
   const endOfRun = events.length > 0 ? events[events.length - 1].t : 0;
   const windows = faultWindows(events, endOfRun);
+  const failovers = failoverWindows(events, endOfRun, options.failoverGraceMs ?? 1_000);
   const holds = collectHolds(events, windows, endOfRun);
-  const overlaps = findOverlaps(holds, windows);
+  const overlaps = findOverlaps(holds, windows, failovers);
   const writes = events.filter((e): e is Extract<HistoryEvent, { type: 'write' }> => e.type === 'write');
   const accepted = writes.filter((w) => w.accepted);
   const { staleWrites, lostUpdates, unloggedWrites } = checkRegister(accepted, options.fencing);
@@ -96,6 +104,7 @@ export function checkHistory(history: readonly HistoryEvent[], options: CheckOpt
     slowWaits,
     errors,
     faults,
+    failovers: failovers.length,
     violations,
   };
 }
@@ -120,6 +129,30 @@ function faultWindows(events: readonly HistoryEvent[], endOfRun: number): Window
 }
 
 /**
+ * The store's failovers (from `failover` events): from the start of one until its new master was
+ * announced, plus `graceMs` for clients to hear it and move. Meanwhile one lock may have two
+ * holders: the new master lacks what the old one had not replicated yet (replication is
+ * asynchronous), and a client still on the old master may lock there until it moves.
+ */
+function failoverWindows(events: readonly HistoryEvent[], endOfRun: number, graceMs: number): Window[] {
+  const open = new Map<string, Window>();
+  const windows: Window[] = [];
+  for (const e of events) {
+    if (e.type !== 'failover') continue;
+    if (e.phase === 'start') {
+      const window: Window = { kind: 'failover', target: e.server, start: e.t, end: endOfRun };
+      open.set(e.server, window);
+      windows.push(window);
+    } else {
+      const window = open.get(e.server);
+      if (window) window.end = Math.min(endOfRun, e.t + graceMs);
+      open.delete(e.server);
+    }
+  }
+  return windows;
+}
+
+/**
  * A hold lasts from `acquired` to whichever comes first of its release and its loss, where a loss
  * counts from the lease's deadline (the holder was told then, whenever its timer ran), and a
  * killed worker's holds end with it. A write sent later than that still belongs to the hold: the
@@ -136,7 +169,7 @@ function collectHolds(events: readonly HistoryEvent[], windows: readonly Window[
       holds.push(hold);
       continue;
     }
-    if (e.type === 'fault') continue;
+    if (!('holder' in e)) continue;
     const entry = latest.get(e.holder);
     if (!entry) continue;
     if (e.type === 'attempt') {
@@ -151,13 +184,16 @@ function collectHolds(events: readonly HistoryEvent[], windows: readonly Window[
   }
   for (const { hold, ended } of latest.values()) {
     if (ended) continue;
-    const killed = windows.find((w) => w.kind === 'kill-worker' && w.target === hold.worker && w.start >= hold.start);
-    if (killed) hold.end = killed.start;
+    // The first kill of its worker not over before the hold began: the worker's last lines may be
+    // stamped just after the nemesis stamped the kill (SIGKILL goes out after), and the process is
+    // gone by the kill's end.
+    const killed = windows.find((w) => w.kind === 'kill-worker' && w.target === hold.worker && w.end >= hold.start);
+    if (killed) hold.end = Math.max(hold.start, killed.start);
   }
   return holds;
 }
 
-function findOverlaps(holds: readonly Hold[], windows: readonly Window[]): Overlap[] {
+function findOverlaps(holds: readonly Hold[], windows: readonly Window[], failovers: readonly Window[]): Overlap[] {
   const overlaps: Overlap[] = [];
   const byKey = new Map<string, Hold[]>();
   for (const hold of holds) byKey.set(hold.key, [...(byKey.get(hold.key) ?? []), hold]);
@@ -175,7 +211,7 @@ function findOverlaps(holds: readonly Hold[], windows: readonly Window[]): Overl
           second: second.holder,
           at: second.start,
           ms,
-          allowedBy: allowance(first, second, windows),
+          allowedBy: allowance(first, second, windows, failovers),
         });
       }
     }
@@ -183,8 +219,11 @@ function findOverlaps(holds: readonly Hold[], windows: readonly Window[]): Overl
   return overlaps;
 }
 
-/** The fault during the first hold, before the second began, that the guarantees table allows. */
-function allowance(first: Hold, second: Hold, windows: readonly Window[]): FaultKind | undefined {
+/**
+ * The fault during the first hold, before the second began, that the guarantees table allows: one
+ * of OVERLAP_ALLOWED_AFTER, or a failover of the store.
+ */
+function allowance(first: Hold, second: Hold, windows: readonly Window[], failovers: readonly Window[]): FaultKind | undefined {
   const during = (w: Window) => w.start <= second.start && w.end >= first.start;
   const ofFirstHolder = (w: Window) => w.target === first.worker;
   const found = windows.find(
@@ -193,7 +232,7 @@ function allowance(first: Hold, second: Hold, windows: readonly Window[]): Fault
       during(w) &&
       (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' ? ofFirstHolder(w) : true),
   );
-  return found?.kind;
+  return found?.kind ?? failovers.find(during)?.kind;
 }
 
 /**

@@ -8,8 +8,11 @@ import { performance } from 'node:perf_hooks';
 export type HistoryEvent =
   /** A holder asks for `key`; it may wait up to `waitMs`. */
   | { t: number; type: 'attempt'; holder: string; worker: string; key: string; waitMs: number }
-  /** The lock is held: its fencing token (absent on a backend without tokens) and its deadline. */
-  | { t: number; type: 'acquired'; holder: string; worker: string; key: string; token?: number; deadline: number }
+  /**
+   * The lock is held: its fencing token (absent on a backend without tokens), its deadline, and
+   * the port of the Redis server the worker's lock connection is on (Sentinel: the master it found).
+   */
+  | { t: number; type: 'acquired'; holder: string; worker: string; key: string; token?: number; deadline: number; server?: number }
   /** A write of the register sent at `t` (before the answer), with the value read and the one written. */
   | {
       t: number;
@@ -29,6 +32,13 @@ export type HistoryEvent =
   | { t: number; type: 'lost'; holder: string; worker: string; key: string; reason: string; deadline: number }
   /** The attempt or the section failed with an error of this class. */
   | { t: number; type: 'error'; holder: string; worker: string; key: string; error: string; message: string }
+  /** What the store's own monitor reported (a Sentinel event: `+switch-master`, `+sdown`, ...). */
+  | { t: number; type: 'store'; event: string; detail: string }
+  /**
+   * A failover of the store, as its monitor saw it, whoever caused it (the nemesis, or a frozen or
+   * restarted master): from its start until the new master is announced. `server`: the old master.
+   */
+  | { t: number; type: 'failover'; phase: 'start' | 'end'; server: string }
   /** The nemesis starts or ends a fault; `target` is a worker, a server or 'network:<worker>'. */
   | { t: number; type: 'fault'; kind: FaultKind; phase: 'start' | 'end'; target: string };
 
@@ -46,16 +56,18 @@ export type FaultKind =
   | 'net-blackhole-down'
   | 'failover';
 
-/** Faults after which the guarantees table allows two holders at once. */
+/**
+ * Faults after which the guarantees table allows two holders at once. A failover allows them too,
+ * but the one the nemesis asks for may be refused, and a frozen or restarted master may cause
+ * one: the checker takes failovers from what the store's monitor saw (`failover` events).
+ */
 export const OVERLAP_ALLOWED_AFTER: ReadonlySet<FaultKind> = new Set<FaultKind>([
   // A holder paused past its ttl (GC, stopped VM): the lease runs out under it.
   'pause-worker',
   'stall-event-loop',
-  // The lock store forgot the lock: restarted without persistence or from an older snapshot, or
-  // a failover to a replica that had not received it.
+  // The lock store forgot the lock: restarted without persistence or from an older snapshot.
   'restart-store-empty',
   'restart-store-snapshot',
-  'failover',
 ]);
 
 /** Milliseconds on a clock every process of this machine shares. */

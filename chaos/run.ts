@@ -25,6 +25,8 @@ const keys = Number(option('keys') ?? 3);
 const ttl = Number(option('ttl') ?? 1000);
 const wait = ttl * 3;
 const json = args.includes('--json');
+/** How long after a failover's new master is announced a client may still lock on the old one. */
+const FAILOVER_GRACE_MS = 1_000;
 
 const unknown = backends.filter((name) => !(name in STORES));
 if (unknown.length > 0 || !(seconds > 0)) {
@@ -53,6 +55,7 @@ async function runOne(backend: string): Promise<RunResult> {
   );
   try {
     await pool.start(ids);
+    await store.observe?.((event) => pool.record(event));
     const nemesis = new Nemesis(pool, store, random(seed), ttl);
     const running = nemesis.run();
     note(`${backend}: ${ids.length} worker(s), seed ${seed}, ${seconds} s; history in ${historyFile}`);
@@ -63,6 +66,7 @@ async function runOne(backend: string): Promise<RunResult> {
     const report = checkHistory(pool.history, {
       fencing: store.fencing,
       waitSlackMs: store.commandTimeout * 1.25 + 1_000,
+      failoverGraceMs: FAILOVER_GRACE_MS,
     });
     await crossCheckRegister(registerServer, report, store.fencing);
     return { backend, seed, seconds, report };
@@ -100,16 +104,20 @@ function note(text: string): void {
 function summary(result: RunResult): Record<string, unknown> {
   const { report } = result;
   const overlapsAllowed = report.overlaps.filter((o) => o.allowedBy !== undefined).length;
+  const overlapsBy: Record<string, number> = {};
+  for (const o of report.overlaps) overlapsBy[o.allowedBy ?? 'unexplained'] = (overlapsBy[o.allowedBy ?? 'unexplained'] ?? 0) + 1;
   return {
     backend: result.backend,
     seed: result.seed,
     seconds: result.seconds,
     faults: report.faults,
+    failovers: report.failovers,
     operations: report.operations,
     acquisitions: report.acquisitions,
     acceptedWrites: report.acceptedWrites,
     refusedWrites: report.refusedWrites,
     overlapsAllowed,
+    overlapsBy,
     errors: report.errors,
     violations: report.violations,
   };
@@ -137,7 +145,8 @@ function printTable(results: RunResult[]): void {
   console.log(`|${widths.map((w, i) => (i === 0 ? '-'.repeat(w + 2) : `${'-'.repeat(w + 1)}:`)).join('|')}|`);
   for (const row of rows) console.log(line(columns.map((c) => row[c as keyof typeof row])));
   for (const r of results) {
-    console.log(`\n${r.backend}: faults ${JSON.stringify(r.report.faults)}`);
+    console.log(`\n${r.backend}: faults ${JSON.stringify(r.report.faults)}, failovers seen by the store ${r.report.failovers}`);
+    console.log(`  overlaps by cause ${JSON.stringify(summary(r).overlapsBy)}`);
     console.log(`  errors ${JSON.stringify(r.report.errors)}`);
     console.log(`  violations ${JSON.stringify(r.report.violations)}`);
     for (const o of r.report.overlaps.slice(0, 10))

@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { RedisSentinel } from '../test/support/redis-sentinel.js';
 import { RedisServer } from '../test/support/redis-server.js';
 import type { BackendSpec } from './chaos.worker.js';
-import type { FaultKind } from './history.js';
+import { now, type FaultKind, type HistoryEvent } from './history.js';
 import { ChaosProxy } from './tcp-proxy.js';
 
 /** What a fault on the store side needs: a random number and the run's ttl. */
@@ -34,6 +34,8 @@ export interface ChaosStore {
   backendFor(worker: string): Promise<BackendSpec>;
   /** The proxy between a worker and the store, where there is one. */
   proxyOf(worker: string): ChaosProxy | undefined;
+  /** Records what the store's own monitor reports (Sentinel's events) until stop(). */
+  observe?(record: (event: HistoryEvent) => void): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -132,8 +134,11 @@ export class MemoryStore implements ChaosStore {
 }
 
 /**
- * A master, a replica and a sentinel; workers ask the sentinel for the master. Faults: the
- * master's restarts, stalls and freezes, and a failover to the replica (SENTINEL FAILOVER).
+ * A master, a replica and a sentinel; workers ask the sentinel for the master. Faults: restarts,
+ * stalls and freezes of whichever server the sentinel names master at the time (a freeze longer
+ * than `down-after-milliseconds` makes the sentinel fail over by itself), and a failover to the
+ * replica (SENTINEL FAILOVER). The sentinel's own events go into the history; its failovers,
+ * whoever caused them, become `failover` windows there (see observe()).
  */
 export class SentinelStore implements ChaosStore {
   readonly name = 'sentinel';
@@ -141,12 +146,24 @@ export class SentinelStore implements ChaosStore {
   readonly singleProcess = false;
   readonly commandTimeout = commandTimeout;
   private setup!: RedisSentinel;
-  private admin!: Redis;
+  private readonly admins = new Map<RedisServer, Redis>();
+  private victim!: RedisServer;
+  private events: Redis | undefined;
   readonly faults: Partial<Record<FaultKind, StoreFault>> = {
-    ...serverFaults(
-      () => this.setup.master,
-      () => this.admin,
-      'sentinel-master',
+    ...Object.fromEntries(
+      Object.entries(
+        serverFaults(
+          () => this.victim,
+          () => this.admins.get(this.victim)!,
+          'sentinel-master',
+        ),
+      ).map(([kind, fault]) => [
+        kind,
+        async (context: FaultContext) => {
+          this.victim = await this.setup.currentMaster();
+          return fault(context);
+        },
+      ]),
     ),
     failover: async () => {
       const sentinel = new Redis(this.setup.sentinel.port, '127.0.0.1');
@@ -162,7 +179,7 @@ export class SentinelStore implements ChaosStore {
 
   async start(): Promise<void> {
     this.setup = await RedisSentinel.start({ replica: true, downAfterMs: 1_000 });
-    this.admin = adminClient(this.setup.master.port);
+    for (const server of [this.setup.master, this.setup.replica!]) this.admins.set(server, adminClient(server.port));
     // DEBUG is refused unless enabled at start; the sentinel helper starts servers without it.
     delete this.faults['store-sleep'];
   }
@@ -171,12 +188,40 @@ export class SentinelStore implements ChaosStore {
     return { kind: 'sentinel', sentinels: this.setup.sentinels, name: this.setup.name, commandTimeout };
   }
 
+  /**
+   * Records every event the sentinel publishes (`+sdown`, `+switch-master`, ...), and each of its
+   * failovers as a `failover` window: from `+try-failover` (the sentinel starts promoting the
+   * replica) to `+switch-master` (it announces the new master; a client that follows failovers
+   * moves then), or to `-failover-abort-...` when no switch came of it.
+   */
+  async observe(record: (event: HistoryEvent) => void): Promise<void> {
+    this.events = new Redis(this.setup.sentinel.port, '127.0.0.1').on('error', () => undefined);
+    let promoting: string | undefined;
+    this.events.on('pmessage', (_pattern: string, channel: string, message: string) => {
+      if (channel.startsWith('__sentinel__')) return;
+      const t = now();
+      record({ t, type: 'store', event: channel, detail: message });
+      // '+try-failover master <name> <ip> <port>'; '+switch-master <name> <old ip> <old port> <new ip> <new port>'.
+      const words = message.split(' ');
+      if (channel === '+try-failover' && promoting === undefined) {
+        promoting = `${words[2]}:${words[3]}`;
+        record({ t, type: 'failover', phase: 'start', server: promoting });
+      } else if ((channel === '+switch-master' || channel.startsWith('-failover-abort')) && promoting !== undefined) {
+        record({ t, type: 'failover', phase: 'end', server: promoting });
+        promoting = undefined;
+      }
+    });
+    await this.events.psubscribe('*');
+    record({ t: now(), type: 'store', event: 'servers', detail: `master ${this.setup.master.port}, replica ${this.setup.replica!.port}` });
+  }
+
   proxyOf(): undefined {
     return undefined;
   }
 
   async stop(): Promise<void> {
-    this.admin.disconnect();
+    this.events?.disconnect();
+    for (const admin of this.admins.values()) admin.disconnect();
     await this.setup.stop();
   }
 }

@@ -49,7 +49,7 @@ export class WorkerPool {
   record(event: HistoryEvent): void {
     this.history.push(event);
     this.file.write(`${JSON.stringify(event)}\n`);
-    if (event.type === 'fault') return;
+    if (!('worker' in event)) return;
     const slot = this.slots.get(event.worker);
     if (event.type === 'acquired') slot?.holding.add(event.holder);
     if (event.type === 'released' || event.type === 'error' || event.type === 'lost') slot?.holding.delete(event.holder);

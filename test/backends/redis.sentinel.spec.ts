@@ -97,6 +97,55 @@ describe('RedisLockBackend through a real Sentinel', () => {
   });
 });
 
+describe('RedisLockBackend after a Sentinel failover, while the old master still acts as one', () => {
+  it('moves to the new master as soon as the sentinel announces it, not when the old master is reconfigured seconds later', async () => {
+    const setup = await RedisSentinel.start({ name: 'switch', replica: true, downAfterMs: 5_000 });
+    const admins = [setup.master, setup.replica!, setup.sentinel].map((s) => new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 1 }));
+    const [oldMaster, newMaster, sentinel] = admins;
+    const service = new LockService(new RedisLockBackend({ sentinels: setup.sentinels, name: setup.name }, { commandTimeout: 1_000 }));
+    try {
+      await service.isLocked('warm-up');
+      // Refused (NOGOODSLAVE) until the sentinel has heard from the replica itself.
+      await until(
+        () =>
+          sentinel.call('SENTINEL', 'FAILOVER', setup.name).then(
+            () => true,
+            () => false,
+          ),
+        10_000,
+        'the sentinel to accept a failover',
+      );
+      await setup.untilMasterIs(setup.replica!.port, 30_000);
+
+      // Sentinel reconfigures the old master as a replica only seconds after the switch: until
+      // then it still takes writes from the clients connected to it, while every client that
+      // asks the sentinel goes to the new one. A lock taken there and one taken here would both
+      // be granted. So the backend must leave it before that.
+      let attempt = 0;
+      await until(
+        async () => {
+          if (/role:slave/.test(await oldMaster.info('replication'))) {
+            throw new Error('the old master was reconfigured as a replica, and the backend had still not moved to the new master');
+          }
+          const key = `after-switch-${attempt++}`;
+          const handle = await service.tryAcquire(key).catch(() => undefined);
+          if (!handle) return false;
+          // The service prefixes every key ('lock:' by default).
+          const landed = (await newMaster.exists(`lock:${key}`)) === 1;
+          await handle.release().catch(() => undefined);
+          return landed;
+        },
+        30_000,
+        'a lock taken through the backend to land on the new master',
+      );
+    } finally {
+      await service.onApplicationShutdown();
+      for (const admin of admins) admin.disconnect();
+      await setup.stop();
+    }
+  }, 60_000);
+});
+
 describe('RedisLockBackend through a Sentinel failover', () => {
   it('after a failover to a replica that never got the lock, a second owner gets it, with a greater fencing token', async () => {
     const failover = await RedisSentinel.start({ name: 'failover', replica: true, downAfterMs: 500 });

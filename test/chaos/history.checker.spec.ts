@@ -73,6 +73,34 @@ describe('checkHistory', () => {
     expect(report.faults).toEqual({ 'pause-worker': 1 });
   });
 
+  it('allows two holders around a failover the store saw, until its new master was announced and clients had time to move', () => {
+    // w1 locks on the old master; the failover starts at 8 and its new master is announced at 12.
+    const failover: HistoryEvent[] = [
+      { t: 8, type: 'failover', phase: 'start', server: '127.0.0.1:7000' },
+      { t: 12, type: 'failover', phase: 'end', server: '127.0.0.1:7000' },
+    ];
+    const grace = { ...options, failoverGraceMs: 50 };
+    const around = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 1, 2), ...failover];
+    const report = checkHistory(around, grace);
+    expect(report.overlaps).toEqual([expect.objectContaining({ first: 'w1.0', second: 'w2.0', allowedBy: 'failover' })]);
+    expect(report).toMatchObject({ failovers: 1, faults: {} });
+    // Long after the announcement two holders mean a client stayed on the old master: a violation.
+    const later = [...section('w1.0', 'register:a', 100, 10, 0, 1), ...section('w2.0', 'register:a', 110, 11, 1, 2), ...failover];
+    expect(checkHistory(later, grace).violations.overlap).toBe(1);
+  });
+
+  it('does not take a failover the nemesis asked for as one that happened', () => {
+    const history: HistoryEvent[] = [
+      ...section('w1.0', 'register:a', 0, 10, 0, 1),
+      ...section('w2.0', 'register:a', 10, 11, 1, 2),
+      { t: 8, type: 'fault', kind: 'failover', phase: 'start', target: 'sentinel' },
+      { t: 30, type: 'fault', kind: 'failover', phase: 'end', target: 'sentinel' },
+    ];
+    const report = checkHistory(history, options);
+    expect(report).toMatchObject({ failovers: 0, faults: { failover: 1 } });
+    expect(report.violations.overlap).toBe(1);
+  });
+
   it('ends a lost hold at its deadline, and extends it to a write sent after that', () => {
     const worker = 'w1';
     const lostAtDeadline: HistoryEvent[] = [
@@ -88,6 +116,21 @@ describe('checkHistory', () => {
       { t: 70, type: 'write', holder: 'w1.0', worker, key: 'k', token: 1, read: 0, wrote: 1, accepted: false },
     ];
     expect(checkHistory(lateWrite, options).violations.overlap).toBe(1);
+  });
+
+  it("ends the hold of a killed worker with the kill, even when the worker's last lines are stamped just after it", () => {
+    const worker = 'w1';
+    const history: HistoryEvent[] = [
+      { t: 10, type: 'fault', kind: 'kill-worker', phase: 'start', target: worker },
+      // Written by the worker between the nemesis's stamp and the SIGKILL.
+      { t: 10.5, type: 'attempt', holder: 'w1.0', worker, key: 'k', waitMs: 1000 },
+      { t: 11, type: 'acquired', holder: 'w1.0', worker, key: 'k', token: 1, deadline: 1011 },
+      { t: 40, type: 'fault', kind: 'kill-worker', phase: 'end', target: worker },
+      ...section('w2.0', 'k', 2000, 2, 0, 1),
+    ];
+    const report = checkHistory(history, options);
+    expect(report.overlaps).toEqual([]);
+    expect(report.violations.overlap).toBe(0);
   });
 
   it('reports a wait that ended later than its bound, and errors by type', () => {

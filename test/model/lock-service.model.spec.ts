@@ -12,6 +12,7 @@ const lib = await import('../../lib/index.js');
 const { MemoryLockBackend } = lib;
 
 const fakeTime: Clock = {
+  now: () => globalThis.performance.now(),
   async drive(work) {
     let done = false;
     void work.then(

@@ -18,6 +18,8 @@ export interface Library {
 
 /** How time moves: fake time that the test advances, or real time. */
 export interface Clock {
+  /** Milliseconds on this clock: what waits are bounded on. */
+  now(): number;
   /** Resolves true once `work` settled, false if it had not after 20 s of this clock's time. */
   drive(work: Promise<unknown>): Promise<boolean>;
   /** Timers still pending once everything ended (after every lease and wait could have run out). */
@@ -121,7 +123,7 @@ export async function run(lib: Library, clock: Clock, s: Scenario, store: LockBa
   const services = [0, 1].map(() => new LockService(backend, { pollInterval: POLL_MS, keyPrefix: '' }));
   const lastToken = new Map<string, number>();
   const seen = new WeakSet<object>();
-  const now = () => globalThis.performance.now();
+  const now = () => clock.now();
 
   async function hold(handle: LockHandle, ms: number, label: string): Promise<void> {
     for (const lease of handle.leases) {

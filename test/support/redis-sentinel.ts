@@ -6,7 +6,8 @@ import { until } from './wait.js';
  * A Sentinel setup of the test's own: one master, optionally one replica of it, and one sentinel
  * (redis-server in sentinel mode) monitoring it with quorum 1. Ready once the sentinel reports the
  * master up (and knows the replica), so a client that asks the sentinel for the master gets an
- * address that answers.
+ * address that answers. `master` and `replica` are the servers as they started; after a failover
+ * `currentMaster()` says which one the sentinel names.
  */
 export class RedisSentinel {
   private constructor(
@@ -23,12 +24,15 @@ export class RedisSentinel {
   static async start(options: { name?: string; timeoutMs?: number; replica?: boolean; downAfterMs?: number } = {}): Promise<RedisSentinel> {
     const name = options.name ?? 'mymaster';
     const timeoutMs = options.timeoutMs ?? 10_000;
-    const master = await RedisServer.start();
+    // Roles live in config files, which the sentinel rewrites (CONFIG REWRITE) when it promotes or
+    // demotes a server: a server restarted after a failover comes back in its current role, as a
+    // deployed one does, not in the role it started with.
+    const master = await RedisServer.start({ config: '' });
     let replica: RedisServer | undefined;
     let sentinel: RedisServer | undefined;
     try {
       if (options.replica) {
-        replica = await RedisServer.start({ args: ['--replicaof', '127.0.0.1', String(master.port)] });
+        replica = await RedisServer.start({ config: `replicaof 127.0.0.1 ${master.port}\n` });
         // Before the sentinel starts: its first look at the master then lists the replica.
         await untilReplicaOnline(master, timeoutMs);
       }
@@ -55,6 +59,17 @@ export class RedisSentinel {
   /** For `new Redis({ sentinels, name })` or `new RedisLockBackend({ sentinels, name })`. */
   get sentinels(): { host: string; port: number }[] {
     return [{ host: '127.0.0.1', port: this.sentinel.port }];
+  }
+
+  /** The server the sentinel names as the master now (the original replica after a failover). */
+  async currentMaster(): Promise<RedisServer> {
+    const admin = new Redis(this.sentinel.port, '127.0.0.1', { maxRetriesPerRequest: 1 });
+    try {
+      const [, port] = (await admin.call('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', this.name)) as [string, string];
+      return this.replica?.port === Number(port) ? this.replica : this.master;
+    } finally {
+      admin.disconnect();
+    }
   }
 
   /** Waits until the sentinel names the server on `port` as the master (after a failover, say). */

@@ -2,7 +2,7 @@ import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
-import { CREATED_CLIENT_DEFAULTS, type CheckedConnection } from './redis.options.js';
+import { CREATED_CLIENT_DEFAULTS, CREATED_SENTINEL_CLIENT_DEFAULTS, type CheckedConnection } from './redis.options.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -122,8 +122,10 @@ export class RedisConnection {
     const connection = this.connection;
     let client: Redis | Cluster;
     if (connection.kind === 'url') client = new Redis(connection.url, CREATED_CLIENT_DEFAULTS);
-    else if (connection.kind === 'options') client = new Redis({ ...CREATED_CLIENT_DEFAULTS, ...connection.options });
-    else if (connection.kind === 'cluster') {
+    else if (connection.kind === 'options') {
+      const sentinel = connection.options.sentinels ? CREATED_SENTINEL_CLIENT_DEFAULTS : {};
+      client = new Redis({ ...CREATED_CLIENT_DEFAULTS, ...sentinel, ...connection.options });
+    } else if (connection.kind === 'cluster') {
       const options = connection.options ?? {};
       client = new Cluster(connection.nodes, { ...options, redisOptions: { ...CREATED_CLIENT_DEFAULTS, ...options.redisOptions } });
     } else throw new Error('unreachable: a client needs no creating');

@@ -51,6 +51,18 @@ export const CREATED_CLIENT_DEFAULTS = {
   retryStrategy: (attempt: number) => Math.min(attempt * 100, 1_000),
 } satisfies RedisOptions;
 
+/**
+ * Added for a Sentinel client the backend creates: ioredis listens for the sentinels'
+ * `+switch-master` and reconnects (asking them for the new master) as soon as a failover ends.
+ * Without it a connection stays on the old master for as long as that server still acts as one:
+ * Sentinel reconfigures it as a replica only seconds later (or once it is reachable again), and
+ * meanwhile it grants locks to the processes still connected to it while the others, asking the
+ * sentinels, lock on the new master: two holders of one lock for all that time. Costs a
+ * connection to each sentinel (up to ioredis's `sentinelMaxConnections`) per client.
+ * `failoverDetector: false` in the options turns it off.
+ */
+export const CREATED_SENTINEL_CLIENT_DEFAULTS = { failoverDetector: true } satisfies RedisOptions;
+
 const HOW_TO =
   "Pass an ioredis client (new Redis(...) or new Cluster(...)), a URL ('redis://host:6379'), ioredis options ({ host, port }) or { clusterNodes: [{ host, port }] }.";
 
