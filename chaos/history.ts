@@ -54,6 +54,7 @@ export type FaultKind =
   | 'net-drop'
   | 'net-blackhole-up'
   | 'net-blackhole-down'
+  | 'clock-jump'
   | 'failover';
 
 /**
@@ -68,6 +69,8 @@ export const OVERLAP_ALLOWED_AFTER: ReadonlySet<FaultKind> = new Set<FaultKind>(
   // The lock store forgot the lock: restarted without persistence or from an older snapshot.
   'restart-store-empty',
   'restart-store-snapshot',
+  // A store server's wall clock jumped forward past the lease: it expired the lock early.
+  'clock-jump',
 ]);
 
 /** Milliseconds on a clock every process of this machine shares. */

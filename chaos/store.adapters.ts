@@ -2,6 +2,7 @@ import { Redis } from 'ioredis';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { ClockShift } from '../test/support/clock-shift.js';
 import { RedisSentinel } from '../test/support/redis-sentinel.js';
 import { RedisServer } from '../test/support/redis-server.js';
 import type { BackendSpec } from './chaos.worker.js';
@@ -226,7 +227,11 @@ export class SentinelStore implements ChaosStore {
   }
 }
 
-/** Three independent masters; faults: one restarted empty, one frozen, one asleep. */
+/**
+ * Three independent masters; faults: one restarted empty, one frozen, one asleep, and one whose
+ * wall clock jumps forward past the lease (each master runs with an LD_PRELOAD that shifts its
+ * clock; Redis expires keys by it), the scenario the debate about Redlock turns on.
+ */
 export class RedlockStore implements ChaosStore {
   readonly name = 'redlock';
   readonly fencing = false;
@@ -234,15 +239,25 @@ export class RedlockStore implements ChaosStore {
   readonly commandTimeout = 250;
   private servers: RedisServer[] = [];
   private admins: Redis[] = [];
+  private clocks: ClockShift[] = [];
+  /** How far each master's clock is ahead of the real one, in ms. */
+  private offsets: number[] = [];
   private victim = 0;
   readonly faults: Partial<Record<FaultKind, StoreFault>> = Object.fromEntries(
-    Object.entries(
-      serverFaults(
+    Object.entries({
+      ...serverFaults(
         () => this.servers[this.victim],
         () => this.admins[this.victim],
         'master',
       ),
-    ).map(([kind, fault]) => [
+      'clock-jump': async ({ ttl }: FaultContext): Promise<string> => {
+        // Forward, as an NTP step does: keys on that master expire at once. Never back, so the
+        // next jump starts from where this one left the clock.
+        this.offsets[this.victim] += 2 * ttl;
+        this.clocks[this.victim].set(this.offsets[this.victim]);
+        return 'master';
+      },
+    }).map(([kind, fault]) => [
       kind,
       async (context: FaultContext) => {
         this.victim = Math.floor(context.next() * this.servers.length);
@@ -254,7 +269,10 @@ export class RedlockStore implements ChaosStore {
 
   async start(): Promise<void> {
     for (let i = 0; i < 3; i++) {
-      const server = await RedisServer.start({ args: DEBUG_ARGS });
+      const clock = ClockShift.compile();
+      this.clocks.push(clock);
+      this.offsets.push(0);
+      const server = await RedisServer.start({ args: DEBUG_ARGS, env: clock.env });
       this.servers.push(server);
       this.admins.push(adminClient(server.port));
     }
@@ -271,6 +289,7 @@ export class RedlockStore implements ChaosStore {
   async stop(): Promise<void> {
     for (const admin of this.admins) admin.disconnect();
     await Promise.all(this.servers.map((server) => server.stop()));
+    for (const clock of this.clocks) clock.remove();
   }
 }
 
