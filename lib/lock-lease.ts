@@ -116,14 +116,13 @@ export class Lease {
   async release(): Promise<void> {
     if (--this.holders > 0 || this.state !== 'held') return;
     this.end('released');
-    const keep = this.keepFor();
-    if (keep > 0) {
+    if (this.holds?.minUntil !== undefined) {
       // Not free yet: the lease is shortened to the rest of minHold and runs out by itself. Local
       // waiters are not woken; they wait for that end as for any lease.
-      await this.backend.extend(this.keys, this.owner, keep).catch((error: unknown) => {
+      const kept = await this.keepForMinHold().catch((error: unknown) => {
         throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'release failed', error);
       });
-      return;
+      if (kept) return;
     }
     const releasing = this.backend.release(this.keys, this.owner);
     // The release request is on its way; a local waiter's acquire now goes out behind it (on one
@@ -147,10 +146,19 @@ export class Lease {
     return this.lose('shutdown');
   }
 
-  /** Whole milliseconds of minHold still ahead (0 when none). */
-  private keepFor(): number {
+  /**
+   * With minHold still ahead, shortens the lease to the rest of it instead of freeing the keys;
+   * true when it did. An extension still out is awaited first: on a backend that can run two
+   * requests in either order (a connection pool), it would otherwise land after the shortening
+   * and keep the key for a whole ttl.
+   */
+  private async keepForMinHold(): Promise<boolean> {
+    if (this.extensions > 0) await this.lastExtension;
     const until = this.holds?.minUntil;
-    return until === undefined ? 0 : Math.max(0, Math.ceil(until - performance.now()));
+    const keep = until === undefined ? 0 : Math.ceil(until - performance.now());
+    if (keep <= 0) return false;
+    await this.backend.extend(this.keys, this.owner, keep);
+    return true;
   }
 
   /** The scheduler's call comes late when the event loop stalls: a read past the deadline declares the loss itself. */
@@ -267,10 +275,17 @@ export class Lease {
     const events = this.tracker.events;
     if (events?.has('lost')) events.emit('lost', { keys: this.keys, reason, error });
     // At shutdown, a lock asked to be kept for a while (minHold) is kept for the rest of it.
-    const keep = reason === 'shutdown' ? this.keepFor() : 0;
-    if (keep > 0) return this.backend.extend(this.keys, this.owner, keep).then(ignore, ignore);
-    // Frees the keys at once if they are still ours (after a stall), so waiters need not sit out
-    // the rest of the TTL. Compare-and-delete: it never touches another owner's lock.
+    if (reason === 'shutdown' && this.holds?.minUntil !== undefined) {
+      return this.keepForMinHold().then((kept) => (kept ? undefined : this.free()), ignore);
+    }
+    return this.free();
+  }
+
+  /**
+   * Frees the keys at once if they are still ours (after a stall), so waiters need not sit out
+   * the rest of the TTL. Compare-and-delete: it never touches another owner's lock.
+   */
+  private free(): Promise<void> {
     return this.backend
       .release(this.keys, this.owner)
       .then(ignore, ignore)

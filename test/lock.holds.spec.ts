@@ -59,6 +59,23 @@ describe('minHold', () => {
     expect(await a.isLocked('job:long')).toBe(false);
   });
 
+  it('is not stretched to a whole ttl by an extension still out when the job releases (a pool may run it last)', async () => {
+    /** A backend whose long extensions travel on a slow connection, as a pool's can. */
+    class SlowExtends extends MemoryLockBackend {
+      override async extend(keys: readonly string[], owner: string, ttlMs: number) {
+        if (ttlMs >= 1_000) await new Promise((resolve) => setTimeout(resolve, 50));
+        return super.extend(keys, owner, ttlMs);
+      }
+    }
+    const locks = new LockService(new SlowExtends(), { ttl: 5_000 });
+    const handle = await locks.acquire('job:pooled', { minHold: 100 });
+    const extending = handle.extend().catch(() => undefined);
+    await handle.release();
+    await extending;
+    expect((await locks.inspect('job:pooled'))?.ttlMs ?? 0).toBeLessThanOrEqual(100);
+    await until(async () => !(await locks.isLocked('job:pooled')), 5_000, 'the kept lock to run out at minHold');
+  });
+
   it('is kept at application shutdown too: the lock stays for the rest of minHold', async () => {
     const [a, b] = instances();
     // The store outlives this instance, as a Redis does (closing an in-memory backend empties it).
