@@ -1,16 +1,6 @@
 import 'reflect-metadata';
 import { afterEach, describe, expect, it } from '@jest/globals';
-import {
-  Controller,
-  Injectable,
-  Module,
-  Param,
-  Post,
-  Sse,
-  type INestApplication,
-  type LoggerService,
-  type MessageEvent,
-} from '@nestjs/common';
+import { Controller, Injectable, Module, Param, Post, Sse, type INestApplication, type MessageEvent } from '@nestjs/common';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { Test } from '@nestjs/testing';
 import type { AddressInfo } from 'node:net';
@@ -26,6 +16,7 @@ import {
 } from '../lib/index.js';
 import { AbandonedRequests } from './support/http-clients.js';
 import { activeTimers, until } from './support/wait.js';
+import { ErrorLog } from './support/error-log.js';
 
 @Injectable()
 class Stock {
@@ -57,16 +48,6 @@ class ItemsController {
 
 @Module({ imports: [DistributedLockModule.forRoot({ ttl: 60_000, wait: 60_000 })], controllers: [ItemsController], providers: [Stock] })
 class ShopModule {}
-
-/** Records what Nest logs as errors: a client that went away is no error of the app's. */
-class ErrorLog implements LoggerService {
-  readonly errors: unknown[] = [];
-  log(): void {}
-  warn(): void {}
-  error(...message: unknown[]): void {
-    this.errors.push(message);
-  }
-}
 
 const apps: INestApplication[] = [];
 afterEach(async () => {

@@ -1,7 +1,6 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import { execFile, fork, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
+import { execFile } from 'node:child_process';
 import { resolve } from 'node:path';
 import { promisify } from 'node:util';
 import type pg from 'pg';
@@ -10,48 +9,11 @@ import { LockBackendError, LockLostError, LockNotAcquiredError, LockService, Pos
 import { fencedWrite } from '../fixtures/postgres-fenced-store.mjs';
 import { usePostgresServer } from '../support/postgres-fixture.js';
 import { freePort } from '../support/redis-server.js';
+import { Holder } from '../support/lock-holder-process.js';
 import { until } from '../support/wait.js';
 
 const fixtures = resolve(import.meta.dirname, '../fixtures');
 const write = fencedWrite as (pool: pg.Pool, token: number, value: string) => Promise<boolean>;
-
-interface HolderMessage {
-  type: 'acquired' | 'lost' | 'wrote' | 'released';
-  token?: number;
-  reason?: string;
-  name?: string;
-  accepted?: boolean;
-  aborted?: boolean;
-}
-
-/** A child process holding `key`, and the messages it sent so far. */
-class Holder {
-  readonly messages: HolderMessage[] = [];
-  private constructor(readonly child: ChildProcess) {
-    child.on('message', (message: HolderMessage) => this.messages.push(message));
-  }
-
-  static async start(url: string, key: string, ttl: number): Promise<Holder> {
-    const holder = new Holder(
-      fork(resolve(fixtures, 'postgres-lock-holder.mjs'), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
-    );
-    await holder.next('acquired');
-    return holder;
-  }
-
-  next(type: HolderMessage['type']): Promise<HolderMessage> {
-    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(() =>
-      this.messages.find((m) => m.type === type)!,
-    );
-  }
-
-  async kill(): Promise<void> {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
-    const exited = once(this.child, 'exit');
-    this.child.kill('SIGKILL');
-    await exited;
-  }
-}
 
 // synchronous_commit on: a commit the server acknowledged survives its crash, as in production.
 const fixture = usePostgresServer({ durable: true });
@@ -70,7 +32,7 @@ function quietWarnings(): void {
 describe('PostgreSQL backend under faults, with real processes', () => {
   it('another process acquires within the ttl after the holder is SIGKILLed', async () => {
     const ttl = 1_500;
-    const holder = await Holder.start(fixture.url, 'killed', ttl);
+    const holder = await Holder.start('postgres-lock-holder.mjs', fixture.url, 'killed', ttl);
     fixture.cleanup(() => holder.kill());
     const locks = service();
     expect(await locks.tryAcquire('killed')).toBeUndefined();
@@ -84,7 +46,7 @@ describe('PostgreSQL backend under faults, with real processes', () => {
 
   it('a holder paused past its ttl loses: its signal fires, the next holder has a larger token, its late write is rejected', async () => {
     await fixture.admin.query('CREATE TABLE IF NOT EXISTS fenced (id int PRIMARY KEY, token bigint NOT NULL, value text NOT NULL)');
-    const holder = await Holder.start(fixture.url, 'paused', 1_000);
+    const holder = await Holder.start('postgres-lock-holder.mjs', fixture.url, 'paused', 1_000);
     fixture.cleanup(() => holder.kill());
     const stale = (await holder.next('acquired')).token!;
     holder.child.kill('SIGSTOP'); // as in a long GC pause: the process does nothing, not even extend

@@ -1,7 +1,7 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
-import { execFile, fork, type ChildProcess } from 'node:child_process';
+import { execFile, fork } from 'node:child_process';
 import { once } from 'node:events';
 import { resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -10,48 +10,10 @@ import { LockBackendError, LockLostError, LockService, RedisLockBackend } from '
 import { fencedWrite } from '../fixtures/fenced-store.mjs';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { RedisServer } from '../support/redis-server.js';
-import { until } from '../support/wait.js';
+import { Holder } from '../support/lock-holder-process.js';
 
 const fixtures = resolve(import.meta.dirname, '../fixtures');
 const write = fencedWrite as (redis: Redis, key: string, token: number, value: string) => Promise<boolean>;
-
-interface HolderMessage {
-  type: 'acquired' | 'lost' | 'wrote' | 'released';
-  token?: number;
-  reason?: string;
-  name?: string;
-  accepted?: boolean;
-  aborted?: boolean;
-}
-
-/** A child process holding `key`, and the messages it sent so far. */
-class Holder {
-  readonly messages: HolderMessage[] = [];
-  private constructor(readonly child: ChildProcess) {
-    child.on('message', (message: HolderMessage) => this.messages.push(message));
-  }
-
-  static async start(url: string, key: string, ttl: number): Promise<Holder> {
-    const holder = new Holder(
-      fork(resolve(fixtures, 'redis-lock-holder.mjs'), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
-    );
-    await holder.next('acquired');
-    return holder;
-  }
-
-  next(type: HolderMessage['type']): Promise<HolderMessage> {
-    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(() =>
-      this.messages.find((m) => m.type === type)!,
-    );
-  }
-
-  async kill(): Promise<void> {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
-    const exited = once(this.child, 'exit');
-    this.child.kill('SIGKILL');
-    await exited;
-  }
-}
 
 describe('Redis backend under faults, with real processes', () => {
   const fixture = useRedisServer();
@@ -64,7 +26,7 @@ describe('Redis backend under faults, with real processes', () => {
 
   it('another process acquires within the ttl after the holder is SIGKILLed', async () => {
     const ttl = 1_500;
-    const holder = await Holder.start(fixture.server.url, 'killed', ttl);
+    const holder = await Holder.start('redis-lock-holder.mjs', fixture.server.url, 'killed', ttl);
     fixture.cleanup(() => holder.kill());
     const locks = service();
     expect(await locks.tryAcquire('killed')).toBeUndefined();
@@ -77,7 +39,7 @@ describe('Redis backend under faults, with real processes', () => {
   });
 
   it('a holder paused past its ttl loses: its signal fires, the next holder has a larger token, its late write is rejected', async () => {
-    const holder = await Holder.start(fixture.server.url, 'paused', 1_000);
+    const holder = await Holder.start('redis-lock-holder.mjs', fixture.server.url, 'paused', 1_000);
     fixture.cleanup(() => holder.kill());
     const stale = (await holder.next('acquired')).token!;
     holder.child.kill('SIGSTOP'); // as in a long GC pause: the process does nothing, not even extend

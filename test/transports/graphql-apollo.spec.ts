@@ -1,11 +1,12 @@
 import 'reflect-metadata';
 import { afterEach, describe, expect, it } from '@jest/globals';
 import { ApolloDriver, type ApolloDriverConfig } from '@nestjs/apollo';
-import { Module, type INestApplication, type LoggerService } from '@nestjs/common';
+import { Module, type INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Args, GraphQLModule, Mutation, Query, Resolver } from '@nestjs/graphql';
 import type { AddressInfo } from 'node:net';
 import { DistributedLockModule, LockService, Locked } from '../../lib/index.js';
+import { ErrorLog } from '../support/error-log.js';
 
 @Resolver()
 class OrdersResolver {
@@ -32,16 +33,6 @@ class OrdersResolver {
   providers: [OrdersResolver],
 })
 class OrdersModule {}
-
-/** Records what Nest logs as errors: a busy lock is the client's to retry, not the app's failure. */
-class ErrorLog implements LoggerService {
-  readonly errors: unknown[] = [];
-  log(): void {}
-  warn(): void {}
-  error(...message: unknown[]): void {
-    this.errors.push(message);
-  }
-}
 
 const apps: INestApplication[] = [];
 afterEach(async () => {

@@ -1,0 +1,46 @@
+import { fork, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { resolve } from 'node:path';
+import { until } from './wait.js';
+
+const fixtures = resolve(import.meta.dirname, '../fixtures');
+
+/** What a holder fixture (test/fixtures/*-lock-holder.mjs) reports over IPC. */
+export interface HolderMessage {
+  type: 'acquired' | 'lost' | 'wrote' | 'released';
+  token?: number;
+  reason?: string;
+  name?: string;
+  accepted?: boolean;
+  aborted?: boolean;
+}
+
+/** A child process holding `key` through one backend's holder fixture, and the messages it sent so far. */
+export class Holder {
+  readonly messages: HolderMessage[] = [];
+  private constructor(readonly child: ChildProcess) {
+    child.on('message', (message: HolderMessage) => this.messages.push(message));
+  }
+
+  /** `fixture`: the file name under test/fixtures, e.g. 'redis-lock-holder.mjs'. */
+  static async start(fixture: string, url: string, key: string, ttl: number): Promise<Holder> {
+    const holder = new Holder(
+      fork(resolve(fixtures, fixture), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
+    );
+    await holder.next('acquired');
+    return holder;
+  }
+
+  next(type: HolderMessage['type']): Promise<HolderMessage> {
+    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(() =>
+      this.messages.find((m) => m.type === type)!,
+    );
+  }
+
+  async kill(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    const exited = once(this.child, 'exit');
+    this.child.kill('SIGKILL');
+    await exited;
+  }
+}
