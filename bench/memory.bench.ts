@@ -56,5 +56,29 @@ export async function memoryBench(report: Report): Promise<void> {
   };
   await heap('ours', async () => (await locks.acquire('k')).release());
   await heap('async-mutex', async () => (await mutex.acquire())());
+
+  // What a caller waiting for a held lock costs (a request queued behind a hot key), and what
+  // is left once those waits are aborted (their clients hung up).
+  const waiters = 5_000;
+  const holder = await locks.acquire('held');
+  const hangUp = new AbortController();
+  const before = settledHeap();
+  const waiting = Array.from({ length: waiters }, () =>
+    locks.acquire('held', { wait: 600_000, signal: hangUp.signal }).catch(() => undefined),
+  );
+  while (locks.queue.waiting < waiters) await new Promise((resolve) => setTimeout(resolve, 10));
+  const during = settledHeap();
+  hangUp.abort();
+  await Promise.all(waiting);
+  waiting.length = 0;
+  report.add({
+    scenario: 'memory: callers waiting for a held lock',
+    impl: 'ours',
+    waiters,
+    bytesPerWaiter: Math.round((during - before) / waiters),
+    leftAfterAbortKB: round((settledHeap() - before) / 1024, 1),
+    queuedAfterAbort: locks.queue.waiting,
+  });
+  await holder.release();
   await locks.onApplicationShutdown();
 }
