@@ -248,8 +248,9 @@ export class LockService implements OnApplicationShutdown {
         // one request, within what is left of the wait.
         await fresh?.release().catch(() => undefined);
         if (ended.state === 'lost') throw ended.signal.reason;
-        const wait = options?.wait ?? this.options.wait;
-        options = { ...options, wait: Math.max(0, wait - (performance.now() - started)) };
+        // What is left of the wait asked, counted from the start: `options.wait` is already what
+        // was left for this round.
+        options = { ...options, wait: Math.max(0, asked - (performance.now() - started)) };
         contended = true;
       }
     } catch (error) {

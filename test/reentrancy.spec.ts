@@ -2,7 +2,17 @@ import 'reflect-metadata';
 import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
-import { DistributedLockModule, InvalidLockKeyError, LockLostError, LockService, Locked, MemoryLockBackend } from '../lib/index.js';
+import { performance } from 'node:perf_hooks';
+import {
+  DistributedLockModule,
+  InvalidLockKeyError,
+  LockLostError,
+  LockNotAcquiredError,
+  LockService,
+  Locked,
+  MemoryLockBackend,
+} from '../lib/index.js';
+import { until } from './support/wait.js';
 
 const backend = new MemoryLockBackend();
 
@@ -216,5 +226,44 @@ describe('reentrancy', () => {
     expect(await locks.isLocked('x')).toBe(false);
     await busy.release();
     await expect(nested).resolves.toEqual({ reentrant: false, held: true });
+  });
+
+  it('keeps the whole wait asked when outer holders let go twice while a nested call waited', async () => {
+    // Every outer lease that ends while the nested call waits sends it round again with what is
+    // left of its wait. That is counted from its start each time, or a third round gets less.
+    const asked = 600;
+    const attempts: string[][] = [];
+    const tryAcquire = MemoryLockBackend.prototype.tryAcquire;
+    acquireCalls.mockImplementation(async (keys, ...rest) => {
+      const result = await tryAcquire.call(backend, keys, ...rest);
+      if (!result.acquired) attempts.push([...keys]);
+      return result;
+    });
+    const busyC = await locks.acquire('c');
+    let nested!: Promise<unknown>;
+    let started = 0;
+    const busyB = await locks.using('a', async () => {
+      await locks.using('b', async () => {
+        started = performance.now();
+        nested = locks.using(['a', 'b', 'c'], async () => 'ran', { wait: asked });
+        await until(() => attempts.some((keys) => keys.join() === 'lock:c'), 2_000, 'the first round to wait for c');
+      });
+      // 'b' was let go: another holder takes it before the nested call asks for it again.
+      const b = await locks.acquire('b');
+      // The first round has waited a while when 'c' comes free.
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      await busyC.release();
+      await until(() => attempts.some((keys) => keys.join() === 'lock:b,lock:c'), 2_000, 'the second round to wait for b');
+      return b;
+    });
+    // 'a' was let go too: taken by another holder (outside the scope, so not a re-entry) before the
+    // second round ends. The third round asks for everything and waits on 'a' until its time is up.
+    const busyA = await locks.acquire('a');
+    await busyB.release();
+    await expect(nested).rejects.toThrow(LockNotAcquiredError);
+    const waited = performance.now() - started;
+    expect(attempts.some((keys) => keys.join() === 'lock:a,lock:b,lock:c')).toBe(true);
+    expect(waited).toBeGreaterThanOrEqual(asked - 20);
+    await busyA.release();
   });
 });
