@@ -82,8 +82,9 @@ export class LockHandle implements AsyncDisposable {
   }
 
   /**
-   * Extends the lease now to `ttl` ms (default: the ttl it was acquired with). Throws
-   * LockLostError if the lock is no longer held.
+   * Extends the lease now to `ttl` ms (default: the ttl it was acquired with), never past the
+   * lock's `maxHold` (then `expiresAt` shows the shorter end). Throws LockLostError if the lock
+   * is no longer held.
    */
   async extend(ttl?: number): Promise<void> {
     await Promise.all(this.leases.map((lease) => lease.extend(ttl)));

@@ -112,6 +112,16 @@ describe('maxHold', () => {
     expect(handle.isHeld).toBe(false);
   });
 
+  it('stops a manual extend there too: the store keeps the lease no longer, and expiresAt says where it ends', async () => {
+    const [a, b] = instances();
+    const handle = await a.acquire('job:manual', { ttl: 300, maxHold: 1_000, autoExtend: false });
+    await handle.extend(60_000);
+    const left = (await b.inspect('job:manual'))!.ttlMs;
+    expect(left).toBeLessThanOrEqual(1_000);
+    expect(handle.expiresAt.getTime() - Date.now()).toBeLessThanOrEqual(1_000);
+    await handle.release();
+  });
+
   it('leaves a job that finishes in time alone: released as usual, nothing logged', async () => {
     const warn = jest.spyOn(Logger.prototype, 'warn');
     const [a] = instances();
