@@ -29,7 +29,14 @@ export class RedlockMasters {
   /** A client to one master, closed with the others. */
   client(server: RedisServer, options: RedisOptions = {}): Redis {
     // Fail fast while a killed master is down, and keep reconnecting quickly for restart tests.
-    const client = new Redis(server.port, '127.0.0.1', { maxRetriesPerRequest: 1, retryStrategy: () => 50, ...options });
+    // disconnect() of a client whose master was killed waits disconnectTimeout (2 s by default)
+    // for a socket that already closed, keeping Jest from exiting: a short one ends it.
+    const client = new Redis(server.port, '127.0.0.1', {
+      maxRetriesPerRequest: 1,
+      retryStrategy: () => 50,
+      disconnectTimeout: 100,
+      ...options,
+    });
     client.on('error', () => undefined);
     this.clients.add(client);
     return client;
