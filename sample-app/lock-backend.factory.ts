@@ -1,11 +1,18 @@
-import { RedisLockBackend, RedlockLockBackend, type DistributedLockModuleOptions, type LockBackend } from 'nest-distributed-lock';
-import type { ShopConfig } from './shop.config.js';
+import {
+  PostgresLockBackend,
+  RedisLockBackend,
+  RedlockLockBackend,
+  type DistributedLockModuleOptions,
+  type LockBackend,
+} from 'nest-distributed-lock';
+import { checkLockBackend, lockBackendKind, type ShopConfig } from './shop.config.js';
 
 /**
- * The lock backend comes from the environment: REDLOCK_URLS, else REDIS_URL, else in-process.
- * The in-process backend is right for one process only; every instance of a shop that runs
- * several must point at the same Redis (or the same Redlock masters). Backends built from URLs
- * own their connections: the lock module closes them on shutdown, after releasing held locks.
+ * The lock backend comes from the environment: LOCK_BACKEND when set, else REDLOCK_URLS, else
+ * REDIS_URL, else in-process. The in-process backend is right for one process only; every
+ * instance of a shop that runs several must point at the same Redis (or the same Redlock
+ * masters, or the same PostgreSQL). Backends built from URLs own their connections: the lock
+ * module closes them on shutdown, after releasing held locks.
  */
 export function lockModuleOptions(config: ShopConfig): DistributedLockModuleOptions {
   return {
@@ -16,8 +23,18 @@ export function lockModuleOptions(config: ShopConfig): DistributedLockModuleOpti
 }
 
 function lockBackend(config: ShopConfig): LockBackend | undefined {
-  // Redlock hands out no fencing tokens: the locked purchase then writes without the fence.
-  if (config.redlockUrls) return new RedlockLockBackend(config.redlockUrls);
-  if (config.redisUrl) return new RedisLockBackend(config.redisUrl);
-  return undefined;
+  checkLockBackend(config);
+  switch (lockBackendKind(config)) {
+    // Redlock hands out no fencing tokens: the locked purchase then writes without the fence.
+    case 'redlock':
+      return new RedlockLockBackend(config.redlockUrls!);
+    case 'redis':
+      return new RedisLockBackend(config.redisUrl!);
+    // A pool of its own on the shop's database (closed on shutdown); the lock tables are created
+    // on first use, next to the shop's.
+    case 'postgres':
+      return new PostgresLockBackend(config.databaseUrl!);
+    case 'memory':
+      return undefined;
+  }
 }

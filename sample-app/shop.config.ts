@@ -1,3 +1,7 @@
+/** Where the shop keeps its locks (LOCK_BACKEND). */
+export const LOCK_BACKENDS = ['memory', 'redis', 'redlock', 'postgres'] as const;
+export type LockBackendKind = (typeof LOCK_BACKENDS)[number];
+
 /** Everything the shop reads from its environment, read once at start-up. */
 export interface ShopConfig {
   /** PostgreSQL through `pg`; unset: an embedded PostgreSQL (PGlite) in memory. */
@@ -6,6 +10,11 @@ export interface ShopConfig {
   redisUrl?: string;
   /** Several independent Redis masters for Redlock, comma-separated. */
   redlockUrls?: string[];
+  /**
+   * Where the locks are kept. Unset: Redlock with REDLOCK_URLS, else Redis with REDIS_URL, else
+   * in-process. `postgres` keeps them in the shop's own PostgreSQL (DATABASE_URL): no Redis at all.
+   */
+  lockBackend?: LockBackendKind;
   /** Lease of the product locks in ms (default: the module's 30 s). */
   lockTtlMs?: number;
   /** Whether the watchdog extends held leases (default true). Tests switch it off to let a lease lapse. */
@@ -19,7 +28,7 @@ export interface ShopConfig {
 }
 
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ShopConfig {
-  return {
+  const config: ShopConfig = {
     databaseUrl: env.DATABASE_URL || undefined,
     redisUrl: env.REDIS_URL || undefined,
     redlockUrls: env.REDLOCK_URLS
@@ -27,10 +36,44 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ShopConfig 
           .map((url) => url.trim())
           .filter(Boolean)
       : undefined,
+    lockBackend: lockBackendFromEnv(env.LOCK_BACKEND),
     lockTtlMs: env.LOCK_TTL_MS ? positive('LOCK_TTL_MS', env.LOCK_TTL_MS) : undefined,
     lockAutoExtend: env.LOCK_AUTO_EXTEND ? env.LOCK_AUTO_EXTEND !== 'false' : undefined,
     demo: onOff('SHOP_DEMO', env.SHOP_DEMO),
   };
+  checkLockBackend(config);
+  return config;
+}
+
+/** The lock backend asked for, or inferred from the URLs that are set. */
+export function lockBackendKind(config: ShopConfig): LockBackendKind {
+  if (config.lockBackend) return config.lockBackend;
+  if (config.redlockUrls) return 'redlock';
+  if (config.redisUrl) return 'redis';
+  return 'memory';
+}
+
+function lockBackendFromEnv(value: string | undefined): LockBackendKind | undefined {
+  const normalized = (value ?? '').trim().toLowerCase();
+  if (normalized === '') return undefined;
+  if ((LOCK_BACKENDS as readonly string[]).includes(normalized)) return normalized as LockBackendKind;
+  throw new Error(
+    `LOCK_BACKEND must be one of ${LOCK_BACKENDS.join(', ')} (unset: redlock with REDLOCK_URLS, else redis with REDIS_URL, else memory), got '${value}'.`,
+  );
+}
+
+/** A backend asked for by name needs its server: say which variable is missing rather than fall back. */
+export function checkLockBackend(config: ShopConfig): void {
+  const needs: Partial<Record<LockBackendKind, [keyof ShopConfig, string]>> = {
+    postgres: [
+      'databaseUrl',
+      "DATABASE_URL (the shop's PostgreSQL, which then holds the locks too; the embedded PGlite serves one process only)",
+    ],
+    redis: ['redisUrl', 'REDIS_URL'],
+    redlock: ['redlockUrls', 'REDLOCK_URLS (comma-separated Redis masters)'],
+  };
+  const need = config.lockBackend && needs[config.lockBackend];
+  if (need && !config[need[0]]) throw new Error(`LOCK_BACKEND=${config.lockBackend} needs ${need[1]}, which is not set.`);
 }
 
 /** A switch that opens a route is read strictly: a typo must not leave it on, or silently off. */
@@ -50,11 +93,12 @@ function positive(name: string, value: string): number {
 /** For logs: which database and lock backend this process uses, without credentials. */
 export function describeConfig(config: ShopConfig): string {
   const database = config.databaseUrl ? `PostgreSQL at ${redact(config.databaseUrl)}` : 'embedded PostgreSQL (PGlite, in memory)';
-  const locks = config.redlockUrls
-    ? `Redlock over ${config.redlockUrls.length} Redis masters`
-    : config.redisUrl
-      ? `Redis at ${redact(config.redisUrl)}`
-      : 'in-process locks (one process only)';
+  const locks = {
+    redlock: () => `Redlock over ${config.redlockUrls!.length} Redis masters`,
+    redis: () => `Redis at ${redact(config.redisUrl!)}`,
+    postgres: () => 'locks in that PostgreSQL (PostgresLockBackend)',
+    memory: () => 'in-process locks (one process only)',
+  }[lockBackendKind(config)]();
   return `${database}; ${locks}${config.demo ? '; POST /demo on (SHOP_DEMO)' : ''}`;
 }
 

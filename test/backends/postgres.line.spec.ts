@@ -53,9 +53,12 @@ describe('the line of waiters in PostgreSQL', () => {
       const count = heard.length;
       expect(await releasedBy.release(['k'], previous)).toBe(true);
       // One message, on the channel of the next waiter's backend, naming it; nobody else hears.
+      // The release handed it the lock, with a token taken then and its lease.
       await until(() => heard.length > count, 5_000, 'the release to be heard');
-      expect(heard.slice(count)).toEqual([{ channel: b.channel, payload: `waiter-${i}` }]);
-      // The key is free, but not for those behind in line, nor for a newcomer.
+      expect(heard.slice(count)).toEqual([{ channel: b.channel, payload: expect.stringMatching(new RegExp(`^waiter-${i} \\d+ 60000$`)) }]);
+      const handed = Number(heard.at(-1)!.payload!.split(' ')[1]);
+      expect(await holder.inspect('k')).toMatchObject({ owner: `waiter-${i}`, fencingToken: handed });
+      // Not for those behind in line, nor for a newcomer; its owner finds it its own.
       for (const [j, other] of waiters.entries()) {
         if (j > i) expect((await other.tryAcquire(['k'], `waiter-${j}`, 60_000)).acquired).toBe(false);
       }
@@ -70,7 +73,7 @@ describe('the line of waiters in PostgreSQL', () => {
     await releasedBy.release(['k'], previous);
     await fixture.admin.query('SELECT pg_notify($1, $2)', [holder.channel, 'marker']);
     await until(() => heard.at(-1)?.payload === 'marker', 5_000, 'the marker');
-    expect(heard.map((h) => h.payload)).toEqual(['waiter-0', 'waiter-1', 'waiter-2', 'marker']);
+    expect(heard.map((h) => h.payload!.split(' ')[0])).toEqual(['waiter-0', 'waiter-1', 'waiter-2', 'marker']);
   });
 
   it('waiters of several processes enter one after another in the order they queued, each woken once', async () => {
@@ -138,6 +141,58 @@ describe('the line of waiters in PostgreSQL', () => {
     expect(entered.sort()).toEqual(['first', 'second']);
   });
 
+  it('a release hands the lock to the next waiter for one key: it enters with the token the release took, without asking again', async () => {
+    const holder = new LockService(backend(), { keyPrefix: '' });
+    const waiterBackend = backend();
+    const waiter = new LockService(waiterBackend, { keyPrefix: '', pollInterval: 60_000 });
+    fixture.cleanup(() => Promise.all([holder, waiter].map((s) => s.onApplicationShutdown())));
+    // Its process already listens, as after its first wait, so it asks once and then waits.
+    (await waiterBackend.watch(['warm-up'], () => undefined, 'nobody'))();
+    const held = await holder.acquire('handed', { ttl: 60_000 });
+    const entering = waiter.acquire('handed', { ttl: 10_000, wait: 20_000 });
+    await until(async () => (await line('handed')).length === 1, 5_000, 'the waiter in line');
+    const statements: string[] = [];
+    const connection = (waiterBackend as unknown as { connection: { run(s: { op: string }): Promise<unknown> } }).connection;
+    const run = connection.run.bind(connection);
+    connection.run = (statement) => (statements.push(statement.op), run(statement));
+
+    await held.release();
+    const handle = await entering;
+    const lease = await holder.backend.inspect('handed');
+    expect(lease).toMatchObject({ owner: expect.any(String), fencingToken: handle.fencingToken });
+    expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+    // Its lease is its ttl, but no longer than its place in line would have lasted.
+    expect(lease!.ttlMs).toBeLessThanOrEqual(10_000);
+    expect(statements).toEqual([]);
+    expect(await line('handed')).toEqual([]);
+    await handle.release();
+    expect(await holder.backend.inspect('handed')).toBeUndefined();
+  });
+
+  it("a hand-over that is not newer than the waiter's last failed attempt is not taken: it asks PostgreSQL", async () => {
+    const b = backend();
+    (await b.watch(['warm-up'], () => undefined, 'nobody'))();
+    const holder = await b.tryAcquire(['stale'], 'holder', 60_000);
+    expect(holder.acquired).toBe(true);
+    const last = holder.acquired ? holder.fencingToken! : 0;
+    expect((await b.tryAcquire(['stale'], 'waiter', 60_000)).acquired).toBe(false);
+    let woken = 0;
+    const stop = await b.watch(['stale'], () => woken++, 'waiter');
+    fixture.cleanup(stop);
+    const announce = async (token: number) => {
+      const before = woken;
+      await fixture.admin.query('SELECT pg_notify($1, $2)', [b.channel, `waiter ${token} 60000`]);
+      await until(() => woken > before, 5_000, 'the message');
+    };
+    // A hand-over with the token the failed attempt saw as the last one came before that attempt:
+    // the lock was no longer the waiter's when the attempt ran. It asks, and finds the key held.
+    await announce(last);
+    expect(await b.tryAcquire(['stale'], 'waiter', 60_000)).toMatchObject({ acquired: false });
+    // A newer one is taken on the message alone (so a forged one is too: see docs/security.md).
+    await announce(last + 1_000);
+    expect(await b.tryAcquire(['stale'], 'waiter', 60_000)).toMatchObject({ acquired: true, fencingToken: last + 1_000 });
+  });
+
   it('a waiter that had not listened yet when the LISTEN connection dropped is woken once it listens', async () => {
     const [holder, b] = [backend(), backend()];
     (await b.watch(['warm-up'], () => undefined, 'nobody'))();
@@ -178,7 +233,11 @@ describe('the line of waiters in PostgreSQL', () => {
     expect((await b.tryAcquire(['gone'], 'holder', 60_000)).acquired).toBe(true);
     expect((await b.tryAcquire(['gone'], 'crashed', 60_000)).acquired).toBe(false);
     await b.release(['gone'], 'holder');
-    // 'crashed' never comes back; until its place runs out, the key is kept for it.
+    // 'crashed' never comes back; the release handed it the key, with a lease no longer than its
+    // place in line lasts, and the key is kept for it until then.
+    const handed = await b.inspect('gone');
+    expect(handed?.owner).toBe('crashed');
+    expect(handed?.ttlMs).toBeLessThanOrEqual(300);
     const refused = await b.tryAcquire(['gone'], 'next', 60_000);
     expect(refused).toMatchObject({ acquired: false });
     expect(refused.acquired === false && refused.retryAfterMs).toBeLessThanOrEqual(300);
@@ -203,7 +262,8 @@ describe('the line of waiters in PostgreSQL', () => {
       locks: (await fixture.admin.query('SELECT key FROM distributed_locks ORDER BY key')).rows.map((r) => r.key as string),
       waiters: (await fixture.admin.query('SELECT owner FROM distributed_locks_waiters ORDER BY owner')).rows.map((r) => r.owner as string),
     });
-    await until(async () => (await rows()).locks.length === 3, 5_000, 'the clean-up');
+    // The two tables are cleaned by two statements at once: wait for both.
+    await until(async () => (await rows()).locks.length === 3 && (await rows()).waiters.length === 1, 5_000, 'the clean-up');
     expect(await rows()).toEqual({ locks: ['just-expired', 'live', 'other'], waiters: ['waiter'] });
   });
 });

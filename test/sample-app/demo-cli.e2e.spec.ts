@@ -44,6 +44,9 @@ describe('npm run demo', () => {
       (error: { code: number; stderr: string }) => error,
     );
     expect(onlyDatabase?.code).toBe(2);
-    expect(onlyDatabase?.stderr).toMatch(/but REDIS_URL \(the Redis that holds their locks\) is not set/);
+    expect(onlyDatabase?.stderr).toMatch(
+      /but REDIS_URL \(the Redis that holds their locks; or LOCK_BACKEND=postgres to keep them in DATABASE_URL\) is not set/,
+    );
+    expect(onlyDatabase?.stderr).toMatch(/LOCK_BACKEND=postgres npm run demo -- --instances 2$/m);
   });
 });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { configFromEnv, describeConfig } from '../../sample-app/shop.config.js';
+import { configFromEnv, describeConfig, lockBackendKind } from '../../sample-app/shop.config.js';
 
 describe('the shop logs its configuration without credentials', () => {
   it.each([
@@ -34,5 +34,42 @@ describe('SHOP_DEMO, the switch for POST /demo', () => {
   it('is named in the start-up line when on', () => {
     expect(describeConfig({ demo: true })).toMatch(/; POST \/demo on \(SHOP_DEMO\)$/);
     expect(describeConfig({})).not.toMatch(/demo/);
+  });
+});
+
+describe('LOCK_BACKEND, where the locks are kept', () => {
+  const db = 'postgres://shop@db/shop';
+
+  it.each([
+    [{}, 'memory'],
+    [{ REDIS_URL: 'redis://r' }, 'redis'],
+    [{ REDIS_URL: 'redis://r', REDLOCK_URLS: 'redis://a,redis://b' }, 'redlock'],
+    [{ DATABASE_URL: db }, 'memory'],
+    [{ DATABASE_URL: db, LOCK_BACKEND: 'postgres' }, 'postgres'],
+    [{ DATABASE_URL: db, REDIS_URL: 'redis://r', LOCK_BACKEND: ' Postgres ' }, 'postgres'],
+    [{ REDIS_URL: 'redis://r', LOCK_BACKEND: 'memory' }, 'memory'],
+    [{ REDIS_URL: 'redis://r', LOCK_BACKEND: '' }, 'redis'],
+  ])('%p: %s', (env, kind) => {
+    expect(lockBackendKind(configFromEnv(env))).toBe(kind);
+  });
+
+  it.each(['pg', 'postgresql', 'sentinel', 'none'])('%p is refused at start-up with the values it takes', (value) => {
+    expect(() => configFromEnv({ DATABASE_URL: db, LOCK_BACKEND: value })).toThrow(
+      `LOCK_BACKEND must be one of memory, redis, redlock, postgres (unset: redlock with REDLOCK_URLS, else redis with REDIS_URL, else memory), got '${value}'.`,
+    );
+  });
+
+  it.each([
+    ['postgres', /^LOCK_BACKEND=postgres needs DATABASE_URL \(the shop's PostgreSQL, .*\), which is not set\.$/],
+    ['redis', /^LOCK_BACKEND=redis needs REDIS_URL, which is not set\.$/],
+    ['redlock', /^LOCK_BACKEND=redlock needs REDLOCK_URLS \(comma-separated Redis masters\), which is not set\.$/],
+  ])('%s without its server says which variable is missing rather than falling back', (value, message) => {
+    expect(() => configFromEnv({ LOCK_BACKEND: value })).toThrow(message);
+  });
+
+  it('is named in the start-up line', () => {
+    expect(describeConfig(configFromEnv({ DATABASE_URL: db, LOCK_BACKEND: 'postgres' }))).toBe(
+      'PostgreSQL at postgres://shop@db/shop; locks in that PostgreSQL (PostgresLockBackend)',
+    );
   });
 });

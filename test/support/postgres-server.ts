@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { freePort } from './redis-server.js';
+import { until } from './wait.js';
 
 export interface PostgresServerOptions {
   /**
@@ -55,6 +56,101 @@ export class PostgresServer {
       throw error;
     }
     return server;
+  }
+
+  /**
+   * A streaming replica of `primary`, asynchronous as streaming replication is by default: a
+   * `pg_basebackup` of it (run as the `postgres` user, as initdb is) in a temp dir, started on a
+   * free port as a hot standby that follows it. `primary` must be durable (a commit is sent to the
+   * replica once it is flushed locally).
+   */
+  static async startReplica(primary: PostgresServer): Promise<PostgresServer> {
+    const user = process.getuid?.() === 0 ? systemUser('postgres') : undefined;
+    const dir = mkdtempSync(join(tmpdir(), 'ndl-postgres-replica-'));
+    if (user) chownSync(dir, user.uid, user.gid);
+    const replica = new PostgresServer(await freePort(), dir, primary.bin, user, true);
+    try {
+      // -R writes standby.signal and the primary's address; -X stream copies the WAL written meanwhile.
+      execFileSync(
+        join(primary.bin, 'pg_basebackup'),
+        [
+          '-h',
+          '127.0.0.1',
+          '-p',
+          String(primary.port),
+          '-U',
+          'postgres',
+          '-D',
+          replica.dataDir,
+          '-R',
+          '-X',
+          'stream',
+          '-c',
+          'fast',
+          '--no-sync',
+        ],
+        { stdio: 'pipe', uid: user?.uid, gid: user?.gid },
+      );
+      await replica.launch();
+    } catch (error) {
+      await replica.stop();
+      throw error;
+    }
+    return replica;
+  }
+
+  /** A client on this server's database `database` (default the maintenance one), connected. */
+  async connect(database = 'postgres'): Promise<pg.Client> {
+    const client = new pg.Client({ connectionString: `postgres://postgres@127.0.0.1:${this.port}/${database}` });
+    await client.connect();
+    return client;
+  }
+
+  /**
+   * This replica stops receiving WAL from its primary, as when the link between them fails: it
+   * keeps what it has replayed and serves reads. Resolves once its WAL receiver has stopped.
+   */
+  async stopFollowing(): Promise<void> {
+    const client = await this.connect();
+    try {
+      await client.query("ALTER SYSTEM SET primary_conninfo = ''");
+      await client.query('SELECT pg_reload_conf()');
+      await until(
+        async () => (await client.query('SELECT count(*)::int AS n FROM pg_stat_wal_receiver')).rows[0].n === 0,
+        20_000,
+        `the WAL receiver of the replica on port ${this.port} to stop`,
+      );
+    } finally {
+      await client.end();
+    }
+  }
+
+  /** Resolves once this replica has replayed everything `primary` had written when it was called. */
+  async catchUpWith(primary: PostgresServer): Promise<void> {
+    const [source, client] = [await primary.connect(), await this.connect()];
+    try {
+      const { lsn } = (await source.query<{ lsn: string }>('SELECT pg_current_wal_flush_lsn()::text AS lsn')).rows[0];
+      await until(
+        async () =>
+          (await client.query<{ behind: boolean }>('SELECT pg_last_wal_replay_lsn() < $1::pg_lsn AS behind', [lsn])).rows[0].behind ===
+          false,
+        20_000,
+        `the replica on port ${this.port} to replay the primary's WAL up to ${lsn}`,
+      );
+    } finally {
+      await Promise.all([source.end(), client.end()]);
+    }
+  }
+
+  /** Promotes this replica to a primary (pg_promote), and resolves once it accepts writes. */
+  async promote(): Promise<void> {
+    const client = await this.connect();
+    try {
+      const { promoted } = (await client.query<{ promoted: boolean }>('SELECT pg_promote(true, 30) AS promoted')).rows[0];
+      if (!promoted) throw new Error(`The replica on port ${this.port} was not promoted within 30 s.`);
+    } finally {
+      await client.end();
+    }
   }
 
   private get dataDir(): string {

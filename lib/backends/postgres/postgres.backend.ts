@@ -17,8 +17,8 @@ const SWEEP_EVERY_MS = 5 * 60_000;
  * Leases in a PostgreSQL table, through `pg`. Every operation is one statement, one round trip:
  * a function call (see postgres.schema.ts). Leases expire by the server's clock; fencing tokens
  * come from a sequence, so they increase per key across restarts. Waiters stand in a fair line in
- * the database; a release tells only the first waiter's process, by NOTIFY on a channel that
- * process LISTENs on.
+ * the database; a release hands the lock to the first of them (or, for several keys, tells it to
+ * ask again), telling only that waiter's process, by NOTIFY on a channel that process LISTENs on.
  *
  * Exclusive while PostgreSQL keeps its committed data: a failover to an asynchronous replica that
  * had not received a lease can grant it twice, and hand out tokens again. Synchronous replication
@@ -50,8 +50,11 @@ export class PostgresLockBackend implements LockBackend {
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     const willWait = options?.willWait ?? true;
-    this.line.attemptStarting(owner, willWait);
+    const handedOver = this.line.takeHandover(owner);
+    if (handedOver) return { acquired: true, ...handedOver };
+    const entry = this.line.attemptStarting(owner, willWait);
     this.sweepNowAndThen();
+    const sentAt = performance.now();
     const [row] = await this.connection.run({
       op: 'acquire',
       keys,
@@ -70,6 +73,8 @@ export class PostgresLockBackend implements LockBackend {
       this.line.leave(owner);
       return { acquired: true, fencingToken: Number(row.token) };
     }
+    // Failed: the token is the last one handed out when it ran.
+    this.line.attemptFailed(entry, sentAt, Number(row.token));
     return { acquired: false, retryAfterMs: row.retry_after_ms === null ? undefined : Math.max(0, Number(row.retry_after_ms)) };
   }
 

@@ -37,7 +37,7 @@ export function lockNames(schema: string, table: string): PostgresLockNames {
  * Stored as the lock table's comment: the backend checks it on first use and creates what is
  * missing when it differs. A later version that changes the tables changes it too.
  */
-export const SCHEMA_VERSION = 'nest-distributed-lock lock table, version 1';
+export const SCHEMA_VERSION = 'nest-distributed-lock lock table, version 2';
 
 /**
  * The SQL that creates the lock tables, sequences and functions, for a migration of your own
@@ -94,15 +94,20 @@ CREATE TABLE IF NOT EXISTS ${n.locks} (
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
 -- One row per waiter and key it waits for: its place in the key's line, where to tell it that it
--- is its turn (its process's NOTIFY channel), and when it loses its place unless it asks again.
+-- is its turn (its process's NOTIFY channel), when it loses its place unless it asks again, and
+-- the lease a release hands it the lock with (0: a waiter for several keys, which is told and
+-- asks again).
 CREATE TABLE IF NOT EXISTS ${n.waiters} (
   key text COLLATE "C" NOT NULL,
   owner text NOT NULL,
   place bigint NOT NULL,
   channel text NOT NULL,
   deadline timestamptz NOT NULL,
+  lease_ms integer NOT NULL DEFAULT 0,
   PRIMARY KEY (key, owner)
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+-- Version 1 had no hand-over.
+ALTER TABLE ${n.waiters} ADD COLUMN IF NOT EXISTS lease_ms integer NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS "${table}_waiters_line" ON ${n.waiters} (key, place);
 
 CREATE SEQUENCE IF NOT EXISTS ${n.tokens} AS bigint;
@@ -131,9 +136,10 @@ $fn$;
 
 -- Takes every key or none. A free key goes to the first waiter in its line: a process that
 -- releases and asks again at once does not starve the others. A key this owner already holds (a
--- request resent after a timeout) is taken as it is. Returns the fencing token, or when busy the
--- ms until a retry may succeed (the holder's remaining lease, or the first waiter's place), after
--- putting a caller that will wait in line.
+-- request resent after a timeout, or handed over by a release) is taken as it is. Returns the
+-- fencing token; or when busy, the ms until a retry may succeed (the holder's remaining lease,
+-- or the first waiter's place) and as token the last one handed out so far, after putting a
+-- caller that will wait in line: a hand-over announced with a greater token came after this call.
 CREATE OR REPLACE FUNCTION ${n.acquire}(
   p_keys text[], p_owner text, p_ttl_ms integer, p_waiter_timeout_ms integer, p_will_wait boolean, p_channel text,
   OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint
@@ -171,6 +177,9 @@ BEGIN
 
   IF retry_after_ms IS NOT NULL THEN
     acquired := false;
+    -- Read after the key locks: every hand-over of these keys before this call has a token at
+    -- most this, every one after it a greater one.
+    token := coalesce(pg_sequence_last_value('${n.tokens}'), 0);
     IF p_will_wait THEN
       -- One place per waiter, the same in all its lines: two waiters then stand in the same order
       -- in every line they share, so neither waits for the other on keys that are free. One that
@@ -179,9 +188,14 @@ BEGIN
         INTO kept_place
         FROM ${n.waiters} w WHERE w.key = ANY (p_keys) AND w.owner = p_owner AND w.deadline > now_ts;
       kept_place := coalesce(kept_place, nextval('${n.places}'));
-      INSERT INTO ${n.waiters} AS w (key, owner, place, channel, deadline)
-        SELECT u.key, p_owner, kept_place, p_channel, now_ts + p_waiter_timeout_ms * interval '1 millisecond' FROM unnest(p_keys) AS u(key)
-        ON CONFLICT (key, owner) DO UPDATE SET place = excluded.place, channel = excluded.channel, deadline = excluded.deadline;
+      -- A waiter for one key is handed the lock on release, with its ttl but no longer than its
+      -- place lasts, so one that died in line holds the others up that long at most.
+      INSERT INTO ${n.waiters} AS w (key, owner, place, channel, deadline, lease_ms)
+        SELECT u.key, p_owner, kept_place, p_channel, now_ts + p_waiter_timeout_ms * interval '1 millisecond',
+               CASE WHEN cardinality(p_keys) = 1 THEN least(p_ttl_ms, p_waiter_timeout_ms) ELSE 0 END
+          FROM unnest(p_keys) AS u(key)
+        ON CONFLICT (key, owner) DO UPDATE
+          SET place = excluded.place, channel = excluded.channel, deadline = excluded.deadline, lease_ms = excluded.lease_ms;
     END IF;
     RETURN;
   END IF;
@@ -213,8 +227,10 @@ $fn$;
 
 -- Compare-and-delete: frees the keys the owner still holds (a late release never frees another
 -- owner's lock) and takes the owner out of their lines (a waiter that gives up). Then, if the key
--- is free, tells the first waiter's process, on its own channel: no other process hears it.
--- Returns how many unexpired leases the owner held.
+-- is free, tells the first waiter's process, on its own channel: no other process hears it. A
+-- waiter for one key is handed the lock right here, with a fencing token taken now, and told
+-- '<owner> <token> <lease ms>': it enters without another round trip. A waiter for several keys
+-- is told '<owner>' and asks again. Returns how many unexpired leases the owner held.
 CREATE OR REPLACE FUNCTION ${n.release}(p_keys text[], p_owner text) RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
   now_ts timestamptz;
@@ -224,6 +240,7 @@ DECLARE
   waited boolean;
   released integer := 0;
   head record;
+  handed bigint;
 BEGIN
   PERFORM ${n.lockKeys}(p_keys);
   now_ts := clock_timestamp();
@@ -237,8 +254,16 @@ BEGIN
     waited := FOUND;
     IF held OR (waited AND NOT EXISTS (SELECT 1 FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts)) THEN
       DELETE FROM ${n.waiters} w WHERE w.key = k AND w.deadline <= now_ts;
-      SELECT w.owner, w.channel INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
-      IF FOUND THEN
+      SELECT w.owner, w.channel, w.lease_ms INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
+      IF FOUND AND head.lease_ms > 0 AND NOT EXISTS (SELECT 1 FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts) THEN
+        handed := nextval('${n.tokens}');
+        INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at)
+          VALUES (k, head.owner, handed, now_ts + head.lease_ms * interval '1 millisecond')
+          ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fencing_token = excluded.fencing_token, expires_at = excluded.expires_at;
+        DELETE FROM ${n.waiters} w WHERE w.key = k AND w.owner = head.owner;
+        -- Sent when this transaction commits.
+        PERFORM pg_notify(head.channel, head.owner || ' ' || handed || ' ' || head.lease_ms);
+      ELSIF FOUND THEN
         -- Sent when this transaction commits; the same message twice in it is sent once.
         PERFORM pg_notify(head.channel, head.owner);
       END IF;
