@@ -4,7 +4,7 @@ import fc from 'fast-check';
 import * as lib from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { run, scenario } from './lock-service.model.js';
-import { runningTimeClock } from './running-time.clock.js';
+import { runningTimeClock } from '../support/running-time.clock.js';
 
 // The same random programs as on fake time, on a real redis-server and real time: the Redis
 // backend's line, hand-overs and late answers under the same injected faults. Fewer cases, as each

@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { runningTimeClock } from './running-time.clock.js';
+import { runningTimeClock } from '../support/running-time.clock.js';
 
 describe('runningTimeClock', () => {
   it('leaves out the time the process could not run, and counts the time it could', async () => {

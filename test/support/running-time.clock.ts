@@ -1,4 +1,4 @@
-import type { Clock } from './lock-service.model.js';
+import type { Clock } from '../model/lock-service.model.js';
 
 const TICK_MS = 5;
 
