@@ -15,6 +15,8 @@ export class EtcdMember {
     readonly clientPort: number,
     readonly peerPort: number,
     readonly dataDir: string,
+    /** The same for every member of one cluster, and different from any other cluster's. */
+    private readonly clusterToken: string,
   ) {}
 
   /** What a client connects to. */
@@ -57,7 +59,7 @@ export class EtcdMember {
         '--initial-cluster-state',
         state,
         '--initial-cluster-token',
-        `ndl-${process.pid}-${this.dataDir}`,
+        this.clusterToken,
         // Throwaway data: no fsync, which a loaded CI disk would make slow and uneven.
         '--unsafe-no-fsync',
         '--logger',
@@ -151,7 +153,7 @@ export class EtcdCluster {
     const dir = mkdtempSync(join(tmpdir(), 'ndl-etcd-'));
     const members: EtcdMember[] = [];
     for (let i = 0; i < count; i++) {
-      members.push(new EtcdMember(`n${i + 1}`, await freePort(), await freePort(), join(dir, `n${i + 1}`)));
+      members.push(new EtcdMember(`n${i + 1}`, await freePort(), await freePort(), join(dir, `n${i + 1}`), dir));
     }
     const cluster = new EtcdCluster(members, dir);
     try {
