@@ -1,7 +1,7 @@
 import type { Etcd3, IOptions, ITxnRequest, ITxnResponse, Watcher } from 'etcd3';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
-import { hostPolicies, noRetries } from './etcd.host-policy.js';
+import { hostPolicies, noRetries, watchBackoff } from './etcd.host-policy.js';
 import type { CheckedEtcdConnection, ResolvedEtcdOptions } from './etcd.options.js';
 
 type Etcd3Package = typeof import('etcd3');
@@ -43,7 +43,12 @@ export class EtcdConnection {
       this.client = new etcd3.Etcd3({
         dialTimeout: options.commandTimeout,
         ...config,
-        faultHandling: { global: noRetries(), host: hostPolicies(etcd3.isRecoverableError), ...config.faultHandling },
+        faultHandling: {
+          global: noRetries(),
+          host: hostPolicies(etcd3.isRecoverableError),
+          watchBackoff: watchBackoff(),
+          ...config.faultHandling,
+        },
       });
     }
   }

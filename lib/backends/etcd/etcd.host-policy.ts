@@ -3,6 +3,7 @@ import type { IOptions } from 'etcd3';
 
 type FaultHandling = NonNullable<IOptions['faultHandling']>;
 type Policy = NonNullable<FaultHandling['global']>;
+type Backoff = NonNullable<FaultHandling['watchBackoff']>;
 
 /** How long a member that failed a call is passed over, while another one is not. */
 const PASS_OVER_MS = 1_000;
@@ -49,4 +50,13 @@ export function hostPolicies(isRecoverable: (error: Error) => boolean): (host: s
       },
     } as unknown as Policy;
   };
+}
+
+/**
+ * How soon etcd3 opens a watch stream again after it dropped: 100 ms, doubling up to a second.
+ * Its default grows to 30 s, for which a waiter would sit while its turn may have come.
+ */
+export function watchBackoff(): Backoff {
+  const after = (duration: number) => ({ duration, next: () => after(Math.min(duration * 2, 1_000)) });
+  return { next: () => after(100) } as unknown as Backoff;
 }
