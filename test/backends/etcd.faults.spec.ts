@@ -123,13 +123,16 @@ describe('etcd backend on three members, under faults', () => {
     const started = Date.now();
     const error = await locks.acquire('quorum-free', { wait: 1_000 }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(LockBackendError);
-    expect((error as Error).message).toMatch(/acquire of fault:quorum-free failed: etcd did not answer within 2000 ms .*lost its quorum/);
+    // The member left answers nothing, or that its request timed out; the two killed refuse connections.
+    expect((error as Error).message).toMatch(/acquire of fault:quorum-free failed: .*has the cluster lost its quorum\?/);
     // The wait, and at most one command timeout past it.
     expect(Date.now() - started).toBeLessThan(1_000 + 2_000 + 1_500);
     const waited = await locks.acquire('quorum', { wait: 1_000 }).catch((e: unknown) => e);
     expect(waited).toBeInstanceOf(LockBackendError);
     // The holder cannot extend: it is told before its lease could have run out on etcd.
-    const lost = await new Promise<unknown>((resolve) => held.signal.addEventListener('abort', () => resolve(held.signal.reason)));
+    const lost = held.signal.aborted
+      ? held.signal.reason
+      : await new Promise<unknown>((resolve) => held.signal.addEventListener('abort', () => resolve(held.signal.reason)));
     expect(lost).toMatchObject({ reason: 'backend-error' });
 
     await Promise.all([fixture.cluster.restart(1), fixture.cluster.restart(2)]);

@@ -156,7 +156,8 @@ export class EtcdConnection {
     const message = timedOut
       ? `etcd did not answer within ${this.options.commandTimeout} ms (commandTimeout); is a member paused or cut off, ` +
         `or has the cluster lost its quorum?`
-      : sentence(error instanceof Error ? error.message || String(error) : String(error));
+      : sentence(error instanceof Error ? error.message || String(error) : String(error)) +
+        (error instanceof Error && /UNAVAILABLE/.test(error.message) ? ' Is the member down, or has the cluster lost its quorum?' : '');
     return new LockBackendError(this.backendName, `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}`, error);
   }
 }
