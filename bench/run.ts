@@ -1,3 +1,4 @@
+import { etcdBench } from './etcd.bench.js';
 import { Report } from './harness.js';
 import { memoryBench } from './memory.bench.js';
 import { postgresBench } from './postgres.bench.js';
@@ -13,6 +14,7 @@ const groups: Record<string, (report: Report) => Promise<void>> = {
   redis: redisBench,
   redlock: redlockBench,
   postgres: postgresBench,
+  etcd: etcdBench,
 };
 
 const args = process.argv.slice(2);

@@ -61,6 +61,8 @@ export type { RedisClusterConnectionOptions, RedisLockBackendOptions, RedisLockC
 export { PostgresLockBackend } from './backends/postgres/postgres.backend.js';
 export type { PostgresLockBackendOptions, PostgresLockConnection } from './backends/postgres/postgres.options.js';
 export { postgresLockTablesSql } from './backends/postgres/postgres.schema.js';
+export { EtcdLockBackend } from './backends/etcd/etcd.backend.js';
+export type { EtcdLockBackendOptions, EtcdLockConnection } from './backends/etcd/etcd.options.js';
 export { RedlockLockBackend } from './backends/redlock/redlock.backend.js';
 export type { RedlockLockBackendOptions } from './backends/redlock/redlock.options.js';
 export type { RedlockMasterClient, RedlockSubscriberClient } from './backends/redlock/redlock-master.js';

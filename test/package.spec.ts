@@ -24,7 +24,7 @@ describe('the published package', () => {
     };
     writeFileSync(join(installed, 'package.json'), JSON.stringify(manifest));
     // The app's required peers and the package's own dependencies, from this repo's node_modules;
-    // not the optional peers (ioredis, redlock, pg, @opentelemetry/api): the package must load without them.
+    // not the optional peers (ioredis, redlock, pg, etcd3, @opentelemetry/api): the package must load without them.
     // (Node resolves a symlinked package's own dependencies from its real path.)
     for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', ...Object.keys(manifest.dependencies)]) {
       symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
@@ -56,7 +56,8 @@ describe('the published package', () => {
     // come from this repo (the scratch app does not install them).
     const peer = (name: string) => {
       const dir = join(root, 'node_modules', name);
-      return [join(dir, (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { types: string }).types)];
+      const manifest = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { types?: string; typings?: string };
+      return [join(dir, (manifest.types ?? manifest.typings)!)];
     };
     // pg ships no types of its own: they are @types/pg, which the app installs with it.
     const pgTypes = join(root, 'node_modules/@types/pg/index.d.ts');
@@ -66,7 +67,13 @@ describe('the published package', () => {
       module: 'nodenext',
       types: ['node'],
       typeRoots: [join(root, 'node_modules/@types')],
-      paths: { ioredis: peer('ioredis'), redlock: peer('redlock'), '@opentelemetry/api': peer('@opentelemetry/api'), pg: [pgTypes] },
+      paths: {
+        ioredis: peer('ioredis'),
+        redlock: peer('redlock'),
+        '@opentelemetry/api': peer('@opentelemetry/api'),
+        pg: [pgTypes],
+        etcd3: peer('etcd3'),
+      },
     };
     writeFileSync(
       join(app, 'tsconfig.types.json'),
@@ -121,6 +128,7 @@ describe('the published package', () => {
         redis: () => new lib.RedisLockBackend('redis://127.0.0.1:6379'),
         redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
         postgres: () => new lib.PostgresLockBackend('postgres://127.0.0.1:5432/app'),
+        etcd: () => new lib.EtcdLockBackend('http://127.0.0.1:2379'),
         telemetry: () => new lib.LockService(undefined, { telemetry: true }),
       };
       const seen = {};
@@ -140,6 +148,7 @@ describe('the published package', () => {
         message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
       });
       expect(seen.postgres).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install pg') });
+      expect(seen.etcd).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install etcd3') });
       expect(seen.telemetry).toEqual({
         type: 'InvalidLockOptionsError',
         ours: true,

@@ -1,0 +1,154 @@
+import 'reflect-metadata';
+import { Etcd3 } from 'etcd3';
+import { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import { EtcdLockBackend, LockService, RedisLockBackend } from '../lib/index.js';
+import { EtcdCluster } from '../test/support/etcd-server.js';
+import { RedisServer } from '../test/support/redis-server.js';
+import { compareRates, percentile, round, timedSections, type Report, type Row } from './harness.js';
+
+/** One acquire+release pair, or a hot-key worker's lock: resolves to the release. */
+type LockOnce = (key: string) => Promise<() => Promise<unknown>>;
+
+/**
+ * etcd backend on clusters of the bench's own, one member and three: next to the least an etcd
+ * lock can cost (one transaction to put the key, one to delete it, no lease), and the Redis
+ * backend on a redis-server of its own, in the same run.
+ */
+export async function etcdBench(report: Report): Promise<void> {
+  report.note('etcd: uncontended pairs and hot key, on one member and on three (starts its own etcd members and redis-server)');
+  const redis = await RedisServer.start();
+  const closers: (() => unknown)[] = [];
+  const service = (backend: EtcdLockBackend | RedisLockBackend) => {
+    const created = new LockService(backend);
+    closers.push(() => created.onApplicationShutdown());
+    return created;
+  };
+  try {
+    for (const members of [1, 3]) {
+      const cluster = await EtcdCluster.start({ members });
+      try {
+        await uncontended(report, cluster, members, service, redis);
+        await hotKey(report, cluster, members, service, redis);
+      } finally {
+        for (const close of closers.splice(0)) await close();
+        await cluster.stop();
+      }
+    }
+  } finally {
+    await redis.stop();
+  }
+}
+
+async function uncontended(
+  report: Report,
+  cluster: EtcdCluster,
+  members: number,
+  service: (backend: EtcdLockBackend | RedisLockBackend) => LockService,
+  redis: RedisServer,
+): Promise<void> {
+  const raw = new Etcd3({ hosts: cluster.endpoints });
+  const backend = new EtcdLockBackend(cluster.endpoints);
+  const ours = service(new EtcdLockBackend(cluster.endpoints));
+  const redisClient = new Redis(redis.port, '127.0.0.1');
+  const viaRedis = service(new RedisLockBackend(redisClient));
+  let token = 0;
+  const impls: Record<string, LockOnce> = {
+    // The least an etcd lock costs: a transaction that puts the key if it is absent, one that deletes it.
+    'raw floor (txn put + txn delete)': async (key) => {
+      const entry = Buffer.from(`floor/${key}`);
+      const put = await raw.kv.txn({
+        compare: [{ key: entry, target: 'Create', result: 'Equal', create_revision: 0 }],
+        success: [{ request_put: { key: entry, value: Buffer.from(String(++token)) } }],
+      });
+      if (!put.succeeded) throw new Error('floor: busy');
+      return () => raw.kv.txn({ success: [{ request_delete_range: { key: entry } }] });
+    },
+    // The backend alone (grant, transaction, revoke; no handle, lease or watchdog): what the protocol costs.
+    'ours (backend only)': async (key) => {
+      const owner = `owner-${++token}`;
+      if (!(await backend.tryAcquire([key], owner, 30_000, { willWait: false })).acquired) throw new Error('ours: busy');
+      return () => backend.release([key], owner);
+    },
+    ours: async (key) => {
+      const handle = await ours.acquire(key, { wait: 60_000 });
+      return () => handle.release();
+    },
+    'Redis backend': async (key) => {
+      const handle = await viaRedis.acquire(key, { wait: 60_000 });
+      return () => handle.release();
+    },
+  };
+  const rates = await compareRates(
+    Object.fromEntries(Object.entries(impls).map(([impl, lock]) => [impl, async () => (await lock(`pair:${impl}`))()])),
+    { rounds: 5, ms: 600, warmupMs: 300 },
+  );
+  await backend.close();
+  raw.close();
+  for (const [impl, opsPerSec] of Object.entries(rates)) {
+    report.add({
+      scenario: `etcd (${members} member${members > 1 ? 's' : ''}): uncontended acquire+release (serial)`,
+      impl,
+      opsPerSec: Math.round(opsPerSec),
+      usPerPair: round(1e6 / opsPerSec, 1),
+      vsFloor: round(rates['raw floor (txn put + txn delete)'] / opsPerSec),
+    });
+  }
+  redisClient.disconnect();
+}
+
+const HOT_KEY = { workers: 8, sections: 50, sectionMs: 1 };
+
+/** A hot-key row from every wait and every section's real length (ms), and the run's length. */
+function hotKeyRow(scenario: string, impl: string, elapsedMs: number, waits: number[], inside: number[]): Row {
+  const { workers, sections } = HOT_KEY;
+  waits.sort((a, b) => a - b);
+  const rate = (workers * sections * 1000) / elapsedMs;
+  const ideal = 1000 / (inside.reduce((sum, ms) => sum + ms, 0) / inside.length);
+  return {
+    scenario,
+    impl,
+    sectionsPerSec: Math.round(rate),
+    vsIdeal: round(rate / ideal),
+    waitP50Ms: round(waits[Math.floor(waits.length / 2)], 1),
+    waitP99Ms: round(percentile(waits, 99), 1),
+    waitMaxMs: round(waits[waits.length - 1], 1),
+    // A fair lock makes a worker wait for the 7 others at most, once each: 8 sections at the rate measured.
+    fifoBoundMs: round((workers * 1000) / rate, 1),
+  };
+}
+
+async function hotKey(
+  report: Report,
+  cluster: EtcdCluster,
+  members: number,
+  service: (backend: EtcdLockBackend | RedisLockBackend) => LockService,
+  redis: RedisServer,
+): Promise<void> {
+  const { workers, sections, sectionMs } = HOT_KEY;
+  const scenario = `etcd (${members} member${members > 1 ? 's' : ''}): hot key, 8 workers x 50 sections of 1 ms`;
+  const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
+    const key = `hot:${impl}`;
+    const rounds = (count: number, waits: number[], inside: number[]) =>
+      Promise.all(Array.from({ length: workers }, (_, w) => timedSections(() => lockFor(w)(key), count, sectionMs, waits, inside)));
+    await rounds(5, [], []); // warm: connections, watch streams, JIT
+    const waits: number[] = [];
+    const inside: number[] = [];
+    const started = performance.now();
+    await rounds(sections, waits, inside);
+    report.add(hotKeyRow(scenario, impl, performance.now() - started, waits, inside));
+  };
+  const viaService = (locks: LockService) => async (key: string) => {
+    const handle = await locks.acquire(key, { wait: 60_000 });
+    return () => handle.release();
+  };
+  // Every worker is its own "instance": a client and a service of its own.
+  const perWorker = Array.from({ length: workers }, () => viaService(service(new EtcdLockBackend(cluster.endpoints))));
+  await run('ours (8 instances)', (w) => perWorker[w]);
+  const shared = viaService(service(new EtcdLockBackend(cluster.endpoints)));
+  await run('ours (one instance, 8 callers)', () => shared);
+  const redisClients = Array.from({ length: workers }, () => new Redis(redis.port, '127.0.0.1'));
+  const redisWorkers = redisClients.map((client) => viaService(service(new RedisLockBackend(client))));
+  await run('Redis backend (8 instances)', (w) => redisWorkers[w]);
+  for (const client of redisClients) client.disconnect();
+}

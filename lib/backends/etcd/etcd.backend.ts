@@ -1,0 +1,306 @@
+import { performance } from 'node:perf_hooks';
+import { inspect } from 'node:util';
+import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { EtcdConnection, type Operation } from './etcd.connection.js';
+import { EtcdKeys, HELD } from './etcd.keys.js';
+import { EtcdLine, type Standing } from './etcd.line.js';
+import {
+  checkConnection,
+  leaseSeconds,
+  resolveBackendOptions,
+  type EtcdLockBackendOptions,
+  type EtcdLockConnection,
+} from './etcd.options.js';
+import { EtcdPlaces, type HoldLease, type Place } from './etcd.places.js';
+
+/**
+ * Locks in etcd, through the `etcd3` client. Each acquisition gets a lease of its own and puts one
+ * entry per key, `<prefix><key>/<owner>`, in one transaction: the entries share one create
+ * revision, which is the fencing token (strictly increasing across the cluster) and the order of
+ * the line of every key. A request first in every line of its keys holds them; the others wait,
+ * each watching only the entry just ahead of it (fair and herd-free). Extending is a keepalive of
+ * the lease, releasing revokes it, and a holder that dies loses its keys when the lease runs out.
+ *
+ * Exclusive as long as etcd keeps a quorum: a minority of members may be lost, partitioned or
+ * restarted without a second holder, since every step is a Raft write or a linearizable read.
+ */
+export class EtcdLockBackend implements LockBackend {
+  readonly name = 'etcd';
+  readonly fencing = true;
+
+  private readonly connection: EtcdConnection;
+  private readonly line: EtcdLine;
+  private readonly keys: EtcdKeys;
+  private readonly places: EtcdPlaces;
+  private readonly prefix: string;
+  private readonly commandTimeout: number;
+
+  /**
+   * `new EtcdLockBackend(client)` uses your `Etcd3` client and leaves it open;
+   * `new EtcdLockBackend('http://etcd:2379')`, an array of member URLs or `etcd3` settings
+   * (`{ hosts, credentials, auth }`) create a client (etcd3 must be installed) and close it on
+   * application shutdown.
+   */
+  constructor(connection: EtcdLockConnection, options?: EtcdLockBackendOptions) {
+    const checked = checkConnection(connection);
+    const resolved = resolveBackendOptions(options);
+    this.prefix = resolved.prefix;
+    this.commandTimeout = resolved.commandTimeout;
+    this.connection = new EtcdConnection(checked, resolved, this.name);
+    this.keys = new EtcdKeys(resolved.prefix);
+    this.line = new EtcdLine(this.keys);
+    this.places = new EtcdPlaces(this.connection, leaseSeconds(resolved.waiterTimeout), resolved.commandTimeout);
+  }
+
+  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
+    if (this.connection.closed) throw this.connection.closedError('acquire', keys);
+    const what = { op: 'acquire', keys };
+    let place = this.places.get(owner);
+    if (place?.state === 'unknown') place = await this.settle(place, what);
+    if (place?.state === 'held') {
+      // Its own lock already (an earlier attempt won after it was reported as failed): a
+      // keepalive restarts the lease, so it is valid from this attempt on.
+      if (await this.connection.keepAlive(place.hold.id, what)) return { acquired: true, fencingToken: place.revision, validityMs: ttlMs };
+      this.places.drop(place);
+      place = undefined;
+    }
+    if (place) return this.nextAttempt(place, ttlMs, what);
+    return this.firstAttempt(keys, owner, ttlMs, options?.willWait ?? true, what);
+  }
+
+  async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
+    const what = { op: 'extend', keys };
+    let place = this.places.get(owner);
+    if (place?.state === 'unknown') place = await this.settle(place, what);
+    if (!place) return this.extendUnknown(keys, owner, ttlMs, what);
+    if (place.state !== 'held') return { extended: false };
+    if (place.movingTo !== undefined) await this.settleMove(place, what);
+    const seconds = leaseSeconds(ttlMs);
+    if (seconds === place.hold.seconds) {
+      if (await this.connection.keepAlive(place.hold.id, what)) return { extended: true, validityMs: ttlMs };
+      this.places.drop(place);
+      return { extended: false };
+    }
+    // Another ttl needs another lease: the entries move to a new one in one transaction (their
+    // create revision, the token, stays), and the old one is revoked.
+    const from = place.hold;
+    place.movingTo = await this.grant(seconds, what);
+    // Unanswered, it may have been applied: the next extend or the release finds out (movingTo stays).
+    const moved = (await this.connection.txn(this.line.moveLease(place.keys, owner, from.id, place.movingTo.id), what)).succeeded;
+    const to = place.movingTo;
+    place.movingTo = undefined;
+    if (!moved) {
+      this.connection.revokeQuietly(to.id, what);
+      this.places.drop(place);
+      return { extended: false };
+    }
+    place.hold = to;
+    this.connection.revokeQuietly(from.id, what);
+    return { extended: true, validityMs: ttlMs };
+  }
+
+  async release(keys: readonly string[], owner: string): Promise<boolean> {
+    const what = { op: 'release', keys };
+    const place = this.places.get(owner);
+    const state = place?.state;
+    // A waiter's hold lease carries no key: drop() revokes it.
+    if (place) this.places.drop(place);
+    if (place && state === 'held' && place.movingTo === undefined) return this.connection.revoke(place.hold.id, what);
+    // A waiter, an owner whose last request went unanswered, or one another client placed: its
+    // entries go first (what they were says whether it held the keys), then any lease it may hold
+    // them on.
+    const deleted = this.line.deletedOf(await this.connection.txn(this.line.deleteOwn(keys, owner), what));
+    const held = deleted.filter((kv) => kv.value.equals(HELD));
+    const leases = new Set(held.map((kv) => kv.lease));
+    if (place && state !== 'waiting') for (const lease of [place.hold, place.movingTo]) if (lease) leases.add(lease.id);
+    for (const lease of leases) this.connection.revokeQuietly(lease, what);
+    return held.length > 0;
+  }
+
+  async inspect(key: string): Promise<LockState | undefined> {
+    const what = { op: 'inspect', keys: [key] };
+    const [head] = (await this.connection.txn(this.line.head(key), what)).responses[0].response_range.kvs;
+    // First in line but waiting for another of its keys: nobody holds this one.
+    if (!head?.value.equals(HELD)) return undefined;
+    const seconds = await this.connection.timeToLive(head.lease, what);
+    if (seconds <= 0) return undefined;
+    return { key, owner: this.keys.ownerOf(head.key), ttlMs: seconds * 1000, fencingToken: Number(head.create_revision) };
+  }
+
+  async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
+    if (this.connection.closed) throw this.connection.closedError('watch', keys);
+    // A waiter's watches are set by its failed attempt, and a wake-up that comes before it
+    // listens is kept: nothing after that attempt is missed. Without the owner, the caller polls.
+    if (owner === undefined) return () => undefined;
+    return this.places.listen(owner, onRelease);
+  }
+
+  /**
+   * Always, while open: a waiter watches the entry ahead of it from its failed attempt on, and a
+   * wake-up that comes before it listens is kept until it does.
+   */
+  watching(): boolean {
+    return !this.connection.closed;
+  }
+
+  /** Stops watches and the waiter lease (its places leave their lines), and closes the client if the backend created it. */
+  async close(): Promise<void> {
+    if (!this.connection.stop()) return;
+    await this.places.close();
+    this.connection.closeClient();
+  }
+
+  /** What logs show of the backend: its prefix, not its connection settings (they may hold a password) nor owners. */
+  toJSON(): { name: string; prefix: string; commandTimeout: number } {
+    return { name: this.name, prefix: this.prefix, commandTimeout: this.commandTimeout };
+  }
+
+  [inspect.custom](depth: number, options: object): string {
+    return `EtcdLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
+  }
+
+  private async firstAttempt(
+    keys: readonly string[],
+    owner: string,
+    ttlMs: number,
+    willWait: boolean,
+    what: Operation,
+  ): Promise<AcquireResult> {
+    const [hold, wait] = await Promise.all([this.grant(leaseSeconds(ttlMs), what), willWait ? this.places.waiterLease(what) : undefined]);
+    let response;
+    try {
+      response = await this.connection.txn(this.line.firstAttempt(keys, owner, hold.id, wait), what);
+    } catch (error) {
+      if (wait !== undefined && this.connection.isLeaseGone(error)) {
+        // The waiter lease ran out while nobody waited: a new one, and again.
+        this.places.waiterLeaseGone(wait);
+        this.connection.revokeQuietly(hold.id, what);
+        return this.firstAttempt(keys, owner, ttlMs, willWait, what);
+      }
+      // Applied or not, nobody knows: a caller that waits asks again or releases, and either
+      // looks first; for one that does not, the lease goes, and with it a lock it may have won.
+      if (wait !== undefined) this.places.unknown(keys, owner, hold, wait);
+      else this.connection.revokeQuietly(hold.id, what);
+      throw error;
+    }
+    const revision = Number(response.header.revision);
+    if (response.succeeded) {
+      this.places.held(keys, owner, revision, hold);
+      return { acquired: true, fencingToken: revision, validityMs: ttlMs };
+    }
+    if (wait === undefined) {
+      this.connection.revokeQuietly(hold.id, what);
+      return { acquired: false };
+    }
+    const placed = this.line.placedRevision(response, keys);
+    const place = this.places.waiting(keys, owner, placed, wait, hold);
+    const standing = this.line.standingAfterFirst(response, keys, owner, placed);
+    if (standing) this.places.stand(place, standing);
+    return { acquired: false };
+  }
+
+  /**
+   * A waiter asks again. When its watches said everything ahead of it went, it goes straight for
+   * the keys: one transaction moves its entries onto its hold lease if it is first, while a
+   * keepalive restarts that lease. Otherwise it looks first, in a read-only transaction.
+   */
+  private async nextAttempt(place: Place, ttlMs: number, what: Operation, retried = false): Promise<AcquireResult> {
+    const started = performance.now();
+    const { keys, owner } = place;
+    const revision = place.revision!;
+    if (!place.clear) {
+      const check = await this.connection.txn(this.line.nextAttempt(keys, owner, revision, undefined), what);
+      if (!check.succeeded) return this.stillWaiting(place, this.line.standing(check, keys), ttlMs, what);
+    }
+    if (place.hold.lost) this.places.replaceHold(place, await this.grant(place.hold.seconds, what));
+    const hold = place.hold;
+    let response, kept;
+    try {
+      [response, kept] = await Promise.all([
+        this.connection.txn(this.line.nextAttempt(keys, owner, revision, hold.id), what),
+        this.connection.keepAlive(hold.id, what).catch(() => false),
+      ]);
+    } catch (error) {
+      if (this.connection.isLeaseGone(error) && !retried) {
+        hold.lost = true;
+        return this.nextAttempt(place, ttlMs, what, true);
+      }
+      this.places.unanswered(place);
+      throw error;
+    }
+    if (!response.succeeded) return this.stillWaiting(place, this.line.standing(response, keys), ttlMs, what);
+    if (this.places.get(owner) !== place) {
+      // Released while the attempt was out: nobody wants the lock it won.
+      this.connection.revokeQuietly(hold.id, what);
+      return { acquired: false };
+    }
+    this.places.promoted(place, revision);
+    // The keepalive sent with it restarted the lease; without its answer, the last one counts.
+    const validityMs = kept ? ttlMs : Math.max(0, Math.min(ttlMs, hold.aliveSince + hold.ttl * 1000 - started));
+    return { acquired: true, fencingToken: revision, validityMs };
+  }
+
+  private stillWaiting(place: Place, standing: Standing, ttlMs: number, what: Operation): Promise<AcquireResult> {
+    if (this.places.get(place.owner) !== place) return Promise.resolve({ acquired: false });
+    if (standing.lost) {
+      // Its place is gone (the waiter lease ran out): it takes a new one, at the back.
+      this.places.drop(place);
+      return this.firstAttempt(place.keys, place.owner, ttlMs, true, what);
+    }
+    this.places.stand(place, standing);
+    return Promise.resolve({ acquired: false });
+  }
+
+  /**
+   * An owner whose last request went unanswered: reads its entries to learn what that request
+   * did. Held on its hold lease: it won. On the waiter lease: it waits. Neither: it starts over.
+   */
+  private async settle(place: Place, what: Operation): Promise<Place | undefined> {
+    const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(place.keys, place.owner), what));
+    const [first] = entries;
+    const whole =
+      first !== undefined && entries.every((kv) => kv && kv.create_revision === first.create_revision && kv.lease === first.lease);
+    if (whole && first.lease === place.hold.id && first.value.equals(HELD)) {
+      this.places.promoted(place, Number(first.create_revision));
+      return place;
+    }
+    if (whole && first.lease === place.waitLease) {
+      this.places.settledWaiting(place, Number(first.create_revision));
+      return place;
+    }
+    if (entries.some(Boolean)) await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
+    this.places.drop(place);
+    this.connection.revokeQuietly(place.hold.id, what);
+    return undefined;
+  }
+
+  /** An earlier move to another lease went unanswered: which lease are the entries on? */
+  private async settleMove(place: Place, what: Operation): Promise<void> {
+    const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(place.keys, place.owner), what));
+    const moving = place.movingTo!;
+    place.movingTo = undefined;
+    if (entries.every((kv) => kv?.lease === moving.id)) {
+      this.connection.revokeQuietly(place.hold.id, what);
+      place.hold = moving;
+    } else {
+      this.connection.revokeQuietly(moving.id, what);
+    }
+  }
+
+  /** Extending for an owner this client did not acquire for: its entries say which lease, if held. */
+  private async extendUnknown(keys: readonly string[], owner: string, ttlMs: number, what: Operation): Promise<ExtendResult> {
+    const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(keys, owner), what));
+    const [first] = entries;
+    if (!first || !entries.every((kv) => kv?.value.equals(HELD) && kv.lease === first.lease)) return { extended: false };
+    const next = await this.grant(leaseSeconds(ttlMs), what);
+    const moved = (await this.connection.txn(this.line.moveLease(keys, owner, first.lease, next.id), what)).succeeded;
+    this.connection.revokeQuietly(moved ? first.lease : next.id, what);
+    return moved ? { extended: true, validityMs: ttlMs } : { extended: false };
+  }
+
+  private async grant(seconds: number, what: Operation): Promise<HoldLease> {
+    const aliveSince = performance.now();
+    const { id, ttl } = await this.connection.grant(seconds, what);
+    return { id, seconds, ttl, aliveSince };
+  }
+}

@@ -1,0 +1,189 @@
+import type { Etcd3, IOptions, ITxnRequest, ITxnResponse, Watcher } from 'etcd3';
+import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
+import { requirePeer } from '../../peer-require.cjs';
+import { hostPolicies, noRetries, watchBackoff } from './etcd.host-policy.js';
+import type { CheckedEtcdConnection, ResolvedEtcdOptions } from './etcd.options.js';
+
+type Etcd3Package = typeof import('etcd3');
+
+/** A call's gRPC options: its deadline, as an absolute time. */
+interface CallOptions {
+  deadline: number;
+}
+
+/** What an operation is for, as error messages name it. */
+export interface Operation {
+  op: string;
+  keys: readonly string[];
+}
+
+/**
+ * The etcd backend's client: the user's, left open, or one it creates (no retries of its own: the
+ * service retries within its wait, and a retried transaction could apply twice) and closes on
+ * shutdown. Every call carries the command timeout as its gRPC deadline; failures become a
+ * LockBackendError that names the operation and the keys.
+ */
+export class EtcdConnection {
+  readonly client: Etcd3;
+  private readonly owned: boolean;
+  private stopped = false;
+
+  constructor(
+    connection: CheckedEtcdConnection,
+    private readonly options: ResolvedEtcdOptions,
+    /** The backend's name, for errors. */
+    private readonly backendName: string,
+  ) {
+    this.owned = connection.kind === 'config';
+    if (connection.kind === 'client') {
+      this.client = connection.client;
+    } else {
+      const etcd3 = loadEtcd3();
+      const config: IOptions = connection.config;
+      this.client = new etcd3.Etcd3({
+        dialTimeout: options.commandTimeout,
+        ...config,
+        faultHandling: {
+          global: noRetries(),
+          host: hostPolicies(etcd3.isRecoverableError),
+          watchBackoff: watchBackoff(),
+          ...config.faultHandling,
+        },
+      });
+    }
+  }
+
+  get closed(): boolean {
+    return this.stopped;
+  }
+
+  /** A new lease of `seconds`: its id, and the ttl etcd granted (its minimum when more than asked). */
+  async grant(seconds: number, what: Operation): Promise<{ id: string; ttl: number }> {
+    const response = await this.call(what, (options) => this.client.leaseClient.leaseGrant({ TTL: seconds }, options));
+    return { id: response.ID, ttl: Number(response.TTL) };
+  }
+
+  /** Restarts a lease's ttl; false when it is gone (expired or revoked). */
+  keepAlive(lease: string, what: Operation): Promise<boolean> {
+    return this.call(what, async (options) => {
+      const stream = await this.client.leaseClient.leaseKeepAlive(options);
+      // One request and its answer per stream; an error after the answer (the stream's end
+      // racing its deadline) has nobody left to tell.
+      const answer = await new Promise<{ TTL: string }>((resolve, reject) => {
+        stream.on('data', resolve);
+        stream.on('error', reject);
+        stream.write({ ID: lease });
+      }).finally(() => stream.end());
+      return Number(answer.TTL) > 0;
+    });
+  }
+
+  /** Deletes a lease and every key on it; false when it was already gone. */
+  revoke(lease: string, what: Operation): Promise<boolean> {
+    return this.call(what, (options) =>
+      this.client.leaseClient.leaseRevoke({ ID: lease }, options).then(
+        () => true,
+        (error: unknown) => {
+          if (leaseGone(error)) return false;
+          throw error;
+        },
+      ),
+    );
+  }
+
+  /** Revokes in the background: the lease would run out anyway, this only frees it sooner. */
+  revokeQuietly(lease: string, what: Operation): void {
+    this.revoke(lease, { op: 'clean-up', keys: what.keys }).catch(() => undefined);
+  }
+
+  /** Seconds left of a lease (whole seconds, as etcd counts them); -1 when it is gone. */
+  async timeToLive(lease: string, what: Operation): Promise<number> {
+    const response = await this.call(what, (options) => this.client.leaseClient.leaseTimeToLive({ ID: lease }, options));
+    return Number(response.TTL);
+  }
+
+  txn(request: ITxnRequest, what: Operation): Promise<ITxnResponse> {
+    return this.call(what, (options) => this.client.kv.txn(request, options));
+  }
+
+  /** A watch on one key's deletions, from the current revision on. */
+  watchDeletes(key: Buffer): Watcher {
+    return this.client.watch().key(key).only('delete').watcher();
+  }
+
+  /** Whether `key` exists (a linearizable read). */
+  async exists(key: Buffer): Promise<boolean> {
+    const response = await this.call({ op: 'watch', keys: [] }, (options) => this.client.kv.range({ key, count_only: true }, options));
+    return Number(response.count) > 0;
+  }
+
+  /** Whether `error` says a lease a request named is gone. */
+  isLeaseGone(error: unknown): boolean {
+    return error instanceof LockBackendError && leaseGone(error.cause);
+  }
+
+  /** Refuses calls from now on; false if it was already closed. */
+  stop(): boolean {
+    if (this.stopped) return false;
+    this.stopped = true;
+    return true;
+  }
+
+  /** Closes the client if the backend created it (after stop()). */
+  closeClient(): void {
+    if (this.owned) this.client.close();
+  }
+
+  closedError(op: string, keys: readonly string[]): LockBackendError {
+    return new LockBackendError(
+      this.backendName,
+      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: the backend is closed (the application shut down).`,
+    );
+  }
+
+  private async call<T>({ op, keys }: Operation, send: (options: CallOptions) => Promise<T>): Promise<T> {
+    if (this.stopped && op !== 'release' && op !== 'clean-up') throw this.closedError(op, keys);
+    try {
+      return await send({ deadline: Date.now() + this.options.commandTimeout });
+    } catch (error) {
+      throw this.failure(op, keys, error);
+    }
+  }
+
+  private failure(op: string, keys: readonly string[], error: unknown): LockBackendError {
+    // By the message, not instanceof: a client the user passed may come from another copy of etcd3.
+    const timedOut = error instanceof Error && /DEADLINE_EXCEEDED/.test(error.message);
+    const message = timedOut
+      ? `etcd did not answer within ${this.options.commandTimeout} ms (commandTimeout); is a member paused or cut off, ` +
+        `or has the cluster lost its quorum?`
+      : sentence(error instanceof Error ? error.message || String(error) : String(error)) +
+        (error instanceof Error && /UNAVAILABLE/.test(error.message) ? ' Is the member down, or has the cluster lost its quorum?' : '');
+    return new LockBackendError(this.backendName, `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}`, error);
+  }
+}
+
+/**
+ * etcd3 is an optional peer, loaded at construction, so a missing package stops the application
+ * at start-up with what to install, not at its first lock.
+ */
+function loadEtcd3(): Etcd3Package {
+  try {
+    return requirePeer('etcd3') as Etcd3Package;
+  } catch (error) {
+    throw new InvalidLockOptionsError(
+      'connection',
+      `EtcdLockBackend needs the 'etcd3' package to talk to etcd: npm install etcd3 ` +
+        `(${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+}
+
+/** etcd's answer to a request that names a lease it no longer has (expired or revoked). */
+function leaseGone(error: unknown): boolean {
+  return error instanceof Error && /requested lease not found/.test(error.message);
+}
+
+/** Messages from etcd and our own may end in '.' or '?' already. */
+function sentence(text: string): string {
+  return /[.?!]$/.test(text) ? text : `${text}.`;
+}

@@ -1,0 +1,34 @@
+/** What an entry's value says: its owner holds the key, or stands in line for it. */
+export const HELD = Buffer.from('held');
+export const WAITING = Buffer.from('waiting');
+
+/**
+ * Where the lock entries live: `<prefix><key>/<owner>`, one per key of an acquisition. A key's
+ * line is every entry under `<prefix><key>/`, ordered by create revision. `/` and `%` in a key or
+ * an owner are percent-encoded, so that the line of `a` never holds the entries of `a/b`.
+ */
+export class EtcdKeys {
+  constructor(private readonly prefix: string) {}
+
+  /** The entry of `owner` in the line of `key`. */
+  entry(key: string, owner: string): Buffer {
+    return Buffer.from(`${this.prefix}${encode(key)}/${encode(owner)}`);
+  }
+
+  /** The line of `key`, as a range [start, end) of etcd keys. */
+  line(key: string): { key: Buffer; range_end: Buffer } {
+    const base = `${this.prefix}${encode(key)}`;
+    // '0' is the byte after '/': the range holds exactly the keys that start with `<base>/`.
+    return { key: Buffer.from(`${base}/`), range_end: Buffer.from(`${base}0`) };
+  }
+
+  /** The owner an entry of the line of `key` belongs to. */
+  ownerOf(entry: Buffer): string {
+    const text = entry.toString();
+    return decodeURIComponent(text.slice(text.lastIndexOf('/') + 1));
+  }
+}
+
+function encode(segment: string): string {
+  return segment.replace(/%/g, '%25').replace(/\//g, '%2F');
+}

@@ -1,0 +1,155 @@
+import type { ICompare, IKeyValue, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
+import { HELD, WAITING, type EtcdKeys } from './etcd.keys.js';
+
+/** Where a waiter stands: its revision, and the entry just ahead of it in each line where it is not first. */
+export interface Standing {
+  /** Its entries are gone (its lease ran out, or they were deleted): it has no place any more. */
+  lost: boolean;
+  /** Ahead of it, by line (lock key); empty when it is first in every line. */
+  predecessors: Map<string, Buffer>;
+  /** The revision the lines were read at: watches start after it. */
+  readRevision: number;
+}
+
+/**
+ * The transactions of the etcd lock recipe. One acquisition puts one entry per key, all in one
+ * transaction, so they share one create revision: it orders the lines and is the fencing token.
+ * An entry is first in its line when no entry of that line has a smaller create revision; a
+ * request first in every line of its keys holds them. Two requests on overlapping keys are
+ * ordered the same way in every line they share, so they never wait for each other.
+ */
+export class EtcdLine {
+  constructor(private readonly keys: EtcdKeys) {}
+
+  /**
+   * The first attempt: when every line is empty, the entries go on the holder's lease as held.
+   * Otherwise, for a caller that waits, they go on the waiter lease as waiting, and each line's
+   * two newest entries are read: the waiter's own and the one just ahead of it.
+   */
+  firstAttempt(keys: readonly string[], owner: string, holdLease: string, waitLease: string | undefined): ITxnRequest {
+    return {
+      compare: keys.map((key) => ({ ...this.keys.line(key), target: 'Create', result: 'Equal', create_revision: 0 })),
+      success: keys.map((key) => this.put(key, owner, HELD, holdLease)),
+      failure:
+        waitLease === undefined
+          ? []
+          : [
+              ...keys.map((key): IRequestOp => ({
+                request_put: { ...this.put(key, owner, WAITING, waitLease).request_put, prev_kv: true },
+              })),
+              ...keys.map((key): IRequestOp => ({
+                request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Descend', limit: 2, keys_only: true },
+              })),
+            ],
+    };
+  }
+
+  /** The waiter's revision after a failed first attempt (an entry it already had keeps its own). */
+  placedRevision(response: ITxnResponse, keys: readonly string[]): number {
+    const previous = response.responses
+      .slice(0, keys.length)
+      .map((r) => r.response_put.prev_kv)
+      .find((kv) => kv);
+    return Number(previous ? previous.create_revision : response.header.revision);
+  }
+
+  /** Where a waiter placed by `firstAttempt` stands, from that transaction's answer. */
+  standingAfterFirst(response: ITxnResponse, keys: readonly string[], owner: string, revision: number): Standing | undefined {
+    const predecessors = new Map<string, Buffer>();
+    for (const [i, key] of keys.entries()) {
+      const kvs = response.responses[keys.length + i].response_range.kvs;
+      const ahead = kvs.filter((kv) => Number(kv.create_revision) < revision);
+      // It had an entry before this attempt, and newer entries crowd the two read: read again.
+      if (ahead.length === 0 && kvs.some((kv) => Number(kv.create_revision) > revision)) return undefined;
+      if (ahead.length > 0 && this.keys.ownerOf(ahead[0].key) !== owner) predecessors.set(key, ahead[0].key);
+    }
+    return { lost: false, predecessors, readRevision: Number(response.header.revision) };
+  }
+
+  /**
+   * A waiter's next attempt: it holds the keys when its entries are still there and first in
+   * every line; then, given `holdLease`, they go onto it, marked held. Otherwise the answer says
+   * where it stands (see standing()).
+   */
+  nextAttempt(keys: readonly string[], owner: string, revision: number, holdLease: string | undefined): ITxnRequest {
+    return {
+      compare: this.firstInEveryLine(keys, owner, revision),
+      success: holdLease === undefined ? [] : keys.map((key) => this.put(key, owner, HELD, holdLease)),
+      failure: this.standingReads(keys, owner, revision),
+    };
+  }
+
+  /** Where the waiter stands, from the failure branch of nextAttempt(). */
+  standing(response: ITxnResponse, keys: readonly string[]): Standing {
+    const own = response.responses.slice(0, keys.length).map((r) => r.response_range.kvs[0]);
+    const predecessors = new Map<string, Buffer>();
+    for (const [i, key] of keys.entries()) {
+      const [ahead] = response.responses[keys.length + i].response_range.kvs;
+      if (ahead) predecessors.set(key, ahead.key);
+    }
+    return { lost: own.some((kv) => kv === undefined), predecessors, readRevision: Number(response.header.revision) };
+  }
+
+  /** Reads the owner's entries (one per key, in order; undefined where there is none). */
+  ownEntries(keys: readonly string[], owner: string): ITxnRequest {
+    return { success: keys.map((key) => ({ request_range: { key: this.keys.entry(key, owner) } })) };
+  }
+
+  ownEntriesOf(response: ITxnResponse): (IKeyValue | undefined)[] {
+    return response.responses.map((r) => r.response_range.kvs[0]);
+  }
+
+  /** Deletes the owner's entries, answering what they were. */
+  deleteOwn(keys: readonly string[], owner: string): ITxnRequest {
+    return { success: keys.map((key) => ({ request_delete_range: { key: this.keys.entry(key, owner), prev_kv: true } })) };
+  }
+
+  deletedOf(response: ITxnResponse): IKeyValue[] {
+    return response.responses.flatMap((r) => r.response_delete_range.prev_kvs);
+  }
+
+  /** Moves held entries from one lease to another (a different ttl), if they are still on the first. */
+  moveLease(keys: readonly string[], owner: string, from: string, to: string): ITxnRequest {
+    return {
+      compare: keys.map((key) => ({ key: this.keys.entry(key, owner), target: 'Lease', result: 'Equal', lease: from })),
+      success: keys.map((key) => this.put(key, owner, HELD, to)),
+    };
+  }
+
+  /** The first entry of a key's line. */
+  head(key: string): ITxnRequest {
+    return { success: [{ request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Ascend', limit: 1 } }] };
+  }
+
+  private put(key: string, owner: string, value: Buffer, lease: string): IRequestOp {
+    return { request_put: { key: this.keys.entry(key, owner), value, lease } };
+  }
+
+  /**
+   * Its entries still exist with its revision (the waiter lease did not run out), and no entry of
+   * any of its lines is older.
+   */
+  private firstInEveryLine(keys: readonly string[], owner: string, revision: number): ICompare[] {
+    return [
+      ...keys.map((key): ICompare => ({ key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: revision })),
+      ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Greater', create_revision: revision - 1 })),
+    ];
+  }
+
+  /** Its own entries, and in each line the newest entry older than it. */
+  private standingReads(keys: readonly string[], owner: string, revision: number): IRequestOp[] {
+    return [
+      ...keys.map((key): IRequestOp => ({ request_range: { key: this.keys.entry(key, owner), keys_only: true } })),
+      ...keys.map((key): IRequestOp => ({
+        request_range: {
+          ...this.keys.line(key),
+          max_create_revision: revision - 1,
+          sort_target: 'Create',
+          sort_order: 'Descend',
+          limit: 1,
+          keys_only: true,
+        },
+      })),
+    ];
+  }
+}

@@ -1,0 +1,197 @@
+import type { EtcdConnection, Operation } from './etcd.connection.js';
+import { EtcdLeaseKeeper } from './etcd.lease-keeper.js';
+import type { Standing } from './etcd.line.js';
+import { PredecessorWatches } from './etcd.predecessor-watch.js';
+
+/** The lease an owner holds its keys on, or will once its turn comes. */
+export interface HoldLease {
+  id: string;
+  /** The seconds asked for (the lock's ttl, rounded up): an extension with the same keeps it. */
+  seconds: number;
+  /** The seconds etcd granted (its minimum when more than asked): what a keepalive restores. */
+  ttl: number;
+  /** When the last keepalive answered (or the grant) was sent: alive until at least then plus `ttl`. */
+  aliveSince: number;
+  /** A keepalive found it gone while its owner waited. */
+  lost?: boolean;
+}
+
+/** What this process knows of one owner's entries in etcd. */
+export interface Place {
+  readonly keys: readonly string[];
+  readonly owner: string;
+  /** 'unknown': its last request went unanswered, so whether it applied is not known. */
+  state: 'waiting' | 'held' | 'unknown';
+  /** The create revision of its entries: place in line, and fencing token. */
+  revision?: number;
+  /** The waiter lease its entries sit on while it waits. */
+  waitLease?: string;
+  /** The lease of its first attempt: kept alive while it waits, the keys go onto it when it is first. */
+  hold: HoldLease;
+  /** A move to another lease (an extension with another ttl) that went unanswered. */
+  movingTo?: HoldLease;
+  /** Its watches saw every entry ahead of it go: the next attempt goes straight for the keys. */
+  clear: boolean;
+  watches?: PredecessorWatches;
+}
+
+/**
+ * This process's owners with entries in etcd, their wake-ups and the leases kept alive while they
+ * wait. A wake-up that comes before its owner listens is kept until it does.
+ */
+export class EtcdPlaces {
+  private readonly places = new Map<string, Place>();
+  private readonly listeners = new Map<string, () => void>();
+  private readonly pendingWakes = new Set<string>();
+  private readonly keeper: EtcdLeaseKeeper;
+  /** Watches being cancelled, for close() to wait for. */
+  private readonly stopping = new Set<Promise<void>>();
+
+  constructor(
+    private readonly connection: EtcdConnection,
+    waiterSeconds: number,
+    /** The longest wait for etcd to confirm a cancelled watch. */
+    private readonly timeoutMs: number,
+  ) {
+    this.keeper = new EtcdLeaseKeeper(connection, waiterSeconds, (lost) => this.waiterLeaseLost(lost));
+  }
+
+  get(owner: string): Place | undefined {
+    return this.places.get(owner);
+  }
+
+  waiterLease(what: Operation): Promise<string> {
+    return this.keeper.waiterLease(what);
+  }
+
+  waiterLeaseGone(lease: string): void {
+    this.keeper.gone(lease);
+  }
+
+  held(keys: readonly string[], owner: string, revision: number, hold: HoldLease): void {
+    this.places.set(owner, { keys, owner, state: 'held', revision, hold, clear: false });
+  }
+
+  waiting(keys: readonly string[], owner: string, revision: number, waitLease: string, hold: HoldLease): Place {
+    const place: Place = { keys, owner, state: 'waiting', revision, waitLease, hold, clear: false };
+    this.enterLine(place);
+    this.places.set(owner, place);
+    return place;
+  }
+
+  /** A first attempt went unanswered: its entries may be held on `hold`, waiting on `waitLease`, or absent. */
+  unknown(keys: readonly string[], owner: string, hold: HoldLease, waitLease: string): void {
+    const place: Place = { keys, owner, state: 'unknown', waitLease, hold, clear: false };
+    this.enterLine(place);
+    this.places.set(owner, place);
+  }
+
+  /** A waiter's attempt to take the keys went unanswered. */
+  unanswered(place: Place): void {
+    place.state = 'unknown';
+  }
+
+  /** What an unanswered first attempt did, once read back: it waits, at `revision`. */
+  settledWaiting(place: Place, revision: number): void {
+    place.state = 'waiting';
+    place.revision = revision;
+    place.clear = false;
+  }
+
+  /** It holds the keys now (on its hold lease): it leaves the line. */
+  promoted(place: Place, revision: number): void {
+    this.leaveLine(place);
+    place.state = 'held';
+    place.revision = revision;
+  }
+
+  /** Where a waiter stands now: it watches what is ahead of it from there. */
+  stand(place: Place, standing: Standing): void {
+    place.clear = standing.predecessors.size === 0;
+    place.watches?.arm(standing.predecessors, standing.readRevision);
+  }
+
+  /** A waiter's hold lease was found gone: a new one replaces it. */
+  replaceHold(place: Place, hold: HoldLease): void {
+    this.keeper.release(place.hold.id);
+    this.connection.revokeQuietly(place.hold.id, { op: 'clean-up', keys: [] });
+    place.hold = hold;
+    this.keepHold(place);
+  }
+
+  /**
+   * This process forgets the owner (released, or its place is gone). The hold lease of a waiter
+   * carries no key: it is revoked here; the caller sees to any other.
+   */
+  drop(place: Place): void {
+    if (this.places.get(place.owner) === place) this.places.delete(place.owner);
+    this.pendingWakes.delete(place.owner);
+    const waiting = place.state === 'waiting';
+    this.leaveLine(place);
+    if (waiting) this.connection.revokeQuietly(place.hold.id, { op: 'clean-up', keys: place.keys });
+  }
+
+  /** Calls `wake` when something ahead of `owner` changed; returns the function that stops it. */
+  listen(owner: string, wake: () => void): () => void {
+    this.listeners.set(owner, wake);
+    if (this.pendingWakes.delete(owner)) queueMicrotask(wake);
+    return () => {
+      if (this.listeners.get(owner) === wake) this.listeners.delete(owner);
+      this.pendingWakes.delete(owner);
+    };
+  }
+
+  async close(): Promise<void> {
+    for (const place of this.places.values()) this.leaveLine(place);
+    this.places.clear();
+    this.listeners.clear();
+    this.pendingWakes.clear();
+    await Promise.all([...this.stopping, this.keeper.close()]);
+  }
+
+  private enterLine(place: Place): void {
+    this.keeper.join(place.waitLease!);
+    this.keepHold(place);
+    place.watches = new PredecessorWatches(this.connection, (clear) => this.changed(place, clear));
+  }
+
+  private keepHold(place: Place): void {
+    const hold = place.hold;
+    this.keeper.keep(hold.id, {
+      alive: (sentAt) => void (hold.aliveSince = Math.max(hold.aliveSince, sentAt)),
+      lost: () => void (hold.lost = true),
+    });
+  }
+
+  private leaveLine(place: Place): void {
+    if (place.waitLease !== undefined) this.keeper.leave(place.waitLease);
+    place.waitLease = undefined;
+    this.keeper.release(place.hold.id);
+    if (!place.watches) return;
+    const stopped: Promise<void> = place.watches.stop(this.timeoutMs).finally(() => this.stopping.delete(stopped));
+    this.stopping.add(stopped);
+    place.watches = undefined;
+  }
+
+  private changed(place: Place, clear: boolean): void {
+    if (this.places.get(place.owner) !== place || place.state !== 'waiting') return;
+    place.clear = clear;
+    this.wake(place.owner);
+  }
+
+  private wake(owner: string): void {
+    const listener = this.listeners.get(owner);
+    if (listener) listener();
+    else this.pendingWakes.add(owner);
+  }
+
+  /** The waiter lease ran out: the places on it are gone, and their owners ask again to take new ones. */
+  private waiterLeaseLost(lease: string): void {
+    for (const place of this.places.values()) {
+      if (place.waitLease !== lease) continue;
+      place.waitLease = undefined;
+      place.clear = false;
+      this.wake(place.owner);
+    }
+  }
+}

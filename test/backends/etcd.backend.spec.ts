@@ -1,0 +1,155 @@
+import { describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import type { Etcd3 } from 'etcd3';
+import { ChaosProxy } from '../../chaos/tcp-proxy.js';
+import { EtcdLockBackend, LockLostError, LockService } from '../../lib/index.js';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { fencedRead, fencedWrite } from '../fixtures/etcd-fenced-store.mjs';
+import { useEtcdCluster } from '../support/etcd-fixture.js';
+import { Holder } from '../support/lock-holder-process.js';
+import { until } from '../support/wait.js';
+
+const write = fencedWrite as (etcd: Etcd3, name: string, token: number, value: string) => Promise<boolean>;
+const read = fencedRead as (etcd: Etcd3, name: string) => Promise<{ value: string | null; token: number }>;
+
+const fixture = useEtcdCluster({ members: 1 });
+
+function backend(url = fixture.endpoints[0], options?: ConstructorParameters<typeof EtcdLockBackend>[1]): EtcdLockBackend {
+  const created = new EtcdLockBackend(url, options);
+  fixture.cleanup(() => created.close());
+  return created;
+}
+
+function service(options: ConstructorParameters<typeof LockService>[1] = {}, lockBackend = backend()): LockService {
+  const locks = new LockService(lockBackend, { keyPrefix: 'fault:', ...options });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+/** Every key the backends wrote under their default prefix. */
+async function entries(): Promise<string[]> {
+  return fixture.admin.getAll().prefix('nest-distributed-lock/').keys();
+}
+
+describe('etcd backend on one member', () => {
+  it('inspect tells the holder from a several-key waiter first in the line of a key nobody holds', async () => {
+    const [a, b, c] = [backend(), backend(), backend()];
+    expect((await a.tryAcquire(['x'], 'owner-a', 10_000)).acquired).toBe(true);
+    // b waits for x and y: its entries stand first in y's line, behind a in x's.
+    expect((await b.tryAcquire(['x', 'y'], 'owner-b', 10_000)).acquired).toBe(false);
+    expect(await entries()).toHaveLength(3);
+    expect(await a.inspect('y')).toBeUndefined();
+    expect((await a.inspect('x'))?.owner).toBe('owner-a');
+    // Nobody holds y, yet a newcomer does not get it ahead of b (fencing tokens follow the line).
+    expect((await c.tryAcquire(['y'], 'owner-c', 10_000, { willWait: false })).acquired).toBe(false);
+    expect(await entries()).toHaveLength(3);
+
+    const woken = new Promise<void>((resolve) => void b.watch(['x', 'y'], resolve, 'owner-b'));
+    const tokenA = (await a.inspect('x'))!.fencingToken!;
+    expect(await a.release(['x'], 'owner-a')).toBe(true);
+    await woken;
+    const won = await b.tryAcquire(['x', 'y'], 'owner-b', 10_000);
+    expect(won).toMatchObject({ acquired: true });
+    const token = (won as { fencingToken: number }).fencingToken;
+    expect(token).toBeGreaterThan(tokenA);
+    for (const key of ['x', 'y']) expect(await c.inspect(key)).toMatchObject({ owner: 'owner-b', fencingToken: token });
+    expect(await b.release(['x', 'y'], 'owner-b')).toBe(true);
+    await until(async () => (await entries()).length === 0, 5_000, 'every entry to go');
+  });
+
+  it('rounds a ttl up to whole seconds, and an extension with another ttl moves the keys to a lease of that ttl, token unchanged', async () => {
+    const locks = service();
+    const handle = await locks.acquire('ttl', { ttl: 2_500, autoExtend: false });
+    const lease = async () => {
+      const [kv] = await fixture.admin
+        .getAll()
+        .prefix('nest-distributed-lock/fault:ttl/')
+        .exec()
+        .then((r) => r.kvs);
+      return fixture.admin.leaseClient.leaseTimeToLive({ ID: kv.lease });
+    };
+    expect(Number((await lease()).grantedTTL)).toBe(3);
+    await handle.extend(20_000);
+    const after = await lease();
+    expect(Number(after.grantedTTL)).toBe(20);
+    expect(Number(after.TTL)).toBeGreaterThan(15);
+    expect((await locks.inspect('ttl'))?.fencingToken).toBe(handle.fencingToken);
+    await handle.release();
+    expect(await entries()).toEqual([]);
+  });
+
+  it('another process acquires once the lease of a holder that was SIGKILLed runs out, with a greater token', async () => {
+    const ttl = 2_000;
+    const holder = await Holder.start('etcd-lock-holder.mjs', fixture.endpoints.join(','), 'killed', ttl);
+    fixture.cleanup(() => holder.kill());
+    const locks = service();
+    expect(await locks.tryAcquire('killed')).toBeUndefined();
+    await holder.kill();
+    const killedAt = Date.now();
+    const handle = await locks.acquire('killed', { wait: 10_000 });
+    // Freed by etcd when the lease ran out (a delete the waiter watches), not by a poll.
+    expect(Date.now() - killedAt).toBeLessThan(ttl + 2_000);
+    expect(handle.fencingToken).toBeGreaterThan((await holder.next('acquired')).token!);
+  });
+
+  it('a holder paused past its lease loses: the next holder has a greater token, and its late write is refused', async () => {
+    const holder = await Holder.start('etcd-lock-holder.mjs', fixture.endpoints.join(','), 'paused', 2_000);
+    fixture.cleanup(() => holder.kill());
+    const stale = (await holder.next('acquired')).token!;
+    holder.child.kill('SIGSTOP'); // as in a long GC pause: the process does nothing, not even extend
+    fixture.cleanup(() => holder.child.kill('SIGCONT'));
+
+    const locks = service();
+    const handle = await locks.acquire('paused', { wait: 10_000 });
+    expect(handle.fencingToken).toBeGreaterThan(stale);
+    expect(await write(fixture.admin, 'fenced', handle.fencingToken!, 'new holder')).toBe(true);
+
+    holder.child.kill('SIGCONT');
+    const lost = await holder.next('lost');
+    expect(lost).toMatchObject({ name: 'LockLostError' });
+    holder.child.send({ type: 'write' });
+    expect(await holder.next('wrote')).toMatchObject({ accepted: false, aborted: true });
+    expect(await read(fixture.admin, 'fenced')).toEqual({ value: 'new holder', token: handle.fencingToken });
+    // Its release revokes its own lease, which is gone: the new holder's lock is untouched.
+    holder.child.send({ type: 'release' });
+    await holder.next('released');
+    expect(handle.isHeld).toBe(true);
+    expect((await locks.inspect('paused'))?.heldHere).toBe(true);
+  });
+
+  it('a waiter whose watch comes back at a compacted revision reads its line again and takes its turn', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    fixture.cleanup(() => warn.mockRestore());
+    const holder = service();
+    const proxy = await ChaosProxy.start(fixture.cluster.members[0].clientPort);
+    fixture.cleanup(() => proxy.close());
+    // Neither a poll nor the holder's ttl could hand it over within the test: only its watch.
+    const waiters = service({ pollInterval: 60_000 }, backend(`http://127.0.0.1:${proxy.port}`, { waiterTimeout: 10_000 }));
+    const held = await holder.acquire('compacted', { ttl: 60_000 });
+    const waiting = waiters.acquire('compacted', { wait: 30_000 });
+    await until(async () => (await entries()).length === 2, 5_000, 'the waiter to stand in line');
+    // Its watch stream drops; meanwhile the lock is released and the history of it compacted.
+    proxy.set({ kind: 'drop' });
+    await held.release();
+    let revision = 0;
+    for (let i = 0; i < 5; i++) revision = Number((await fixture.admin.put('filler').value(String(i)).exec()).header.revision);
+    await fixture.admin.kv.compact({ revision, physical: true });
+    const healedAt = Date.now();
+    proxy.set({ kind: 'pass' });
+    const handle = await waiting;
+    expect(Date.now() - healedAt).toBeLessThan(10_000);
+    expect(handle.isHeld).toBe(true);
+    expect(handle.signal.reason).not.toBeInstanceOf(LockLostError);
+  });
+
+  it('refuses new work once closed, and leaves no entry behind', async () => {
+    const closing = backend();
+    expect((await closing.tryAcquire(['closed'], 'owner-a', 10_000)).acquired).toBe(true);
+    expect((await closing.tryAcquire(['closed'], 'owner-b', 10_000)).acquired).toBe(false);
+    await closing.release(['closed'], 'owner-a');
+    await closing.release(['closed'], 'owner-b');
+    await closing.close();
+    await expect(closing.tryAcquire(['closed'], 'owner-c', 10_000)).rejects.toThrow(/the backend is closed/);
+    expect(await entries()).toEqual([]);
+  });
+});
