@@ -121,6 +121,7 @@ describe('the published package', () => {
         redis: () => new lib.RedisLockBackend('redis://127.0.0.1:6379'),
         redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
         postgres: () => new lib.PostgresLockBackend('postgres://127.0.0.1:5432/app'),
+        zookeeper: () => new lib.ZooKeeperLockBackend('127.0.0.1:2181'),
         telemetry: () => new lib.LockService(undefined, { telemetry: true }),
       };
       const seen = {};
@@ -140,6 +141,11 @@ describe('the published package', () => {
         message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
       });
       expect(seen.postgres).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install pg') });
+      expect(seen.zookeeper).toEqual({
+        type: 'InvalidLockOptionsError',
+        ours: true,
+        message: expect.stringContaining('npm install node-zookeeper-client@1.1.3'),
+      });
       expect(seen.telemetry).toEqual({
         type: 'InvalidLockOptionsError',
         ours: true,
