@@ -173,6 +173,11 @@ export class ZooKeeperServer {
     }
   }
 
+  /** Starts a member again if it is not running (after `kill(id)`); else does nothing. */
+  async revive(id: number): Promise<void> {
+    if (!this.member(id).running) await this.restart(id);
+  }
+
   async stop(): Promise<void> {
     await Promise.all(this.members.map((m) => m.kill()));
     rmSync(this.root, { recursive: true, force: true });

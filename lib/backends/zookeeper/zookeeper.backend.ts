@@ -37,6 +37,8 @@ export class ZooKeeperLockBackend implements LockBackend {
   private readonly knownParents = new Set<string>();
   private readonly idleParents = new Map<string, number>();
   private sweeper: NodeJS.Timeout | undefined;
+  private readonly leftovers = new Set<LineRequest>();
+  private leftoverTimer: NodeJS.Timeout | undefined;
   private closed = false;
   private readonly stopListening: () => void;
 
@@ -123,11 +125,9 @@ export class ZooKeeperLockBackend implements LockBackend {
     for (const key of keys) this.idleParents.set(this.paths.parent(key), performance.now());
     this.sweepLater();
     const held = request.held;
-    await this.session.run('release', keys, async (session) => {
-      const nodes = request.uncertain
-        ? (await findNodes(session.client, this.paths, request)).filter((n) => n !== undefined)
-        : request.nodes;
-      if (nodes?.length) await removeNodes(session.client, nodes);
+    await this.remove(request).catch((error: unknown) => {
+      this.removeLater(request);
+      throw error;
     });
     return held;
   }
@@ -179,6 +179,8 @@ export class ZooKeeperLockBackend implements LockBackend {
     for (const timer of this.expiries.values()) clearTimeout(timer);
     this.expiries.clear();
     clearInterval(this.sweeper);
+    clearTimeout(this.leftoverTimer);
+    this.leftovers.clear();
     this.requests.clear();
     this.session.close();
   }
@@ -189,6 +191,30 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   [inspect.custom](depth: number, options: object): string {
     return `ZooKeeperLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
+  }
+
+  private remove(request: LineRequest): Promise<void> {
+    return this.session.run('release', request.keys, async (session) => {
+      const found = request.uncertain ? await findNodes(session.client, this.paths, request) : request.nodes;
+      const nodes = found?.filter((node) => node !== undefined);
+      if (nodes?.length) await removeNodes(session.client, nodes);
+    });
+  }
+
+  /**
+   * A release that failed (no answer during a leader election, a dropped connection) leaves nodes
+   * that the session, still alive, would keep forever: they are deleted as soon as ZooKeeper answers.
+   */
+  private removeLater(request: LineRequest): void {
+    this.leftovers.add(request);
+    if (this.leftoverTimer || this.closed) return;
+    this.leftoverTimer = setTimeout(() => {
+      this.leftoverTimer = undefined;
+      for (const leftover of [...this.leftovers]) {
+        this.leftovers.delete(leftover);
+        this.remove(leftover).catch(() => this.removeLater(leftover));
+      }
+    }, 100).unref();
   }
 
   private request(keys: readonly string[], owner: string): LineRequest {
@@ -226,6 +252,8 @@ export class ZooKeeperLockBackend implements LockBackend {
           () => undefined,
         );
         await creating;
+        // The caller gave up meanwhile (its wait ended): the nodes went again.
+        if (!request.nodes) return false;
       }
       const [where, stat] = await Promise.all([
         position(session.client, this.paths, request),
@@ -247,7 +275,8 @@ export class ZooKeeperLockBackend implements LockBackend {
         await removeNodes(session.client, request.nodes!);
         return false;
       }
-      if (!(await this.watchPredecessors(session, request, where.predecessors))) return false;
+      // A predecessor went while we looked: look again, a few times (the caller retries later).
+      if (!(await this.watchPredecessors(session, request, where.predecessors)) || round >= 10) return false;
     }
   }
 
