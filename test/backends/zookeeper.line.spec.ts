@@ -1,0 +1,93 @@
+import { describe, expect, it } from '@jest/globals';
+import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
+import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import { LockService } from '../../lib/lock.service.js';
+import type { LockHandle } from '../../lib/lock.handle.js';
+import { until } from '../support/wait.js';
+import { useZooKeeper } from '../support/zookeeper-fixture.js';
+
+const fixture = useZooKeeper();
+
+/** A backend (a session of its own, as another process) that counts its attempts and wake-ups. */
+function countingBackend(): { backend: LockBackend; attempts: () => number; failed: () => number; wakes: () => number } {
+  const inner = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 4_000 });
+  let attempts = 0;
+  let wakes = 0;
+  let failed = 0;
+  const backend: LockBackend = {
+    name: inner.name,
+    fencing: inner.fencing,
+    tryAcquire: async (...args) => {
+      attempts++;
+      const result = await inner.tryAcquire(...args);
+      if (!result.acquired) failed++;
+      return result;
+    },
+    extend: (...args) => inner.extend(...args),
+    release: (...args) => inner.release(...args),
+    inspect: (...args) => inner.inspect(...args),
+    watch: (keys, onRelease, owner) => inner.watch(keys, () => (wakes++, onRelease()), owner),
+    watching: () => inner.watching(),
+    close: () => inner.close(),
+  };
+  return { backend, attempts: () => attempts, failed: () => failed, wakes: () => wakes };
+}
+
+function service(backend: LockBackend): LockService {
+  // No polling: only a release can move a waiter.
+  const locks = new LockService(backend, { keyPrefix: 'line:', pollInterval: 60_000 });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+/** Long enough for a herd to show: every waiter of a herd would ask ZooKeeper within a few ms. */
+const SETTLE_MS = 300;
+
+describe('ZooKeeper lines', () => {
+  it('four waiters in four processes: each release wakes exactly one of them, in the order they arrived', async () => {
+    const holder = await service(countingBackend().backend).acquire('herd', { ttl: 60_000 });
+    const waiters = Array.from({ length: 4 }, () => countingBackend());
+    const got: number[] = [];
+    const handles: Promise<LockHandle>[] = [];
+    for (const [i, waiter] of waiters.entries()) {
+      handles.push(
+        service(waiter.backend)
+          .acquire('herd', { wait: 30_000, ttl: 60_000 })
+          .then((handle) => (got.push(i), handle)),
+      );
+      // Arrival order is the order the requests reached ZooKeeper: one at a time.
+      await until(() => waiter.failed() === 1, 10_000, `waiter ${i} to stand in line`);
+    }
+    let release = () => holder.release();
+    for (let turn = 0; turn < 4; turn++) {
+      const before = waiters.map((w) => [w.attempts(), w.wakes()]);
+      await release();
+      await until(() => got.length === turn + 1, 10_000, `waiter ${turn} to get the lock`);
+      await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+      expect(got).toEqual([0, 1, 2, 3].slice(0, turn + 1));
+      for (const [i, waiter] of waiters.entries()) {
+        // The one whose turn it is was woken once and asked once; nobody else heard of it.
+        const woken = i === turn ? 1 : 0;
+        expect([waiter.attempts() - before[i][0], waiter.wakes() - before[i][1]]).toEqual([woken, woken]);
+      }
+      const handle = await handles[turn];
+      release = () => handle.release();
+    }
+    await release();
+  }, 60_000);
+
+  it('a waiter that gives up leaves the line: the one behind it is next', async () => {
+    const holder = await service(countingBackend().backend).acquire('give-up', { ttl: 60_000 });
+    const [impatient, patient] = [countingBackend(), countingBackend()];
+    const giveUp = service(impatient.backend)
+      .acquire('give-up', { wait: 500 })
+      .catch((e: unknown) => e);
+    await until(() => impatient.failed() === 1, 10_000, 'the first waiter to stand in line');
+    const next = service(patient.backend).acquire('give-up', { wait: 20_000 });
+    await giveUp;
+    await holder.release();
+    const handle = await next;
+    expect(handle.isHeld).toBe(true);
+    await handle.release();
+  });
+});
