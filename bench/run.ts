@@ -3,6 +3,7 @@ import { memoryBench } from './memory.bench.js';
 import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
 import { redlockBench } from './redlock.bench.js';
+import { zookeeperBench } from './zookeeper.bench.js';
 
 /**
  * `npm run bench [-- --json] [-- --only <name>]`: every scenario next to its peers in the same run.
@@ -13,6 +14,7 @@ const groups: Record<string, (report: Report) => Promise<void>> = {
   redis: redisBench,
   redlock: redlockBench,
   postgres: postgresBench,
+  zookeeper: zookeeperBench,
 };
 
 const args = process.argv.slice(2);
