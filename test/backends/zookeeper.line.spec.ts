@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import { nodeZooKeeperClients, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import { LockService } from '../../lib/lock.service.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
 import { until } from '../support/wait.js';
@@ -89,5 +90,41 @@ describe('ZooKeeper lines', () => {
     const handle = await next;
     expect(handle.isHeld).toBe(true);
     await handle.release();
+  });
+
+  it('a create whose answer came too late: the next attempt finds its nodes by name, and the late answer does not delete them', async () => {
+    // The first multi() of the session is applied at once, but its answer is held back past the
+    // command timeout, as on a slow network.
+    let held: Promise<unknown> | undefined;
+    let late: () => void = () => undefined;
+    const clients = nodeZooKeeperClients(fixture.connectionString, 4_000);
+    const slowFirstCreate = (): ZooKeeperClient => {
+      const client = clients();
+      const multi = client.multi.bind(client);
+      return Object.assign(Object.create(client) as ZooKeeperClient, {
+        connect: client.connect.bind(client),
+        multi: (ops: Parameters<ZooKeeperClient['multi']>[0]) => {
+          const answer = multi(ops);
+          if (held || ops[0]?.op !== 'create') return answer;
+          held = answer;
+          return new Promise<string[]>((resolve, reject) => (late = () => answer.then(resolve, reject)));
+        },
+      });
+    };
+    const backend = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, commandTimeout: 300 }, slowFirstCreate);
+    fixture.cleanup(() => backend.close());
+    await expect(backend.tryAcquire(['late'], 'owner-a', 60_000)).rejects.toThrow('did not answer within 300 ms');
+    await held;
+    // Its node is there; the next attempt of the same owner finds it (owner in the name) and holds.
+    const won = await backend.tryAcquire(['late'], 'owner-a', 60_000);
+    expect(won).toMatchObject({ acquired: true });
+    late();
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const other = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root });
+    fixture.cleanup(() => other.close());
+    // The very node it holds (a node made again would have another czxid: the lock was free between).
+    expect(await other.inspect('late')).toMatchObject({ owner: 'owner-a', fencingToken: won.acquired && won.fencingToken });
+    expect(await other.tryAcquire(['late'], 'owner-b', 60_000, { willWait: false })).toEqual({ acquired: false });
+    expect(await backend.release(['late'], 'owner-a')).toBe(true);
   });
 });

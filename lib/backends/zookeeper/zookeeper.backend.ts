@@ -241,13 +241,15 @@ export class ZooKeeperLockBackend implements LockBackend {
             found.filter((n) => n !== undefined),
           );
       }
-      if (!request.nodes) {
+      const created = !request.nodes;
+      if (created) {
         const creating = createNodes(session, this.paths, request, this.knownParents);
         // An answer that comes after the caller gave up on it still tells where the nodes are.
         creating.then(
           (nodes) => {
             if (this.requests.get(request.owner) === request && !request.nodes) this.adopt(request, session, nodes);
-            else if (request.nodes !== nodes) removeNodes(session.client, nodes).catch(() => undefined);
+            // Another set of ours, unless these are the ones already found by name after a lost answer.
+            else if (request.nodes?.join('\n') !== nodes.join('\n')) removeNodes(session.client, nodes).catch(() => undefined);
           },
           () => undefined,
         );
@@ -267,6 +269,13 @@ export class ZooKeeperLockBackend implements LockBackend {
         return false;
       }
       if (where.first) {
+        // Reads alone could come from a follower cut off from the leader, which may have ended our
+        // session already; nodes made by this attempt were a write, else one is made now.
+        if (!created && !(await this.stillThere(session, request.nodes!))) {
+          request.nodes = undefined;
+          request.czxid = undefined;
+          continue;
+        }
         request.held = true;
         return true;
       }
@@ -296,6 +305,17 @@ export class ZooKeeperLockBackend implements LockBackend {
       }),
     );
     return stats.some((stat) => stat === undefined);
+  }
+
+  /** A write that fails unless every node is still there: the leader itself answers for the session. */
+  private async stillThere(session: LiveSession, nodes: readonly string[]): Promise<boolean> {
+    try {
+      await session.client.multi(nodes.map((path) => ({ op: 'check', path }) as const));
+      return true;
+    } catch (error) {
+      if (isNoNode(error)) return false;
+      throw error;
+    }
   }
 
   private adopt(request: LineRequest, session: LiveSession, nodes: string[]): void {
