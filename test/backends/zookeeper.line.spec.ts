@@ -4,6 +4,10 @@ import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.bac
 import { nodeZooKeeperClients, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import { LockService } from '../../lib/lock.service.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
+// @ts-expect-error: node-zookeeper-client ships no types; the test only passes it to the fixture.
+import zookeeper from 'node-zookeeper-client';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { connectedClient } from '../fixtures/zookeeper-fenced-store.mjs';
 import { until } from '../support/wait.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 
@@ -127,4 +131,22 @@ describe('ZooKeeper lines', () => {
     expect(await other.tryAcquire(['late'], 'owner-b', 60_000, { willWait: false })).toEqual({ acquired: false });
     expect(await backend.release(['late'], 'owner-a')).toBe(true);
   });
+
+  it('a key’s parent node goes a few seconds after its line emptied, and comes back when the key is locked again', async () => {
+    type Raw = { exists(path: string, callback: (error: Error | null, stat: unknown) => void): void; close(): void };
+    const raw = (await connectedClient(zookeeper, fixture.connectionString)) as Raw;
+    fixture.cleanup(() => raw.close());
+    const exists = (path: string) =>
+      new Promise<boolean>((resolve, reject) => raw.exists(path, (e, stat) => (e ? reject(e) : resolve(!!stat))));
+    const backend = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root });
+    fixture.cleanup(() => backend.close());
+    const parent = `${fixture.root}/once%3Aorder%3A42`;
+    expect(await backend.tryAcquire(['once:order:42'], 'owner-a', 60_000)).toMatchObject({ acquired: true });
+    expect(await exists(parent)).toBe(true);
+    await backend.release(['once:order:42'], 'owner-a');
+    await until(async () => !(await exists(parent)), 15_000, 'the empty parent node to be deleted');
+    const again = await backend.tryAcquire(['once:order:42'], 'owner-b', 60_000);
+    expect(again).toMatchObject({ acquired: true });
+    await backend.release(['once:order:42'], 'owner-b');
+  }, 30_000);
 });

@@ -4,10 +4,8 @@ import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOpt
 import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
 import { createNodes, findNodes, inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
 import { checkConnectionString, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
+import { ParentNodes } from './zookeeper.parents.js';
 import { ZooKeeperSession, type LiveSession } from './zookeeper.session.js';
-
-/** A key's parent node is deleted once it has been empty (as far as this process knows) this long. */
-const PARENT_IDLE_MS = 5_000;
 
 /**
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
@@ -34,9 +32,7 @@ export class ZooKeeperLockBackend implements LockBackend {
   private readonly requests = new Map<string, LineRequest>();
   /** When a held lock's ttl runs out without an extension: this process deletes its nodes then. */
   private readonly expiries = new Map<string, NodeJS.Timeout>();
-  private readonly knownParents = new Set<string>();
-  private readonly idleParents = new Map<string, number>();
-  private sweeper: NodeJS.Timeout | undefined;
+  private readonly parents: ParentNodes;
   private readonly leftovers = new Set<LineRequest>();
   private leftoverTimer: NodeJS.Timeout | undefined;
   private closed = false;
@@ -57,10 +53,11 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.paths = new LinePaths(resolved.root);
     const create = newClient ?? nodeZooKeeperClients(connectionString, resolved.sessionTimeout);
     this.session = new ZooKeeperSession(create, resolved.commandTimeout, this.name);
+    this.parents = new ParentNodes(this.session);
     // A lost session took this process's places in line and their watches: every waiter asks again.
     this.stopListening = this.session.onState((state) => {
       if (state !== 'lost') return;
-      this.knownParents.clear();
+      this.parents.known.clear();
       for (const request of this.requests.values()) this.wake(request);
     });
   }
@@ -74,7 +71,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     const willWait = options?.willWait ?? true;
     const sentAt = performance.now();
     const request = this.request(keys, owner);
-    for (const key of keys) this.idleParents.delete(this.paths.parent(key));
+    this.parents.inUse(keys.map((key) => this.paths.parent(key)));
     const current = request;
     current.woken = false;
     try {
@@ -122,8 +119,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     const request = this.requests.get(owner);
     if (!request) return false;
     this.forget(request);
-    for (const key of keys) this.idleParents.set(this.paths.parent(key), performance.now());
-    this.sweepLater();
+    this.parents.maybeEmpty(keys.map((key) => this.paths.parent(key)));
     const held = request.held;
     await this.remove(request).catch((error: unknown) => {
       this.removeLater(request);
@@ -178,7 +174,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.stopListening();
     for (const timer of this.expiries.values()) clearTimeout(timer);
     this.expiries.clear();
-    clearInterval(this.sweeper);
+    this.parents.close();
     clearTimeout(this.leftoverTimer);
     this.leftovers.clear();
     this.requests.clear();
@@ -243,7 +239,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       }
       const created = !request.nodes;
       if (created) {
-        const creating = createNodes(session, this.paths, request, this.knownParents);
+        const creating = createNodes(session, this.paths, request, this.parents.known);
         // An answer that comes after the caller gave up on it still tells where the nodes are.
         creating.then(
           (nodes) => {
@@ -366,29 +362,6 @@ export class ZooKeeperLockBackend implements LockBackend {
     clearTimeout(this.expiries.get(request.owner));
     this.expiries.delete(request.owner);
     request.waker = undefined;
-  }
-
-  /**
-   * A key's parent node stays when its line empties. Parents this process saw empty are deleted
-   * once they stayed unused for a while; a delete of a parent someone uses fails (NOT_EMPTY), and
-   * a request that finds its parent gone makes it again. ZooKeeper's container nodes would do
-   * this on the server, but the client cannot create them (see docs/zookeeper.md).
-   */
-  private sweepLater(): void {
-    if (this.sweeper || this.closed) return;
-    this.sweeper = setInterval(() => {
-      const now = performance.now();
-      for (const [parent, since] of this.idleParents) {
-        if (now - since < PARENT_IDLE_MS) continue;
-        this.idleParents.delete(parent);
-        this.knownParents.delete(parent);
-        this.session.run('clean-up', [], ({ client }) => client.remove(parent)).catch(() => undefined);
-      }
-      if (this.idleParents.size === 0) {
-        clearInterval(this.sweeper);
-        this.sweeper = undefined;
-      }
-    }, PARENT_IDLE_MS).unref();
   }
 }
 
