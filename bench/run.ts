@@ -4,6 +4,7 @@ import { memoryBench } from './memory.bench.js';
 import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
 import { redlockBench } from './redlock.bench.js';
+import { zookeeperBench } from './zookeeper.bench.js';
 
 /**
  * `npm run bench [-- --json] [-- --only <name>]`: every scenario next to its peers in the same run.
@@ -15,6 +16,7 @@ const groups: Record<string, (report: Report) => Promise<void>> = {
   redlock: redlockBench,
   postgres: postgresBench,
   etcd: etcdBench,
+  zookeeper: zookeeperBench,
 };
 
 const args = process.argv.slice(2);

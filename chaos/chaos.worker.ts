@@ -10,6 +10,7 @@ import {
   MemoryLockBackend,
   RedisLockBackend,
   RedlockLockBackend,
+  ZooKeeperLockBackend,
   type LockBackend,
   type LockHandle,
 } from '../lib/index.js';
@@ -22,7 +23,8 @@ export type BackendSpec =
   | { kind: 'memory'; services: number }
   | { kind: 'redis'; url: string; commandTimeout: number }
   | { kind: 'sentinel'; sentinels: { host: string; port: number }[]; name: string; commandTimeout: number }
-  | { kind: 'redlock'; urls: string[] };
+  | { kind: 'redlock'; urls: string[] }
+  | { kind: 'zookeeper'; connectionString: string; sessionTimeout: number; commandTimeout: number };
 
 export interface WorkerConfig {
   id: string;
@@ -132,6 +134,8 @@ function backendOf(spec: BackendSpec, shared: LockBackend | undefined): LockBack
       return new RedisLockBackend({ sentinels: spec.sentinels, name: spec.name }, { commandTimeout: spec.commandTimeout });
     case 'redlock':
       return new RedlockLockBackend(spec.urls);
+    case 'zookeeper':
+      return new ZooKeeperLockBackend(spec.connectionString, { sessionTimeout: spec.sessionTimeout, commandTimeout: spec.commandTimeout });
   }
 }
 

@@ -67,3 +67,5 @@ export { RedlockLockBackend } from './backends/redlock/redlock.backend.js';
 export type { RedlockLockBackendOptions } from './backends/redlock/redlock.options.js';
 export type { RedlockMasterClient, RedlockSubscriberClient } from './backends/redlock/redlock-master.js';
 export { RedlockQuorumError, type MasterFailure } from './backends/redlock/redlock.errors.js';
+export { ZooKeeperLockBackend } from './backends/zookeeper/zookeeper.backend.js';
+export type { ZooKeeperLockBackendOptions } from './backends/zookeeper/zookeeper.options.js';

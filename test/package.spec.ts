@@ -129,6 +129,7 @@ describe('the published package', () => {
         redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
         postgres: () => new lib.PostgresLockBackend('postgres://127.0.0.1:5432/app'),
         etcd: () => new lib.EtcdLockBackend('http://127.0.0.1:2379'),
+        zookeeper: () => new lib.ZooKeeperLockBackend('127.0.0.1:2181'),
         telemetry: () => new lib.LockService(undefined, { telemetry: true }),
       };
       const seen = {};
@@ -149,6 +150,11 @@ describe('the published package', () => {
       });
       expect(seen.postgres).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install pg') });
       expect(seen.etcd).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install etcd3') });
+      expect(seen.zookeeper).toEqual({
+        type: 'InvalidLockOptionsError',
+        ours: true,
+        message: expect.stringContaining('npm install node-zookeeper-client@1.1.3'),
+      });
       expect(seen.telemetry).toEqual({
         type: 'InvalidLockOptionsError',
         ours: true,

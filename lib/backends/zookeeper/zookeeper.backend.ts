@@ -1,0 +1,368 @@
+import { performance } from 'node:perf_hooks';
+import { inspect } from 'node:util';
+import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
+import { createNodes, findNodes, inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { checkConnectionString, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
+import { ParentNodes } from './zookeeper.parents.js';
+import { ZooKeeperSession, type LiveSession } from './zookeeper.session.js';
+
+/**
+ * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
+ * `<root>/<key>/<owner>-<sequence>`, all in one multi(), and holds its keys when its nodes are
+ * first in every line. A waiter watches only the node just before its own, so a release wakes one
+ * waiter (no herd), and waiters are served in the order their requests reached ZooKeeper.
+ *
+ * The fencing token is the nodes' czxid: the zxid of the transaction that created them, global
+ * and increasing across every key, leader change and parent node. (The sequence suffix restarts
+ * when a parent node is deleted and made again, so it is not one.)
+ *
+ * Liveness is the session (see docs/zookeeper.md): a holder that dies keeps its locks until its
+ * session expires; a lease is certain for at most two thirds of the session timeout after each
+ * answered request, so a holder that cannot reach ZooKeeper, or whose event loop stalls, gives
+ * its lock up (its signal fires) before the server can give it to someone else. The ttl still
+ * bounds a lease nobody extends: this process deletes the nodes when it runs out.
+ */
+export class ZooKeeperLockBackend implements LockBackend {
+  readonly name = 'zookeeper';
+  readonly fencing = true;
+
+  private readonly session: ZooKeeperSession;
+  private readonly paths: LinePaths;
+  private readonly requests = new Map<string, LineRequest>();
+  /** When a held lock's ttl runs out without an extension: this process deletes its nodes then. */
+  private readonly expiries = new Map<string, NodeJS.Timeout>();
+  private readonly parents: ParentNodes;
+  private readonly leftovers = new Set<LineRequest>();
+  private leftoverTimer: NodeJS.Timeout | undefined;
+  private closed = false;
+  private readonly stopListening: () => void;
+
+  /**
+   * `new ZooKeeperLockBackend('zk1:2181,zk2:2181,zk3:2181')`: the backend opens its own session
+   * (node-zookeeper-client must be installed) and closes it on application shutdown.
+   */
+  constructor(
+    connection: string,
+    options?: ZooKeeperLockBackendOptions,
+    /** @internal For tests: another client behind the same adapter. */
+    newClient?: () => ZooKeeperClient,
+  ) {
+    const connectionString = checkConnectionString(connection);
+    const resolved = resolveOptions(options);
+    this.paths = new LinePaths(resolved.root);
+    const create = newClient ?? nodeZooKeeperClients(connectionString, resolved.sessionTimeout);
+    this.session = new ZooKeeperSession(create, resolved.commandTimeout, this.name);
+    this.parents = new ParentNodes(this.session);
+    // A lost session took this process's places in line and their watches: every waiter asks again.
+    this.stopListening = this.session.onState((state) => {
+      if (state !== 'lost') return;
+      this.parents.known.clear();
+      for (const request of this.requests.values()) this.wake(request);
+    });
+  }
+
+  /** Curator's names: 'connected', 'suspended' (no connection, the session may live on), 'lost'. */
+  get state(): string {
+    return this.session.state;
+  }
+
+  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
+    const willWait = options?.willWait ?? true;
+    const sentAt = performance.now();
+    const request = this.request(keys, owner);
+    this.parents.inUse(keys.map((key) => this.paths.parent(key)));
+    const current = request;
+    current.woken = false;
+    try {
+      const acquired = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait));
+      if (!acquired) return { acquired: false };
+      this.armExpiry(current, sentAt + ttlMs);
+      return { acquired: true, fencingToken: current.czxid, validityMs: this.validity(ttlMs) };
+    } catch (error) {
+      if (this.requests.get(owner) === current) {
+        if (!willWait) this.requests.delete(owner);
+        // Whether the nodes were made is unknown; the next attempt looks for them.
+        current.uncertain = current.nodes === undefined;
+        current.woken = true;
+      }
+      throw error;
+    }
+  }
+
+  async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
+    const sentAt = performance.now();
+    const request = this.requests.get(owner);
+    if (!request?.held || !request.nodes) return { extended: false };
+    const nodes = request.nodes;
+    const ok = await this.session
+      .run('extend', keys, async (session) => {
+        if (session.generation !== request.generation) return false;
+        // A write, so the leader itself says the session is alive: a follower cut off from it
+        // could still answer a read for a session the leader already ended.
+        await session.client.multi(nodes.map((path) => ({ op: 'check', path }) as const)).catch((error: unknown) => {
+          if (isNoNode(error)) return Promise.reject(NOT_HELD);
+          throw error;
+        });
+        return true;
+      })
+      .catch((error: unknown) => (error === NOT_HELD ? false : Promise.reject(error)));
+    if (!ok || this.requests.get(owner) !== request) {
+      this.forget(request);
+      return { extended: false };
+    }
+    this.armExpiry(request, sentAt + ttlMs);
+    return { extended: true, validityMs: this.validity(ttlMs) };
+  }
+
+  async release(keys: readonly string[], owner: string): Promise<boolean> {
+    const request = this.requests.get(owner);
+    if (!request) return false;
+    this.forget(request);
+    this.parents.maybeEmpty(keys.map((key) => this.paths.parent(key)));
+    const held = request.held;
+    await this.remove(request).catch((error: unknown) => {
+      this.removeLater(request);
+      throw error;
+    });
+    return held;
+  }
+
+  async inspect(key: string): Promise<LockState | undefined> {
+    return this.session.run('inspect', [key], async ({ client }) => {
+      const parent = this.paths.parent(key);
+      const children = await client.getChildren(parent).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)));
+      for (const name of inLineOrder(children)) {
+        const stat = await client.exists(`${parent}/${name}`);
+        if (!stat) continue;
+        const owner = LinePaths.owner(name)!;
+        const ours = this.requests.get(owner);
+        // Another process's lease is known to last at most one session timeout once its holder goes.
+        const ttlMs = ours?.held ? this.remaining(owner) : this.session.timeout;
+        return { key, owner, ttlMs, fencingToken: stat.czxid };
+      }
+      return undefined;
+    });
+  }
+
+  async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
+    if (this.closed) throw this.session.error('watch', keys, 'the backend is closed (the application shut down).');
+    if (owner === undefined) return () => undefined;
+    // A caller may watch before its first attempt (it queued behind others of this process): the
+    // attempt then finds its waker here.
+    const request = this.request(keys, owner);
+    request.waker = onRelease;
+    if (request.woken) {
+      request.woken = false;
+      onRelease();
+    }
+    return () => {
+      if (request.waker === onRelease) request.waker = undefined;
+      if (!request.nodes && !request.uncertain && this.requests.get(owner) === request) this.requests.delete(owner);
+    };
+  }
+
+  /** A failed attempt already watches the node it waits for, and a wake-up is kept until watched. */
+  watching(): boolean {
+    return !this.closed;
+  }
+
+  /** Ends the session: ZooKeeper deletes its nodes (locks and places in line) at once. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.stopListening();
+    for (const timer of this.expiries.values()) clearTimeout(timer);
+    this.expiries.clear();
+    this.parents.close();
+    clearTimeout(this.leftoverTimer);
+    this.leftovers.clear();
+    this.requests.clear();
+    this.session.close();
+  }
+
+  toJSON(): { name: string; root: string } {
+    return { name: this.name, root: this.paths.root };
+  }
+
+  [inspect.custom](depth: number, options: object): string {
+    return `ZooKeeperLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
+  }
+
+  private remove(request: LineRequest): Promise<void> {
+    return this.session.run('release', request.keys, async (session) => {
+      const found = request.uncertain ? await findNodes(session.client, this.paths, request) : request.nodes;
+      const nodes = found?.filter((node) => node !== undefined);
+      if (nodes?.length) await removeNodes(session.client, nodes);
+    });
+  }
+
+  /**
+   * A release that failed (no answer during a leader election, a dropped connection) leaves nodes
+   * that the session, still alive, would keep forever: they are deleted as soon as ZooKeeper answers.
+   */
+  private removeLater(request: LineRequest): void {
+    this.leftovers.add(request);
+    if (this.leftoverTimer || this.closed) return;
+    this.leftoverTimer = setTimeout(() => {
+      this.leftoverTimer = undefined;
+      for (const leftover of [...this.leftovers]) {
+        this.leftovers.delete(leftover);
+        this.remove(leftover).catch(() => this.removeLater(leftover));
+      }
+    }, 100).unref();
+  }
+
+  private request(keys: readonly string[], owner: string): LineRequest {
+    let request = this.requests.get(owner);
+    if (!request) {
+      const fields = { nodes: undefined, generation: 0, uncertain: false, czxid: undefined, held: false, woken: false, waker: undefined };
+      request = { owner, keys, watched: new Set(), ...fields };
+      this.requests.set(owner, request);
+    }
+    return request;
+  }
+
+  /** Makes (or finds) the request's nodes, then looks where they stand; true when first everywhere. */
+  private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
+    for (let round = 0; ; round++) {
+      if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
+      if (!request.nodes && request.uncertain) {
+        const found = await findNodes(session.client, this.paths, request);
+        request.uncertain = false;
+        if (found.every((n) => n !== undefined)) this.adopt(request, session, found as string[]);
+        else if (found.some((n) => n !== undefined))
+          await removeNodes(
+            session.client,
+            found.filter((n) => n !== undefined),
+          );
+      }
+      const created = !request.nodes;
+      if (created) {
+        const creating = createNodes(session, this.paths, request, this.parents.known);
+        // An answer that comes after the caller gave up on it still tells where the nodes are.
+        creating.then(
+          (nodes) => {
+            if (this.requests.get(request.owner) === request && !request.nodes) this.adopt(request, session, nodes);
+            // Another set of ours, unless these are the ones already found by name after a lost answer.
+            else if (request.nodes?.join('\n') !== nodes.join('\n')) removeNodes(session.client, nodes).catch(() => undefined);
+          },
+          () => undefined,
+        );
+        await creating;
+        // The caller gave up meanwhile (its wait ended): the nodes went again.
+        if (!request.nodes) return false;
+      }
+      const [where, stat] = await Promise.all([
+        position(session.client, this.paths, request),
+        request.czxid === undefined ? session.client.exists(request.nodes![0]) : undefined,
+      ]);
+      if (stat) request.czxid = stat.czxid;
+      if ('gone' in where) {
+        request.nodes = undefined;
+        request.czxid = undefined;
+        if (round < 3) continue;
+        return false;
+      }
+      if (where.first) {
+        // Reads alone could come from a follower cut off from the leader, which may have ended our
+        // session already; nodes made by this attempt were a write, else one is made now.
+        if (!created && !(await this.stillThere(session, request.nodes!))) {
+          request.nodes = undefined;
+          request.czxid = undefined;
+          continue;
+        }
+        request.held = true;
+        return true;
+      }
+      if (!willWait) {
+        this.requests.delete(request.owner);
+        await removeNodes(session.client, request.nodes!);
+        return false;
+      }
+      // A predecessor went while we looked: look again, a few times (the caller retries later).
+      if (!(await this.watchPredecessors(session, request, where.predecessors)) || round >= 10) return false;
+    }
+  }
+
+  /**
+   * Watches the node just before ours in each line where we are not first; false once every
+   * watch is set on a node that is still there. True means one went meanwhile: look again.
+   */
+  private async watchPredecessors(session: LiveSession, request: LineRequest, predecessors: string[]): Promise<boolean> {
+    const stats = await Promise.all(
+      predecessors.map((path) => {
+        if (request.watched.has(path)) return session.client.exists(path);
+        request.watched.add(path);
+        return session.client.exists(path, () => {
+          request.watched.delete(path);
+          this.wake(request);
+        });
+      }),
+    );
+    return stats.some((stat) => stat === undefined);
+  }
+
+  /** A write that fails unless every node is still there: the leader itself answers for the session. */
+  private async stillThere(session: LiveSession, nodes: readonly string[]): Promise<boolean> {
+    try {
+      await session.client.multi(nodes.map((path) => ({ op: 'check', path }) as const));
+      return true;
+    } catch (error) {
+      if (isNoNode(error)) return false;
+      throw error;
+    }
+  }
+
+  private adopt(request: LineRequest, session: LiveSession, nodes: string[]): void {
+    request.nodes = nodes;
+    request.generation = session.generation;
+    request.czxid = undefined;
+    request.watched.clear();
+  }
+
+  private wake(request: LineRequest): void {
+    if (this.requests.get(request.owner) !== request) return;
+    if (request.waker) request.waker();
+    else request.woken = true;
+  }
+
+  /**
+   * Certain for the ttl, and for at most two thirds of the session timeout: the server ends a
+   * session one session timeout after it last heard of it, and a third is left for a follower's
+   * report of our requests to reach the leader (it sends one every half tick; a session lasts at
+   * least two ticks).
+   */
+  private validity(ttlMs: number): number {
+    const session = this.session.timeout;
+    return session > 0 ? Math.min(ttlMs, Math.floor((session * 2) / 3)) : ttlMs;
+  }
+
+  private armExpiry(request: LineRequest, at: number): void {
+    clearTimeout(this.expiries.get(request.owner));
+    const timer = setTimeout(
+      () => {
+        if (this.requests.get(request.owner) !== request) return;
+        this.release(request.keys, request.owner).catch(() => undefined);
+      },
+      Math.max(0, at - performance.now()),
+    );
+    timer.unref();
+    (timer as unknown as { at: number }).at = at;
+    this.expiries.set(request.owner, timer);
+  }
+
+  private remaining(owner: string): number {
+    const timer = this.expiries.get(owner) as unknown as { at: number } | undefined;
+    return timer ? Math.max(0, Math.round(timer.at - performance.now())) : 0;
+  }
+
+  private forget(request: LineRequest): void {
+    if (this.requests.get(request.owner) === request) this.requests.delete(request.owner);
+    clearTimeout(this.expiries.get(request.owner));
+    this.expiries.delete(request.owner);
+    request.waker = undefined;
+  }
+}
+
+const NOT_HELD = Symbol('not held');

@@ -1,0 +1,178 @@
+import { InvalidLockOptionsError } from '../../lock.errors.js';
+import { requirePeer } from '../../peer-require.cjs';
+
+/**
+ * What the backend needs of a ZooKeeper client, and nothing more: one session's operations as
+ * promises. The backend is written against this, so the client package can be swapped by writing
+ * one of these (see docs/zookeeper.md for why node-zookeeper-client is the one used).
+ */
+export interface ZooKeeperClient {
+  /** The session timeout the server granted, in ms (0 until connected). */
+  readonly sessionTimeout: number;
+  /** Resolves once a session is established; `onState` hears what happens to it from then on. */
+  connect(onState: (state: ZooKeeperClientState) => void): void;
+  /** All-or-nothing: the created paths, in the order of the create operations. */
+  multi(ops: readonly ZooKeeperOp[]): Promise<string[]>;
+  create(path: string, mode: 'persistent'): Promise<void>;
+  remove(path: string): Promise<void>;
+  /** The node's stat, or undefined when there is none; `watcher` is called once when it changes or goes. */
+  exists(path: string, watcher?: () => void): Promise<ZooKeeperStat | undefined>;
+  getChildren(path: string): Promise<string[]>;
+  /** Drops the connection (not the session): the client connects again, to the next server. */
+  reconnect(): void;
+  /** Ends the session: its ephemeral nodes go at once. */
+  close(): void;
+}
+
+/** `connected`: a session, reachable; `disconnected`: no connection, the session may live on; `expired`: the server ended it. */
+export type ZooKeeperClientState = 'connected' | 'disconnected' | 'expired';
+
+export type ZooKeeperOp =
+  | { op: 'create'; path: string; data?: Buffer; mode: 'persistent' | 'ephemeral-sequential' }
+  | { op: 'remove'; path: string }
+  /** Fails the whole multi() when the node is gone. */
+  | { op: 'check'; path: string };
+
+export interface ZooKeeperStat {
+  /** The zxid of the transaction that created the node: global and increasing. */
+  czxid: number;
+}
+
+/** A server's answer to one operation, by its name in ZooKeeper's KeeperException.Code. */
+export class ZooKeeperError extends Error {
+  constructor(
+    readonly code: 'NO_NODE' | 'NODE_EXISTS' | 'NOT_EMPTY' | 'CONNECTION_LOSS' | 'SESSION_EXPIRED' | string,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ZooKeeperError';
+  }
+}
+
+// The part of node-zookeeper-client's API this adapter uses (the package ships no types).
+interface NzkClient {
+  on(event: 'state', listener: (state: { name: string }) => void): void;
+  connect(): void;
+  close(): void;
+  getSessionTimeout(): number;
+  transaction(): NzkTransaction;
+  create(path: string, data: Buffer | null, mode: number, callback: (error: NzkError | null, path: string) => void): void;
+  remove(path: string, version: number, callback: (error: NzkError | null) => void): void;
+  exists(path: string, watcher: (() => void) | undefined, callback: (error: NzkError | null, stat: NzkStat | null) => void): void;
+  getChildren(path: string, callback: (error: NzkError | null, children: string[]) => void): void;
+  connectionManager: { socket?: { destroy(): void } };
+}
+interface NzkTransaction {
+  create(path: string, data: Buffer | undefined, mode: number): NzkTransaction;
+  remove(path: string, version: number): NzkTransaction;
+  check(path: string, version: number): NzkTransaction;
+  commit(callback: (error: NzkError | null, results: { type: number; path?: string }[]) => void): void;
+}
+interface NzkError extends Error {
+  getCode?(): number;
+  getName?(): string;
+  name: string;
+}
+interface NzkStat {
+  czxid: Buffer;
+}
+interface NzkPackage {
+  createClient(connectionString: string, options: { sessionTimeout: number; spinDelay: number; retries: number }): NzkClient;
+}
+
+const CREATE_MODE = { persistent: 0, 'ephemeral-sequential': 3 } as const;
+
+/**
+ * Makes clients of node-zookeeper-client, one per session. The package is loaded now (it is an
+ * optional peer), so a missing one stops the application at start-up with what to install.
+ */
+export function nodeZooKeeperClients(connectionString: string, requestedTimeout: number): () => ZooKeeperClient {
+  const nzk = loadClientPackage();
+  // No retries inside the client: the backend bounds each call and decides what to do again.
+  return () =>
+    new NodeZooKeeperClient(nzk.createClient(connectionString, { sessionTimeout: requestedTimeout, spinDelay: 100, retries: 0 }));
+}
+
+/** The adapter over one node-zookeeper-client client. */
+class NodeZooKeeperClient implements ZooKeeperClient {
+  constructor(private readonly client: NzkClient) {}
+
+  get sessionTimeout(): number {
+    return this.client.getSessionTimeout();
+  }
+
+  connect(onState: (state: ZooKeeperClientState) => void): void {
+    this.client.on('state', (state) => {
+      if (state.name === 'SYNC_CONNECTED') onState('connected');
+      else if (state.name === 'DISCONNECTED') onState('disconnected');
+      else if (state.name === 'EXPIRED' || state.name === 'AUTH_FAILED') onState('expired');
+    });
+    this.client.connect();
+  }
+
+  multi(ops: readonly ZooKeeperOp[]): Promise<string[]> {
+    const transaction = this.client.transaction();
+    for (const op of ops) {
+      if (op.op === 'create') transaction.create(op.path, op.data, CREATE_MODE[op.mode]);
+      else if (op.op === 'remove') transaction.remove(op.path, -1);
+      else transaction.check(op.path, -1);
+    }
+    return new Promise((resolve, reject) =>
+      transaction.commit((error, results) => {
+        if (error) reject(toError(error));
+        else resolve(results.filter((r) => r.path !== undefined).map((r) => r.path!));
+      }),
+    );
+  }
+
+  create(path: string, mode: 'persistent'): Promise<void> {
+    return new Promise((resolve, reject) =>
+      this.client.create(path, null, CREATE_MODE[mode], (error) => (error ? reject(toError(error)) : resolve())),
+    );
+  }
+
+  remove(path: string): Promise<void> {
+    return new Promise((resolve, reject) => this.client.remove(path, -1, (error) => (error ? reject(toError(error)) : resolve())));
+  }
+
+  exists(path: string, watcher?: () => void): Promise<ZooKeeperStat | undefined> {
+    return new Promise((resolve, reject) =>
+      this.client.exists(path, watcher, (error, stat) => {
+        if (error) reject(toError(error));
+        else resolve(stat ? { czxid: Number(stat.czxid.readBigInt64BE(0)) } : undefined);
+      }),
+    );
+  }
+
+  getChildren(path: string): Promise<string[]> {
+    return new Promise((resolve, reject) =>
+      this.client.getChildren(path, (error, children) => (error ? reject(toError(error)) : resolve(children))),
+    );
+  }
+
+  reconnect(): void {
+    // The client has no read timeout of its own: on a connection that went silent (a partition
+    // that keeps TCP up) it would wait forever. Closing the socket makes it connect again.
+    this.client.connectionManager.socket?.destroy();
+  }
+
+  close(): void {
+    this.client.close();
+  }
+}
+
+function toError(error: NzkError): ZooKeeperError {
+  return new ZooKeeperError(error.getName?.() ?? error.name, error.message);
+}
+
+function loadClientPackage(): NzkPackage {
+  try {
+    return requirePeer('node-zookeeper-client') as NzkPackage;
+  } catch (error) {
+    throw new InvalidLockOptionsError(
+      'connection',
+      `ZooKeeperLockBackend needs the 'node-zookeeper-client' package: npm install node-zookeeper-client@1.1.3 ` +
+        `(${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+}

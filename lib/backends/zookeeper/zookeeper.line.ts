@@ -1,0 +1,152 @@
+import { ZooKeeperError, type ZooKeeperClient } from './zookeeper.client.js';
+import type { LiveSession } from './zookeeper.session.js';
+
+/**
+ * One request of this process: its place in the line of each of its keys. All its nodes were
+ * created by one multi(), so they share one zxid: in every line, requests stand in the order in
+ * which ZooKeeper applied them, and no two requests can wait for each other.
+ */
+export interface LineRequest {
+  readonly owner: string;
+  readonly keys: readonly string[];
+  /** The node per key (same order as keys), once created and known. */
+  nodes: string[] | undefined;
+  /** The session that created them: a node of an earlier one is gone, or going. */
+  generation: number;
+  /** A create whose answer never came: the nodes may exist, and are found by the owner in their name. */
+  uncertain: boolean;
+  /** The nodes' czxid: the fencing token. */
+  czxid: number | undefined;
+  held: boolean;
+  /** Predecessors watched already (a watch is one-shot and stays set until it fires). */
+  readonly watched: Set<string>;
+  /** A predecessor went while nobody listened: the next watch() calls its callback at once. */
+  woken: boolean;
+  waker: (() => void) | undefined;
+}
+
+/** Path and name rules: keys and owners are escaped, so `/`, `.` and `..` cannot make paths. */
+export class LinePaths {
+  constructor(readonly root: string) {}
+
+  parent(key: string): string {
+    return `${this.root}/${escape(key)}`;
+  }
+
+  /** `<root>/<key>/<owner>-`: ZooKeeper appends a 10-digit sequence number. */
+  prefix(key: string, owner: string): string {
+    return `${this.parent(key)}/${escape(owner)}-`;
+  }
+
+  /** The owner named by a node, or undefined for a node that is not a line entry. */
+  static owner(name: string): string | undefined {
+    const match = /^(.+)-(\d{10})$/.exec(name);
+    return match ? decodeURIComponent(match[1]) : undefined;
+  }
+}
+
+function escape(text: string): string {
+  return encodeURIComponent(text).replace(/\./g, '%2E');
+}
+
+/** A line's entries, first (the holder) first: by sequence number, which ZooKeeper gave in order. */
+export function inLineOrder(children: readonly string[]): string[] {
+  return children.filter((name) => /-\d{10}$/.test(name)).sort((a, b) => Number(a.slice(-10)) - Number(b.slice(-10)));
+}
+
+/** Where a request stands: first in every line, or the nodes it waits for. */
+export type Position = { first: true } | { first: false; predecessors: string[] } | { gone: true };
+
+/**
+ * Looks at every line of the request (one getChildren per key, sent together): first in all of
+ * them means held. A node missing from its line means the request lost its place (its session
+ * ended, or its lease ran out and its holder deleted it).
+ */
+export async function position(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<Position> {
+  const nodes = request.nodes!;
+  const lines = await Promise.all(request.keys.map((key) => client.getChildren(paths.parent(key))));
+  const predecessors: string[] = [];
+  for (let i = 0; i < nodes.length; i++) {
+    const parent = paths.parent(request.keys[i]);
+    const name = nodes[i].slice(parent.length + 1);
+    const line = inLineOrder(lines[i]);
+    const at = line.indexOf(name);
+    if (at < 0) return { gone: true };
+    if (at > 0) predecessors.push(`${parent}/${line[at - 1]}`);
+  }
+  return predecessors.length === 0 ? { first: true } : { first: false, predecessors };
+}
+
+/**
+ * Creates the request's nodes in one multi(). A key's parent is created when missing (it may have
+ * been cleaned up since): the multi then fails with NO_NODE, and is sent again once it exists.
+ */
+export async function createNodes(
+  session: LiveSession,
+  paths: LinePaths,
+  request: LineRequest,
+  knownParents: Set<string>,
+): Promise<string[]> {
+  const { client } = session;
+  for (let attempt = 0; ; attempt++) {
+    const missing = request.keys.map((key) => paths.parent(key)).filter((parent) => !knownParents.has(parent));
+    await Promise.all(missing.map((parent) => createParent(client, paths.root, parent, knownParents)));
+    try {
+      return await client.multi(
+        request.keys.map((key) => ({ op: 'create', path: paths.prefix(key, request.owner), mode: 'ephemeral-sequential' }) as const),
+      );
+    } catch (error) {
+      if (!(error instanceof ZooKeeperError && error.code === 'NO_NODE') || attempt >= 3) throw error;
+      for (const key of request.keys) knownParents.delete(paths.parent(key));
+    }
+  }
+}
+
+/** Finds the request's nodes by the owner in their names (after a create whose answer was lost). */
+export async function findNodes(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<(string | undefined)[]> {
+  const lines = await Promise.all(
+    request.keys.map((key) =>
+      client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error))),
+    ),
+  );
+  return request.keys.map((key, i) => {
+    const name = lines[i].find((child) => LinePaths.owner(child) === request.owner);
+    return name === undefined ? undefined : `${paths.parent(key)}/${name}`;
+  });
+}
+
+/** Deletes nodes, all at once when they are all there, else one by one; a missing node is no error. */
+export async function removeNodes(client: ZooKeeperClient, nodes: readonly string[]): Promise<void> {
+  try {
+    await client.multi(nodes.map((path) => ({ op: 'remove', path }) as const));
+  } catch (error) {
+    if (!isNoNode(error)) throw error;
+    await Promise.all(nodes.map((path) => client.remove(path).catch((e: unknown) => (isNoNode(e) ? undefined : Promise.reject(e)))));
+  }
+}
+
+export function isNoNode(error: unknown): boolean {
+  return error instanceof ZooKeeperError && error.code === 'NO_NODE';
+}
+
+async function createParent(client: ZooKeeperClient, root: string, parent: string, knownParents: Set<string>): Promise<void> {
+  try {
+    await client.create(parent, 'persistent');
+  } catch (error) {
+    if (isNoNode(error)) {
+      // The root is missing: made once, segment by segment.
+      const segments = root.split('/').slice(1);
+      for (let i = 1; i <= segments.length; i++) await createIfMissing(client, `/${segments.slice(0, i).join('/')}`);
+      await createIfMissing(client, parent);
+    } else if (!(error instanceof ZooKeeperError && error.code === 'NODE_EXISTS')) {
+      throw error;
+    }
+  }
+  knownParents.add(parent);
+}
+
+async function createIfMissing(client: ZooKeeperClient, path: string): Promise<void> {
+  await client.create(path, 'persistent').catch((error: unknown) => {
+    if (!(error instanceof ZooKeeperError && error.code === 'NODE_EXISTS')) throw error;
+  });
+}

@@ -1,0 +1,171 @@
+import { Logger } from '@nestjs/common';
+import { performance } from 'node:perf_hooks';
+import { LockBackendError } from '../../lock.errors.js';
+import { ZooKeeperError, type ZooKeeperClient, type ZooKeeperClientState } from './zookeeper.client.js';
+
+const logger = new Logger('DistributedLock');
+
+/**
+ * The session as Curator names its states: `connected`; `suspended` (no connection: the session,
+ * and every lock of it, may still live on the server); `lost` (it expired, or nothing was heard
+ * for a whole session timeout: its ephemeral nodes are gone, or about to go).
+ */
+export type ZooKeeperSessionState = 'connecting' | 'connected' | 'suspended' | 'lost';
+
+/** One live session, as operations see it: the client and which session it is. */
+export interface LiveSession {
+  readonly client: ZooKeeperClient;
+  /** Counts sessions: a node created in an earlier one is not ours any more. */
+  readonly generation: number;
+}
+
+/**
+ * The backend's session with ZooKeeper: made on first use, made again after it is lost, and
+ * watched for silence. Every operation is bounded by the command timeout.
+ *
+ * Liveness is the session: the server deletes a session's ephemeral nodes (its locks and places
+ * in line) when it has heard nothing of it for the session timeout. `lastHeard` is when the last
+ * answer came; the session cannot expire on the server before `sentAt + sessionTimeout` of any
+ * request that was answered, which bounds a lock's validity (see the backend).
+ */
+export class ZooKeeperSession {
+  private live: LiveSession | undefined;
+  private connecting: Promise<LiveSession> | undefined;
+  private generation = 0;
+  private current: ZooKeeperSessionState = 'connecting';
+  private lastHeard = performance.now();
+  private watchdog: NodeJS.Timeout | undefined;
+  private closed = false;
+  private pinging = false;
+  private readonly listeners = new Set<(state: ZooKeeperSessionState) => void>();
+
+  constructor(
+    private readonly newClient: () => ZooKeeperClient,
+    private readonly commandTimeout: number,
+    private readonly backendName: string,
+  ) {}
+
+  get state(): ZooKeeperSessionState {
+    return this.current;
+  }
+
+  /** The session timeout the server granted (0 before the first session). */
+  get timeout(): number {
+    return this.live?.client.sessionTimeout ?? 0;
+  }
+
+  /** Hears every change of state; returns how to stop. */
+  onState(listener: (state: ZooKeeperSessionState) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  /** Runs `operation` on the live session (made if needed), bounded by the command timeout. */
+  async run<T>(what: string, keys: readonly string[], operation: (session: LiveSession) => Promise<T>): Promise<T> {
+    if (this.closed) throw this.error(what, keys, 'the backend is closed (the application shut down).');
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () =>
+          reject(this.error(what, keys, `ZooKeeper did not answer within ${this.commandTimeout} ms (commandTimeout); is it reachable?`)),
+        this.commandTimeout,
+      );
+    });
+    try {
+      const result = await Promise.race([this.session().then(operation), timeout]);
+      this.heard();
+      return result;
+    } catch (error) {
+      if (error instanceof ZooKeeperError && error.code !== 'CONNECTION_LOSS' && error.code !== 'SESSION_EXPIRED') this.heard();
+      throw error instanceof LockBackendError || error instanceof ZooKeeperError ? error : this.error(what, keys, String(error), error);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Ends the session: its nodes go at once. */
+  close(): void {
+    this.closed = true;
+    clearInterval(this.watchdog);
+    this.live?.client.close();
+    this.live = undefined;
+  }
+
+  error(what: string, keys: readonly string[], message: string, cause?: unknown): LockBackendError {
+    return new LockBackendError(this.backendName, `${what}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}`, cause);
+  }
+
+  private session(): Promise<LiveSession> {
+    if (this.live && this.current !== 'lost') return Promise.resolve(this.live);
+    this.connecting ??= this.open().finally(() => (this.connecting = undefined));
+    return this.connecting;
+  }
+
+  private open(): Promise<LiveSession> {
+    const client = this.newClient();
+    const session: LiveSession = { client, generation: ++this.generation };
+    return new Promise((resolve) => {
+      client.connect((state) => {
+        if (this.closed || this.generation !== session.generation) return;
+        this.onClientState(session, state);
+        if (state === 'connected') resolve(session);
+      });
+      // The old session's client goes once the new one is asked for; its nodes are gone or going.
+      this.live?.client.close();
+      this.live = session;
+      this.watchdog ??= setInterval(() => this.checkSilence(), 100).unref();
+    });
+  }
+
+  private onClientState(session: LiveSession, state: ZooKeeperClientState): void {
+    if (state === 'connected') {
+      this.heard();
+      this.set('connected');
+    } else if (state === 'disconnected') {
+      this.set('suspended');
+    } else {
+      this.lose(session, 'ZooKeeper ended the session (it expired)');
+    }
+  }
+
+  /**
+   * The client has no read timeout: a connection that went silent is dropped here after two
+   * thirds of the session timeout (as ZooKeeper's own clients do), so it connects to another
+   * server in time; after a whole session timeout without an answer the session counts as lost,
+   * as Curator declares it, and the next operation makes a new one.
+   */
+  private checkSilence(): void {
+    const live = this.live;
+    const timeout = live?.client.sessionTimeout;
+    if (!live || !timeout || this.current === 'lost' || this.current === 'connecting') return;
+    const silent = performance.now() - this.lastHeard;
+    if (silent >= timeout) {
+      this.lose(live, `nothing was heard from ZooKeeper for the session timeout (${timeout} ms)`);
+    } else if (silent >= (timeout * 2) / 3 && this.current === 'connected') {
+      live.client.reconnect();
+    } else if (silent >= timeout / 3 && this.current === 'connected' && !this.pinging) {
+      // A cheap read, answered by the server we are connected to, shows the connection works.
+      this.pinging = true;
+      this.run('ping', [], (s) => s.client.exists('/'))
+        .catch(() => undefined)
+        .finally(() => (this.pinging = false));
+    }
+  }
+
+  private lose(session: LiveSession, why: string): void {
+    if (this.live !== session || this.current === 'lost') return;
+    logger.warn(`ZooKeeper session lost: ${why}. Its locks are gone; a new session is made for the next operation.`);
+    session.client.close();
+    this.set('lost');
+  }
+
+  private heard(): void {
+    this.lastHeard = performance.now();
+  }
+
+  private set(state: ZooKeeperSessionState): void {
+    if (this.current === state) return;
+    this.current = state;
+    for (const listener of [...this.listeners]) listener(state);
+  }
+}

@@ -1,0 +1,152 @@
+import { describe, expect, it } from '@jest/globals';
+import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
+import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import { nodeZooKeeperClients, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import { LockService } from '../../lib/lock.service.js';
+import type { LockHandle } from '../../lib/lock.handle.js';
+// @ts-expect-error: node-zookeeper-client ships no types; the test only passes it to the fixture.
+import zookeeper from 'node-zookeeper-client';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { connectedClient } from '../fixtures/zookeeper-fenced-store.mjs';
+import { until } from '../support/wait.js';
+import { useZooKeeper } from '../support/zookeeper-fixture.js';
+
+const fixture = useZooKeeper();
+
+/** A backend (a session of its own, as another process) that counts its attempts and wake-ups. */
+function countingBackend(): { backend: LockBackend; attempts: () => number; failed: () => number; wakes: () => number } {
+  const inner = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 4_000 });
+  let attempts = 0;
+  let wakes = 0;
+  let failed = 0;
+  const backend: LockBackend = {
+    name: inner.name,
+    fencing: inner.fencing,
+    tryAcquire: async (...args) => {
+      attempts++;
+      const result = await inner.tryAcquire(...args);
+      if (!result.acquired) failed++;
+      return result;
+    },
+    extend: (...args) => inner.extend(...args),
+    release: (...args) => inner.release(...args),
+    inspect: (...args) => inner.inspect(...args),
+    watch: (keys, onRelease, owner) => inner.watch(keys, () => (wakes++, onRelease()), owner),
+    watching: () => inner.watching(),
+    close: () => inner.close(),
+  };
+  return { backend, attempts: () => attempts, failed: () => failed, wakes: () => wakes };
+}
+
+function service(backend: LockBackend): LockService {
+  // No polling: only a release can move a waiter.
+  const locks = new LockService(backend, { keyPrefix: 'line:', pollInterval: 60_000 });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+/** Long enough for a herd to show: every waiter of a herd would ask ZooKeeper within a few ms. */
+const SETTLE_MS = 300;
+
+describe('ZooKeeper lines', () => {
+  it('four waiters in four processes: each release wakes exactly one of them, in the order they arrived', async () => {
+    const holder = await service(countingBackend().backend).acquire('herd', { ttl: 60_000 });
+    const waiters = Array.from({ length: 4 }, () => countingBackend());
+    const got: number[] = [];
+    const handles: Promise<LockHandle>[] = [];
+    for (const [i, waiter] of waiters.entries()) {
+      handles.push(
+        service(waiter.backend)
+          .acquire('herd', { wait: 30_000, ttl: 60_000 })
+          .then((handle) => (got.push(i), handle)),
+      );
+      // Arrival order is the order the requests reached ZooKeeper: one at a time.
+      await until(() => waiter.failed() === 1, 10_000, `waiter ${i} to stand in line`);
+    }
+    let release = () => holder.release();
+    for (let turn = 0; turn < 4; turn++) {
+      const before = waiters.map((w) => [w.attempts(), w.wakes()]);
+      await release();
+      await until(() => got.length === turn + 1, 10_000, `waiter ${turn} to get the lock`);
+      await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+      expect(got).toEqual([0, 1, 2, 3].slice(0, turn + 1));
+      for (const [i, waiter] of waiters.entries()) {
+        // The one whose turn it is was woken once and asked once; nobody else heard of it.
+        const woken = i === turn ? 1 : 0;
+        expect([waiter.attempts() - before[i][0], waiter.wakes() - before[i][1]]).toEqual([woken, woken]);
+      }
+      const handle = await handles[turn];
+      release = () => handle.release();
+    }
+    await release();
+  }, 60_000);
+
+  it('a waiter that gives up leaves the line: the one behind it is next', async () => {
+    const holder = await service(countingBackend().backend).acquire('give-up', { ttl: 60_000 });
+    const [impatient, patient] = [countingBackend(), countingBackend()];
+    const giveUp = service(impatient.backend)
+      .acquire('give-up', { wait: 500 })
+      .catch((e: unknown) => e);
+    await until(() => impatient.failed() === 1, 10_000, 'the first waiter to stand in line');
+    const next = service(patient.backend).acquire('give-up', { wait: 20_000 });
+    await giveUp;
+    await holder.release();
+    const handle = await next;
+    expect(handle.isHeld).toBe(true);
+    await handle.release();
+  });
+
+  it('a create whose answer came too late: the next attempt finds its nodes by name, and the late answer does not delete them', async () => {
+    // The first multi() of the session is applied at once, but its answer is held back past the
+    // command timeout, as on a slow network.
+    let held: Promise<unknown> | undefined;
+    let late: () => void = () => undefined;
+    const clients = nodeZooKeeperClients(fixture.connectionString, 4_000);
+    const slowFirstCreate = (): ZooKeeperClient => {
+      const client = clients();
+      const multi = client.multi.bind(client);
+      return Object.assign(Object.create(client) as ZooKeeperClient, {
+        connect: client.connect.bind(client),
+        multi: (ops: Parameters<ZooKeeperClient['multi']>[0]) => {
+          const answer = multi(ops);
+          if (held || ops[0]?.op !== 'create') return answer;
+          held = answer;
+          return new Promise<string[]>((resolve, reject) => (late = () => answer.then(resolve, reject)));
+        },
+      });
+    };
+    const backend = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, commandTimeout: 300 }, slowFirstCreate);
+    fixture.cleanup(() => backend.close());
+    await expect(backend.tryAcquire(['late'], 'owner-a', 60_000)).rejects.toThrow('did not answer within 300 ms');
+    await held;
+    // Its node is there; the next attempt of the same owner finds it (owner in the name) and holds.
+    const won = await backend.tryAcquire(['late'], 'owner-a', 60_000);
+    expect(won).toMatchObject({ acquired: true });
+    late();
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const other = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root });
+    fixture.cleanup(() => other.close());
+    // The very node it holds (a node made again would have another czxid: the lock was free between).
+    expect(await other.inspect('late')).toMatchObject({ owner: 'owner-a', fencingToken: won.acquired && won.fencingToken });
+    expect(await other.tryAcquire(['late'], 'owner-b', 60_000, { willWait: false })).toEqual({ acquired: false });
+    expect(await backend.release(['late'], 'owner-a')).toBe(true);
+  });
+
+  it('a key’s parent node goes a few seconds after its line emptied, and comes back when the key is locked again', async () => {
+    type Raw = { exists(path: string, callback: (error: Error | null, stat: unknown) => void): void; close(): void };
+    const raw = (await connectedClient(zookeeper, fixture.connectionString)) as Raw;
+    fixture.cleanup(() => raw.close());
+    const exists = (path: string) =>
+      new Promise<boolean>((resolve, reject) => raw.exists(path, (e, stat) => (e ? reject(e) : resolve(!!stat))));
+    const backend = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root });
+    fixture.cleanup(() => backend.close());
+    const parent = `${fixture.root}/once%3Aorder%3A42`;
+    expect(await backend.tryAcquire(['once:order:42'], 'owner-a', 60_000)).toMatchObject({ acquired: true });
+    expect(await exists(parent)).toBe(true);
+    await backend.release(['once:order:42'], 'owner-a');
+    await until(async () => !(await exists(parent)), 15_000, 'the empty parent node to be deleted');
+    const again = await backend.tryAcquire(['once:order:42'], 'owner-b', 60_000);
+    expect(again).toMatchObject({ acquired: true });
+    await backend.release(['once:order:42'], 'owner-b');
+  }, 30_000);
+});

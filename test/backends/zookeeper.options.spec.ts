@@ -1,0 +1,34 @@
+import { describe, expect, it } from '@jest/globals';
+import { inspect } from 'node:util';
+import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import { InvalidLockOptionsError } from '../../lib/lock.errors.js';
+import { activeTimers } from '../support/wait.js';
+
+describe('ZooKeeperLockBackend options', () => {
+  it.each([
+    [undefined, {}, "expected a connection string, got undefined. Pass a connection string like '127.0.0.1:2181'"],
+    ['', {}, 'expected a connection string'],
+    ['zk1:99999', {}, "'zk1:99999' in the connection string is not host:port"],
+    ['zk1:2181,:2181', {}, "':2181' in the connection string is not host:port"],
+    ['127.0.0.1:2181', { root: 'locks' }, "option 'root' must be an absolute ZooKeeper path like '/locks'"],
+    ['127.0.0.1:2181', { root: '/locks/' }, "option 'root' must be an absolute ZooKeeper path"],
+    ['127.0.0.1:2181', { root: '/a/../b' }, "option 'root' must be an absolute ZooKeeper path"],
+    ['127.0.0.1:2181', { sessionTimeout: 0 }, "option 'sessionTimeout' must be a positive finite number of milliseconds, got 0"],
+    ['127.0.0.1:2181', { commandTimeout: Number.NaN }, "option 'commandTimeout' must be a positive finite number"],
+    ['127.0.0.1:2181', { ttl: 1_000 }, "unknown option 'ttl'. Accepted options: root, sessionTimeout, commandTimeout"],
+    ['127.0.0.1:2181', 'fast', 'options must be an object'],
+  ])('refuses %p with %p at construction, saying what to pass, and leaves nothing running', (connection, options, message) => {
+    const before = activeTimers();
+    const create = () => new ZooKeeperLockBackend(connection as string, options as object);
+    expect(create).toThrow(InvalidLockOptionsError);
+    expect(create).toThrow(message);
+    expect(activeTimers()).toBe(before);
+  });
+
+  it('takes host:port lists with a chroot, and shows its root, not its servers, in logs', async () => {
+    const backend = new ZooKeeperLockBackend('zk1:2181,zk2,zk3:2182/app', { root: '/locks' });
+    expect(inspect(backend)).toBe("ZooKeeperLockBackend { name: 'zookeeper', root: '/locks' }");
+    expect(JSON.stringify(backend)).toBe('{"name":"zookeeper","root":"/locks"}');
+    await backend.close();
+  });
+});
