@@ -23,7 +23,14 @@ export class MemoryLockBackend implements LockBackend {
   private lastToken = 0;
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
-    const now = performance.now();
+    return this.tryAcquireNow(keys, owner, ttlMs);
+  }
+
+  /**
+   * @internal tryAcquire without its promise, for the service (see synchronousBackend). `now` may
+   * be taken before the call: the lease then ends no later than the caller counts it.
+   */
+  tryAcquireNow(keys: readonly string[], owner: string, ttlMs: number, now = performance.now()): AcquireResult {
     let retryAfterMs: number | undefined;
     for (const key of keys) {
       const lease = this.live(key, now);
@@ -43,6 +50,11 @@ export class MemoryLockBackend implements LockBackend {
   }
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
+    return this.releaseNow(keys, owner);
+  }
+
+  /** @internal release without its promise, for the service (see synchronousBackend). */
+  releaseNow(keys: readonly string[], owner: string): boolean {
     let released = false;
     for (const key of keys) {
       if (this.leases.get(key)?.owner !== owner) continue;
@@ -93,3 +105,15 @@ export class MemoryLockBackend implements LockBackend {
     if (set) for (const onRelease of [...set]) onRelease();
   }
 }
+
+/**
+ * @internal The in-memory backend when its acquire or release (`method`) can be called without a
+ * promise: its answer is known at once, so the service skips the queue, the tracking of a request
+ * in flight and several promises. Not when the method was replaced (a subclass, a test's spy):
+ * the replacement is what must run.
+ */
+export function synchronousBackend(backend: LockBackend, method: 'tryAcquire' | 'release'): MemoryLockBackend | undefined {
+  return backend[method] === original[method] && backend instanceof MemoryLockBackend ? backend : undefined;
+}
+
+const original = { tryAcquire: MemoryLockBackend.prototype.tryAcquire, release: MemoryLockBackend.prototype.release };
