@@ -199,6 +199,8 @@ export function fullLockKeys(keys: LockKeys, options: { keyPrefix: string; maxKe
   if (!Array.isArray(keys) || keys.length === 0) {
     throw new InvalidLockKeyError(`Lock keys must be a non-empty string or a non-empty array of strings, got ${describeKeys(keys)}.`);
   }
+  // What a one-key @Locked template resolves to.
+  if (keys.length === 1) return [fullLockKey(keys[0], options)];
   return [...new Set(keys.map((key) => fullLockKey(key, options)))].sort();
 }
 

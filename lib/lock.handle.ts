@@ -16,8 +16,6 @@ const logger = new Logger('DistributedLock');
 export class LockHandle implements AsyncDisposable {
   private released = false;
   private combinedSignal: AbortSignal | undefined;
-  /** For the 'released' event's heldMs: a number, read whether or not anyone listens yet. */
-  private readonly acquiredAt = performance.now();
 
   /** @internal Created by LockService. */
   constructor(
@@ -31,6 +29,8 @@ export class LockHandle implements AsyncDisposable {
     private readonly events?: LockEvents,
     /** @internal The @Locked key template, for events. */
     private readonly template?: string,
+    /** @internal For the 'released' event's heldMs: a number, read whether or not anyone listens yet. */
+    private readonly acquiredAt = performance.now(),
   ) {}
 
   /**

@@ -216,7 +216,7 @@ export class LockService implements OnApplicationShutdown {
     const acquisition = new LockAcquisition(this, keys, options);
     const lease = acquisition.tryNow();
     if (!lease) return this.holdAsync(keys, options, template, acquisition);
-    return this.handleFor(keys, [lease], false, acquisition.started, false, template);
+    return this.handleFor(keys, [lease], false, acquisition.started, false, template, acquisition.started);
   }
 
   private handleFor(
@@ -226,9 +226,10 @@ export class LockService implements OnApplicationShutdown {
     started: number,
     contended: boolean,
     template: string | undefined,
+    acquiredAt?: number,
   ): LockHandle {
     const events = this.events;
-    const handle = new LockHandle(keys, leases, reentrant, events, template);
+    const handle = new LockHandle(keys, leases, reentrant, events, template, acquiredAt);
     if (events.has('acquired')) {
       const { fencingToken } = handle;
       events.emit('acquired', { keys, template, fencingToken, waitedMs: performance.now() - started, contended, reentrant });
