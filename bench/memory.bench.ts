@@ -1,5 +1,8 @@
+import type { CallHandler, ExecutionContext } from '@nestjs/common';
 import { Mutex } from 'async-mutex';
-import { LockService } from '../lib/index.js';
+import { EventEmitter } from 'node:events';
+import { lastValueFrom, of } from 'rxjs';
+import { LockInterceptor, LockService } from '../lib/index.js';
 import { compareRates, round, settledHeap, type Report } from './harness.js';
 import { Orders, ordersApp } from './orders.fixture.js';
 
@@ -39,6 +42,28 @@ export async function memoryBench(report: Report): Promise<void> {
     });
   }
   await app.close();
+
+  // What LockInterceptor (registered app-wide) adds to an HTTP request whose route takes no lock.
+  const interceptor = new LockInterceptor(locks);
+  const handler: CallHandler = { handle: () => of(1) };
+  const request = () => {
+    const response = Object.assign(new EventEmitter(), { writableFinished: false, destroyed: false });
+    const context = { getType: () => 'http', getArgs: () => [], switchToHttp: () => ({ getResponse: () => response }) };
+    return context as unknown as ExecutionContext;
+  };
+  const requests = await compareRates({
+    'no interceptor': () => (request(), lastValueFrom(handler.handle())),
+    LockInterceptor: () => lastValueFrom(interceptor.intercept(request(), handler)),
+  });
+  const usPerRequest = (impl: string) => 1e6 / requests[impl];
+  for (const impl of Object.keys(requests)) {
+    report.add({
+      scenario: 'memory: HTTP request on a route without a lock',
+      impl,
+      usPerRequest: round(usPerRequest(impl), 3),
+      overheadUs: round(usPerRequest(impl) - usPerRequest('no interceptor'), 3),
+    });
+  }
 
   const cycles = 1_000_000;
   const heap = async (impl: string, op: () => Promise<unknown>) => {
