@@ -2,7 +2,8 @@ import type { CallHandler, ExecutionContext } from '@nestjs/common';
 import { Mutex } from 'async-mutex';
 import { EventEmitter } from 'node:events';
 import { lastValueFrom, of } from 'rxjs';
-import { LockInterceptor, LockService } from '../lib/index.js';
+import { performance } from 'node:perf_hooks';
+import { LockInterceptor, LockService, MemoryLockBackend } from '../lib/index.js';
 import { compareRates, round, settledHeap, type Report } from './harness.js';
 import { Orders, ordersApp } from './orders.fixture.js';
 
@@ -81,6 +82,36 @@ export async function memoryBench(report: Report): Promise<void> {
   };
   await heap('ours', async () => (await locks.acquire('k')).release());
   await heap('async-mutex', async () => (await mutex.acquire())());
+
+  // Many keys, each locked a few times (orders, users): what is left must not grow with them.
+  // 64 callers at a time, so some wait for a key another holds; a tenth keep it for minHold.
+  const manyKeys = new LockService(new MemoryLockBackend());
+  const distinct = 100_000;
+  const acquisitions = 1_000_000;
+  let done = 0;
+  const worker = async () => {
+    while (done < acquisitions) {
+      done++;
+      const key = `item:${Math.floor(Math.random() * distinct)}`;
+      await manyKeys.using(key, () => undefined, done % 10 === 0 ? { minHold: 1 } : undefined);
+    }
+  };
+  const keysBefore = settledHeap();
+  const started = performance.now();
+  await Promise.all(Array.from({ length: 64 }, worker));
+  const seconds = (performance.now() - started) / 1000;
+  await new Promise((resolve) => setTimeout(resolve, 5));
+  const left = manyKeys.footprint();
+  report.add({
+    scenario: 'memory: 1,000,000 acquisitions over 100,000 keys',
+    impl: 'ours',
+    opsPerSec: Math.round(acquisitions / seconds),
+    growthKB: round((settledHeap() - keysBefore) / 1024, 1),
+    leasesLeft: left.leases + left.scheduled,
+    queuesLeft: left.keySets,
+    backendKeysLeft: (manyKeys.backend as MemoryLockBackend).footprint.keys,
+  });
+  await manyKeys.onApplicationShutdown();
 
   // What a caller waiting for a held lock costs (a request queued behind a hot key), and what
   // is left once those waits are aborted (their clients hung up).

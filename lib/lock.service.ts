@@ -16,6 +16,7 @@ import { heldLocks, runHolding } from './lock-context.js';
 import { holdWhileSubscribed } from './lock-observable.js';
 import { LockAcquisition, type NotAcquired } from './lock-acquisition.js';
 import { fullLockKeys, type LockKeys } from './lock-key.js';
+import { leaseScheduler } from './lease-scheduler.js';
 import { Lease } from './lock-lease.js';
 import { LockWaitQueue } from './lock-wait-queue.js';
 import { logWaitsAndRefusals } from './lock.debug-log.js';
@@ -182,6 +183,15 @@ export class LockService implements OnApplicationShutdown {
     // is given back by a release sent after they answer: wait until nothing is left.
     while (this.releasing.size > 0) await Promise.allSettled([...this.releasing]);
     await this.backend.close?.();
+  }
+
+  /**
+   * @internal What this service keeps now, for leak checks: leases it tracks, requests in the
+   * background, queues and per-key counts, and the process's scheduled watchdogs. Each is bounded by
+   * the locks held and waited for at this moment, never by the keys used before.
+   */
+  footprint(): { leases: number; requests: number; keySets: number; countedKeys: number; scheduled: number } {
+    return { leases: this.leases.size, requests: this.releasing.size, ...this.queue.footprint, scheduled: leaseScheduler.size };
   }
 
   /** @internal Whether the application is shutting down: no acquisition starts or keeps waiting. */

@@ -8,6 +8,8 @@ interface Lease {
   fencingToken: number;
 }
 
+const SWEEP_FLOOR = 1_024;
+
 /**
  * Leases in this process's memory. Real semantics (TTL expiry, owner-only release, fencing,
  * release notifications) so it can stand in for Redis in unit tests, but it excludes nothing
@@ -21,6 +23,8 @@ export class MemoryLockBackend implements LockBackend {
   private readonly watchers = new Map<string, Set<() => void>>();
   /** One counter for all keys is still strictly increasing per key, and costs no memory per key. */
   private lastToken = 0;
+  /** Size of `leases` past which expired leases nobody looked at again are dropped (see sweep). */
+  private sweepAbove = SWEEP_FLOOR;
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
     return this.tryAcquireNow(keys, owner, ttlMs);
@@ -39,6 +43,7 @@ export class MemoryLockBackend implements LockBackend {
     if (retryAfterMs !== undefined) return { acquired: false, retryAfterMs: Math.ceil(retryAfterMs) };
     const fencingToken = ++this.lastToken;
     for (const key of keys) this.leases.set(key, { owner, expiresAt: now + ttlMs, fencingToken });
+    if (this.leases.size > this.sweepAbove) this.sweep(now);
     return { acquired: true, fencingToken };
   }
 
@@ -85,9 +90,24 @@ export class MemoryLockBackend implements LockBackend {
     };
   }
 
+  /** @internal How many keys hold a lease (live or not yet seen expired) and how many are watched. */
+  get footprint(): { keys: number; watchedKeys: number } {
+    return { keys: this.leases.size, watchedKeys: this.watchers.size };
+  }
+
   async close(): Promise<void> {
     this.watchers.clear();
     this.leases.clear();
+  }
+
+  /**
+   * A lease that runs out instead of being released (kept for minHold, or its holder stopped)
+   * stays until its key is used again: over many keys that would grow without end. A sweep each
+   * time the map doubles since the last one drops them, at a constant cost per acquisition.
+   */
+  private sweep(now: number): void {
+    for (const [key, lease] of this.leases) if (lease.expiresAt <= now) this.leases.delete(key);
+    this.sweepAbove = Math.max(SWEEP_FLOOR, 2 * this.leases.size);
   }
 
   /** The unexpired lease on a key; an expired one is dropped on sight. */
