@@ -236,7 +236,18 @@ export class LockAcquisition {
         ? undefined
         : // Counted from the request (max: never later than the backend's) and from the answer (min: never sooner than the work began).
           { minUntil: this.minHold && performance.now() + this.minHold, maxUntil: this.maxHold && sentAt + this.maxHold };
-    const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host, holds);
+    const lease = new Lease(
+      backend,
+      this.keys,
+      this.owner,
+      result.fencingToken,
+      this.ttl,
+      validUntil,
+      this.autoExtend,
+      this.host,
+      holds,
+      sentAt,
+    );
     this.host.leaseStarted(lease);
     this.acquired = lease;
     return lease;

@@ -74,9 +74,11 @@ export class Lease {
     private readonly autoExtend: boolean,
     private readonly tracker: LeaseTracker,
     private readonly holds?: HoldBounds,
+    /** A clock reading taken before the lease was granted (its request's), else now: the first extension is planned from it. */
+    now = performance.now(),
   ) {
     this.atMaxHold = holds?.maxUntil !== undefined && deadline >= holds.maxUntil;
-    this.nextExtendAt = extendAt(ttl, deadline);
+    this.nextExtendAt = extendAt(ttl, deadline, now);
     this.arm();
   }
 
@@ -326,7 +328,6 @@ function ignore(): undefined {
  * The next extension: after a third of the lease, or of what is left of it when the backend
  * granted less than the ttl (a lock handed over on release comes with a shorter lease).
  */
-function extendAt(ttl: number, deadline: number): number {
-  const now = performance.now();
+function extendAt(ttl: number, deadline: number, now = performance.now()): number {
   return now + Math.min(ttl, deadline - now) / 3;
 }
