@@ -1,5 +1,9 @@
+import type { CallHandler, ExecutionContext } from '@nestjs/common';
 import { Mutex } from 'async-mutex';
-import { LockService } from '../lib/index.js';
+import { EventEmitter } from 'node:events';
+import { lastValueFrom, of } from 'rxjs';
+import { performance } from 'node:perf_hooks';
+import { LockInterceptor, LockService, MemoryLockBackend } from '../lib/index.js';
 import { compareRates, round, settledHeap, type Report } from './harness.js';
 import { Orders, ordersApp } from './orders.fixture.js';
 
@@ -40,6 +44,28 @@ export async function memoryBench(report: Report): Promise<void> {
   }
   await app.close();
 
+  // What LockInterceptor (registered app-wide) adds to an HTTP request whose route takes no lock.
+  const interceptor = new LockInterceptor(locks);
+  const handler: CallHandler = { handle: () => of(1) };
+  const request = () => {
+    const response = Object.assign(new EventEmitter(), { writableFinished: false, destroyed: false });
+    const context = { getType: () => 'http', getArgs: () => [], switchToHttp: () => ({ getResponse: () => response }) };
+    return context as unknown as ExecutionContext;
+  };
+  const requests = await compareRates({
+    'no interceptor': () => (request(), lastValueFrom(handler.handle())),
+    LockInterceptor: () => lastValueFrom(interceptor.intercept(request(), handler)),
+  });
+  const usPerRequest = (impl: string) => 1e6 / requests[impl];
+  for (const impl of Object.keys(requests)) {
+    report.add({
+      scenario: 'memory: HTTP request on a route without a lock',
+      impl,
+      usPerRequest: round(usPerRequest(impl), 3),
+      overheadUs: round(usPerRequest(impl) - usPerRequest('no interceptor'), 3),
+    });
+  }
+
   const cycles = 1_000_000;
   const heap = async (impl: string, op: () => Promise<unknown>) => {
     for (let i = 0; i < 10_000; i++) await op(); // let JIT and pools settle first
@@ -56,6 +82,36 @@ export async function memoryBench(report: Report): Promise<void> {
   };
   await heap('ours', async () => (await locks.acquire('k')).release());
   await heap('async-mutex', async () => (await mutex.acquire())());
+
+  // Many keys, each locked a few times (orders, users): what is left must not grow with them.
+  // 64 callers at a time, so some wait for a key another holds; a tenth keep it for minHold.
+  const manyKeys = new LockService(new MemoryLockBackend());
+  const distinct = 100_000;
+  const acquisitions = 1_000_000;
+  let done = 0;
+  const worker = async () => {
+    while (done < acquisitions) {
+      done++;
+      const key = `item:${Math.floor(Math.random() * distinct)}`;
+      await manyKeys.using(key, () => undefined, done % 10 === 0 ? { minHold: 1 } : undefined);
+    }
+  };
+  const keysBefore = settledHeap();
+  const started = performance.now();
+  await Promise.all(Array.from({ length: 64 }, worker));
+  const seconds = (performance.now() - started) / 1000;
+  await new Promise((resolve) => setTimeout(resolve, 5));
+  const left = manyKeys.footprint();
+  report.add({
+    scenario: 'memory: 1,000,000 acquisitions over 100,000 keys',
+    impl: 'ours',
+    opsPerSec: Math.round(acquisitions / seconds),
+    growthKB: round((settledHeap() - keysBefore) / 1024, 1),
+    leasesLeft: left.leases + left.scheduled,
+    queuesLeft: left.keySets,
+    backendKeysLeft: (manyKeys.backend as MemoryLockBackend).footprint.keys,
+  });
+  await manyKeys.onApplicationShutdown();
 
   // What a caller waiting for a held lock costs (a request queued behind a hot key), and what
   // is left once those waits are aborted (their clients hung up).

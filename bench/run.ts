@@ -3,6 +3,7 @@ import { Report } from './harness.js';
 import { memoryBench } from './memory.bench.js';
 import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
+import { redisMemoryBench } from './redis-memory.bench.js';
 import { redlockBench } from './redlock.bench.js';
 import { zookeeperBench } from './zookeeper.bench.js';
 
@@ -13,6 +14,7 @@ import { zookeeperBench } from './zookeeper.bench.js';
 const groups: Record<string, (report: Report) => Promise<void>> = {
   memory: memoryBench,
   redis: redisBench,
+  'redis-memory': redisMemoryBench,
   redlock: redlockBench,
   postgres: postgresBench,
   etcd: etcdBench,

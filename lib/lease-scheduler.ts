@@ -32,6 +32,11 @@ export class LeaseScheduler {
     if (at < this.timerAt) this.arm(at);
   }
 
+  /** How many items wait for their time. */
+  get size(): number {
+    return this.heap.length;
+  }
+
   cancel(item: Scheduled): void {
     if (item.heapIndex >= 0) this.remove(item);
   }

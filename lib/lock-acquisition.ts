@@ -1,9 +1,10 @@
 import { performance } from 'node:perf_hooks';
-import type { LockBackend } from './backends/lock-backend.interface.js';
+import type { AcquireResult, LockBackend } from './backends/lock-backend.interface.js';
 import type { AcquireOptions, ResolvedModuleOptions } from './distributed-lock.options.js';
 import { Lease, type LeaseTracker } from './lock-lease.js';
 import type { LockWaitQueue, Waiter } from './lock-wait-queue.js';
 import { scopedAbortSignal } from './lock-abort-scope.js';
+import { synchronousBackend } from './backends/memory.backend.js';
 import { DistributedLockError, LockBackendError } from './lock.errors.js';
 import { newOwnerToken } from './owner-token.js';
 
@@ -45,7 +46,7 @@ export class LockAcquisition {
    * hands the lock to it.
    */
   private readonly owner = newOwnerToken();
-  private readonly started = performance.now();
+  readonly started = performance.now();
   private readonly deadline: number;
   // A caller that does not wait stays out of the backend's line: no release to leave it after.
   private readonly willWait: boolean;
@@ -79,6 +80,21 @@ export class LockAcquisition {
     this.deadline = this.started + this.wait;
     this.willWait = this.wait > 0;
     this.id = keys.join('\n');
+  }
+
+  /**
+   * The lease at once, without a promise or a place in the queue, from a backend that answers
+   * synchronously (the in-memory one), when no caller of this process waits for the keys ahead of
+   * this one. Undefined: take the asynchronous way, run(), which tries again and says why not.
+   */
+  tryNow(): Lease | undefined {
+    const backend = synchronousBackend(this.host.backend, 'tryAcquire');
+    if (!backend || this.host.shuttingDown || this.signal?.aborted) return undefined;
+    // As run(): a caller that does not wait tries whoever is queued; one that waits goes behind them.
+    const queue = this.host.queue;
+    if (this.willWait && (queue.full(this.keys) !== undefined || !queue.allTrying(this.id))) return undefined;
+    const result = backend.tryAcquireNow(this.keys, this.owner, this.ttl, this.started);
+    return result.acquired ? this.won(result, this.started) : undefined;
   }
 
   /** The lease, or how long it waited; throws on abort, shutdown or a backend failure. */
@@ -181,7 +197,8 @@ export class LockAcquisition {
     const sentAt = performance.now();
     let result;
     try {
-      const request = backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire: this.onLateAcquire });
+      const onLateAcquire = (): void => this.lateAcquire();
+      const request = backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire });
       this.host.track(request.then(ignore, ignore));
       result = await request;
     } catch (error) {
@@ -207,13 +224,30 @@ export class LockAcquisition {
       this.signal?.throwIfAborted();
       throw this.shutDownError();
     }
+    return this.won(result, sentAt);
+  }
+
+  /** The lease a successful attempt sent at `sentAt` won; the host tracks it from now on. */
+  private won(result: AcquireResult & { acquired: true }, sentAt: number): Lease {
+    const { backend } = this.host;
     const validUntil = sentAt + (result.validityMs ?? this.ttl);
     const holds =
       this.minHold === undefined && this.maxHold === undefined
         ? undefined
         : // Counted from the request (max: never later than the backend's) and from the answer (min: never sooner than the work began).
           { minUntil: this.minHold && performance.now() + this.minHold, maxUntil: this.maxHold && sentAt + this.maxHold };
-    const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host, holds);
+    const lease = new Lease(
+      backend,
+      this.keys,
+      this.owner,
+      result.fencingToken,
+      this.ttl,
+      validUntil,
+      this.autoExtend,
+      this.host,
+      holds,
+      sentAt,
+    );
     this.host.leaseStarted(lease);
     this.acquired = lease;
     return lease;
@@ -225,10 +259,10 @@ export class LockAcquisition {
    * attempt finds the lock already its own, and giving up frees it; while it holds, it is in use.
    * Only when it gave up, or its lease already ended, would nobody free it.
    */
-  private readonly onLateAcquire = (): void => {
+  private lateAcquire(): void {
     if (!this.finished && !this.acquired) this.inLine = true;
     else if (this.acquired?.state !== 'held') this.releaseInBackground();
-  };
+  }
 
   private leaveLine(): void {
     this.finished = true;

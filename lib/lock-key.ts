@@ -199,6 +199,8 @@ export function fullLockKeys(keys: LockKeys, options: { keyPrefix: string; maxKe
   if (!Array.isArray(keys) || keys.length === 0) {
     throw new InvalidLockKeyError(`Lock keys must be a non-empty string or a non-empty array of strings, got ${describeKeys(keys)}.`);
   }
+  // What a one-key @Locked template resolves to.
+  if (keys.length === 1) return [fullLockKey(keys[0], options)];
   return [...new Set(keys.map((key) => fullLockKey(key, options)))].sort();
 }
 
@@ -236,6 +238,14 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
  * key here than in Redis, which stores it as the same replacement bytes as any other lone one.
  */
 export function checkKeyCharacters(key: string): void {
+  // Most keys are plain text: one pass over the code units clears them (the two regular
+  // expressions on every key were 3% of an in-memory acquire+release).
+  let suspect = false;
+  for (let i = 0; i < key.length && !suspect; i++) {
+    const unit = key.charCodeAt(i);
+    suspect = unit < 0x20 || (unit >= 0x7f && unit <= 0x9f) || (unit >= 0xd800 && unit <= 0xdfff);
+  }
+  if (!suspect) return;
   let problem: string | undefined;
   if (CONTROL.test(key)) problem = 'contains a control character (a line break, tab, NUL or the like)';
   else if (LONE_SURROGATE.test(key)) problem = 'is not well-formed Unicode (it has a lone surrogate, half of a character)';

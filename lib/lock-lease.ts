@@ -1,6 +1,7 @@
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { ExtendResult, LockBackend } from './backends/lock-backend.interface.js';
+import { synchronousBackend, type MemoryLockBackend } from './backends/memory.backend.js';
 import { leaseScheduler } from './lease-scheduler.js';
 import type { LockEvents } from './lock.events.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
@@ -73,9 +74,11 @@ export class Lease {
     private readonly autoExtend: boolean,
     private readonly tracker: LeaseTracker,
     private readonly holds?: HoldBounds,
+    /** A clock reading taken before the lease was granted (its request's), else now: the first extension is planned from it. */
+    now = performance.now(),
   ) {
     this.atMaxHold = holds?.maxUntil !== undefined && deadline >= holds.maxUntil;
-    this.nextExtendAt = extendAt(ttl, deadline);
+    this.nextExtendAt = extendAt(ttl, deadline, now);
     this.arm();
   }
 
@@ -110,6 +113,23 @@ export class Lease {
   async extend(ttl?: number): Promise<void> {
     this.assertHeld();
     if (!(await this.serially(() => this.send(ttl ?? this.ttl, false)))) this.assertHeld();
+  }
+
+  /**
+   * @internal Whether release() would need no answer from the backend: a re-entry lets go, the
+   * lease already ended, or the in-memory backend frees the keys at once (no minHold to keep).
+   */
+  get releasesNow(): boolean {
+    if (this.holders > 1 || this.current !== 'held') return true;
+    return this.holds?.minUntil === undefined && synchronousBackend(this.backend, 'release') !== undefined;
+  }
+
+  /** @internal release() right after `releasesNow` said it needs no answer. */
+  releaseNow(): void {
+    if (--this.holders > 0 || this.state !== 'held') return;
+    this.end('released');
+    (this.backend as MemoryLockBackend).releaseNow(this.keys, this.owner);
+    this.tracker.leaseFreed(this);
   }
 
   /** Drops one holder; the last one deletes the keys on the backend (or keeps them until minHold). */
@@ -308,7 +328,6 @@ function ignore(): undefined {
  * The next extension: after a third of the lease, or of what is left of it when the backend
  * granted less than the ttl (a lock handed over on release comes with a shorter lease).
  */
-function extendAt(ttl: number, deadline: number): number {
-  const now = performance.now();
+function extendAt(ttl: number, deadline: number, now = performance.now()): number {
   return now + Math.min(ttl, deadline - now) / 3;
 }

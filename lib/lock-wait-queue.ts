@@ -103,6 +103,11 @@ export class LockWaitQueue {
     else if (index === 0) queue[0].wake();
   }
 
+  /** How many key sets have a queue, and how many keys a waiter count (kept for a cap per key). */
+  get footprint(): { keySets: number; countedKeys: number } {
+    return { keySets: this.queues.size, countedKeys: this.perKey?.size ?? 0 };
+  }
+
   /** How many callers of this process wait (or make their first attempt) now. */
   get waiting(): number {
     return this.size;

@@ -16,8 +16,6 @@ const logger = new Logger('DistributedLock');
 export class LockHandle implements AsyncDisposable {
   private released = false;
   private combinedSignal: AbortSignal | undefined;
-  /** For the 'released' event's heldMs: a number, read whether or not anyone listens yet. */
-  private readonly acquiredAt = performance.now();
 
   /** @internal Created by LockService. */
   constructor(
@@ -31,6 +29,8 @@ export class LockHandle implements AsyncDisposable {
     private readonly events?: LockEvents,
     /** @internal The @Locked key template, for events. */
     private readonly template?: string,
+    /** @internal For the 'released' event's heldMs: a number, read whether or not anyone listens yet. */
+    private readonly acquiredAt = performance.now(),
   ) {}
 
   /**
@@ -91,19 +91,25 @@ export class LockHandle implements AsyncDisposable {
   }
 
   /** Releases this hold. Calling it again does nothing. */
-  async release(): Promise<void> {
-    if (this.released) return;
-    this.released = true;
-    // Before the backend's answer: the next holder's 'acquired' must not come first.
-    const events = this.events;
-    if (events?.has('released')) {
-      events.emit('released', {
-        keys: this.keys,
-        template: this.template,
-        heldMs: performance.now() - this.acquiredAt,
-        reentrant: this.reentrant,
-      });
-    }
+  release(): Promise<void> {
+    return this.releaseNow() ? Promise.resolve() : this.releaseLater();
+  }
+
+  /**
+   * @internal Releases at once when that needs no answer to wait for (a re-entry letting go, or
+   * the in-memory backend): true when done, false when nothing was done and release() must be
+   * awaited.
+   */
+  releaseNow(): boolean {
+    if (this.released) return true;
+    if (this.leases.length !== 1 || !this.leases[0].releasesNow) return false;
+    this.markReleased();
+    this.leases[0].releaseNow();
+    return true;
+  }
+
+  private async releaseLater(): Promise<void> {
+    this.markReleased();
     if (this.leases.length === 1) return this.leases[0].release();
     const results = await Promise.allSettled(this.leases.map((lease) => lease.release()));
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -138,6 +144,20 @@ export class LockHandle implements AsyncDisposable {
     } catch (error) {
       const cause = error instanceof Error && error.cause !== undefined ? ` (cause: ${String(error.cause)})` : '';
       logger.warn(`Release of ${this.keys.join(', ')} failed; the lease will expire on its own. ${String(error)}${cause}`);
+    }
+  }
+
+  private markReleased(): void {
+    this.released = true;
+    // Before the backend's answer: the next holder's 'acquired' must not come first.
+    const events = this.events;
+    if (events?.has('released')) {
+      events.emit('released', {
+        keys: this.keys,
+        template: this.template,
+        heldMs: performance.now() - this.acquiredAt,
+        reentrant: this.reentrant,
+      });
     }
   }
 

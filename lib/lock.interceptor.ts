@@ -9,7 +9,7 @@ import {
   type NestInterceptor,
 } from '@nestjs/common';
 import { catchError, finalize, from, mergeMap, throwError, type Observable } from 'rxjs';
-import { withLockAbortSignal } from './lock-abort-scope.js';
+import { withLockAbortSource } from './lock-abort-scope.js';
 import { LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
 import { InvalidLockKeyError, LockNotAcquiredError } from './lock.errors.js';
 import { LockService } from './lock.service.js';
@@ -55,11 +55,12 @@ export class LockInterceptor implements NestInterceptor {
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
     const abort = requestAbortSignal(context);
-    // Nest binds the handler to the async context in which handle() is called.
-    const handled = abort ? withLockAbortSignal(abort.signal, () => next.handle()) : next.handle();
+    // Nest binds the handler to the async context in which handle() is called. The signal is
+    // created when a wait for a lock first reads it: a route without a lock pays for no signal.
+    const handled = abort ? withLockAbortSource(abort, () => next.handle()) : next.handle();
     return handled.pipe(
       catchError((error: unknown) => {
-        if (abort?.signal.aborted && error === abort.signal.reason) return throwError(() => this.clientClosed(error));
+        if (abort?.abortedWith(error)) return throwError(() => this.clientClosed(error));
         if (error instanceof LockNotAcquiredError) return from(this.translate(error, context)).pipe(mergeMap((e) => this.fail(e, context)));
         if (error instanceof InvalidLockKeyError) return from(this.badKey(error, context)).pipe(mergeMap((e) => this.fail(e, context)));
         return throwError(() => error);

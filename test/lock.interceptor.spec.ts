@@ -2,7 +2,8 @@ import { describe, expect, it } from '@jest/globals';
 import { BadRequestException, ConflictException, type CallHandler, type ExecutionContext } from '@nestjs/common';
 import { RpcException } from '@nestjs/microservices';
 import { WsException } from '@nestjs/websockets';
-import { lastValueFrom, throwError } from 'rxjs';
+import { EventEmitter } from 'node:events';
+import { from, lastValueFrom, throwError } from 'rxjs';
 import {
   LockConflictGraphQLError,
   LockInterceptor,
@@ -11,6 +12,7 @@ import {
   MemoryLockBackend,
   type DistributedLockModuleOptions,
 } from '../lib/index.js';
+import { until } from './support/wait.js';
 
 function contextOf(type: string, response?: object): ExecutionContext {
   return {
@@ -91,5 +93,30 @@ describe('LockInterceptor', () => {
     const business = new BadRequestException('out of stock');
     expect(await intercepted('http', business, {})).toBe(business);
     expect(await intercepted('rpc', business)).toBe(business);
+  });
+
+  it('watches an HTTP response for a hang-up only once a wait for a lock starts, and stops when the handler is done', async () => {
+    const locks = new LockService(new MemoryLockBackend(), { wait: 60_000 });
+    const interceptor = new LockInterceptor(locks);
+    const response = Object.assign(new EventEmitter(), { writableFinished: false, destroyed: false });
+    const handling = (work: () => Promise<unknown>) =>
+      lastValueFrom(interceptor.intercept(contextOf('http', response), { handle: () => from(work()) }));
+
+    // A route that takes no lock: nothing listens to the response.
+    let listening = -1;
+    await handling(async () => (listening = response.listenerCount('close')));
+    expect(listening).toBe(0);
+
+    // A route whose lock is busy: its wait listens, a hang-up ends it, and nothing is left after.
+    const holder = await locks.acquire('order:1');
+    const waited = handling(() => locks.using('order:1', () => 'ran')).catch((error: unknown) => error);
+    await until(() => locks.queue.waiting === 1, 5_000, 'the request to wait for the lock');
+    expect(response.listenerCount('close')).toBe(1);
+    response.emit('close');
+    expect(await waited).toMatchObject({ status: 499 });
+    expect(response.listenerCount('close')).toBe(0);
+    expect(locks.queue.waiting).toBe(0);
+    await holder.release();
+    await locks.onApplicationShutdown();
   });
 });

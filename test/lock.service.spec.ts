@@ -75,6 +75,19 @@ describe('LockService and LockHandle', () => {
     expect(order).toEqual([0, 1, 2, 3, 4, 5, 99]);
   });
 
+  it('a caller that comes right after a release, before the woken waiter ran, goes behind that waiter', async () => {
+    locks = new LockService(new MemoryLockBackend(), { pollInterval: 60_000 });
+    const order: string[] = [];
+    const holder = await locks.acquire('handover');
+    const waiter = locks.using('handover', () => void order.push('waiter'));
+    await new Promise((resolve) => setImmediate(resolve));
+    // The in-memory backend frees the key at once: only the queue stops the newcomer taking it.
+    const released = holder.release();
+    const late = locks.using('handover', () => void order.push('late'));
+    await Promise.all([released, waiter, late]);
+    expect(order).toEqual(['waiter', 'late']);
+  });
+
   it('stops waiting when the caller aborts, leaving nothing queued', async () => {
     locks = new LockService();
     const holder = await locks.acquire('abort');

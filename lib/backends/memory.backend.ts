@@ -8,6 +8,8 @@ interface Lease {
   fencingToken: number;
 }
 
+const SWEEP_FLOOR = 1_024;
+
 /**
  * Leases in this process's memory. Real semantics (TTL expiry, owner-only release, fencing,
  * release notifications) so it can stand in for Redis in unit tests, but it excludes nothing
@@ -21,9 +23,18 @@ export class MemoryLockBackend implements LockBackend {
   private readonly watchers = new Map<string, Set<() => void>>();
   /** One counter for all keys is still strictly increasing per key, and costs no memory per key. */
   private lastToken = 0;
+  /** Size of `leases` past which expired leases nobody looked at again are dropped (see sweep). */
+  private sweepAbove = SWEEP_FLOOR;
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
-    const now = performance.now();
+    return this.tryAcquireNow(keys, owner, ttlMs);
+  }
+
+  /**
+   * @internal tryAcquire without its promise, for the service (see synchronousBackend). `now` may
+   * be taken before the call: the lease then ends no later than the caller counts it.
+   */
+  tryAcquireNow(keys: readonly string[], owner: string, ttlMs: number, now = performance.now()): AcquireResult {
     let retryAfterMs: number | undefined;
     for (const key of keys) {
       const lease = this.live(key, now);
@@ -32,6 +43,7 @@ export class MemoryLockBackend implements LockBackend {
     if (retryAfterMs !== undefined) return { acquired: false, retryAfterMs: Math.ceil(retryAfterMs) };
     const fencingToken = ++this.lastToken;
     for (const key of keys) this.leases.set(key, { owner, expiresAt: now + ttlMs, fencingToken });
+    if (this.leases.size > this.sweepAbove) this.sweep(now);
     return { acquired: true, fencingToken };
   }
 
@@ -43,6 +55,11 @@ export class MemoryLockBackend implements LockBackend {
   }
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
+    return this.releaseNow(keys, owner);
+  }
+
+  /** @internal release without its promise, for the service (see synchronousBackend). */
+  releaseNow(keys: readonly string[], owner: string): boolean {
     let released = false;
     for (const key of keys) {
       if (this.leases.get(key)?.owner !== owner) continue;
@@ -73,9 +90,24 @@ export class MemoryLockBackend implements LockBackend {
     };
   }
 
+  /** @internal How many keys hold a lease (live or not yet seen expired) and how many are watched. */
+  get footprint(): { keys: number; watchedKeys: number } {
+    return { keys: this.leases.size, watchedKeys: this.watchers.size };
+  }
+
   async close(): Promise<void> {
     this.watchers.clear();
     this.leases.clear();
+  }
+
+  /**
+   * A lease that runs out instead of being released (kept for minHold, or its holder stopped)
+   * stays until its key is used again: over many keys that would grow without end. A sweep each
+   * time the map doubles since the last one drops them, at a constant cost per acquisition.
+   */
+  private sweep(now: number): void {
+    for (const [key, lease] of this.leases) if (lease.expiresAt <= now) this.leases.delete(key);
+    this.sweepAbove = Math.max(SWEEP_FLOOR, 2 * this.leases.size);
   }
 
   /** The unexpired lease on a key; an expired one is dropped on sight. */
@@ -93,3 +125,15 @@ export class MemoryLockBackend implements LockBackend {
     if (set) for (const onRelease of [...set]) onRelease();
   }
 }
+
+/**
+ * @internal The in-memory backend when its acquire or release (`method`) can be called without a
+ * promise: its answer is known at once, so the service skips the queue, the tracking of a request
+ * in flight and several promises. Not when the method was replaced (a subclass, a test's spy):
+ * the replacement is what must run.
+ */
+export function synchronousBackend(backend: LockBackend, method: 'tryAcquire' | 'release'): MemoryLockBackend | undefined {
+  return backend[method] === original[method] && backend instanceof MemoryLockBackend ? backend : undefined;
+}
+
+const original = { tryAcquire: MemoryLockBackend.prototype.tryAcquire, release: MemoryLockBackend.prototype.release };
