@@ -34,12 +34,12 @@ function memoryStore(): { store: LockBackend; watchers: () => number } {
   return { store, watchers: () => (store as unknown as { watchers: Map<string, unknown> }).watchers.size };
 }
 
-function property(makeStore: () => { store: LockBackend; watchers: () => number }) {
+function property(makeStore: () => { store: LockBackend; watchers: () => number }, faulty = true) {
   return fc.asyncProperty(scenario, async (s) => {
     jest.useFakeTimers({ now: 0, doNotFake: ['nextTick', 'setImmediate', 'queueMicrotask'] });
     try {
       const { store, watchers } = makeStore();
-      const violations = await run(lib, fakeTime, s, store, watchers);
+      const violations = await run(lib, fakeTime, s, store, watchers, { faulty });
       if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
     } finally {
       jest.useRealTimers();
@@ -97,6 +97,16 @@ describe('LockService against a model of its promises, with faulty store calls',
   it('keeps every promise on random programs of two processes over one store', async () => {
     // A failure prints the seed and path: fc.assert(property, { seed, path }) replays it.
     await fc.assert(property(memoryStore), { numRuns: Number(process.env.MODEL_RUNS ?? 300) });
+  }, 120_000);
+
+  it('keeps every promise when the services call the in-memory store directly (answers without a promise)', async () => {
+    // The two services stand for two processes: one shutting down must not empty the other's store.
+    const sharedStore = () => {
+      const made = memoryStore();
+      made.store.close = async () => undefined;
+      return made;
+    };
+    await fc.assert(property(sharedStore, false), { numRuns: Number(process.env.MODEL_RUNS ?? 300) });
   }, 120_000);
 
   it.each([
