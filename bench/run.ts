@@ -1,4 +1,5 @@
 import { Report } from './harness.js';
+import { manyKeysBench } from './many-keys.bench.js';
 import { memoryBench } from './memory.bench.js';
 import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
@@ -11,6 +12,7 @@ import { redlockBench } from './redlock.bench.js';
 const groups: Record<string, (report: Report) => Promise<void>> = {
   memory: memoryBench,
   redis: redisBench,
+  'redis-keys': manyKeysBench,
   redlock: redlockBench,
   postgres: postgresBench,
 };
