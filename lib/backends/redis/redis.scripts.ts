@@ -88,12 +88,19 @@ end
  */
 export const ACQUIRE = script(
   'acquire',
-  PRELUDE +
+  // The usual case first, before the prelude: its functions are closures made anew on every call,
+  // which cost Redis more CPU than this path's own calls (measured in bench/README.md).
+  `
+if #KEYS == 4 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local time = redis.call('TIME')
+  local token = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, time[1] * 1000000 + time[2])
+  redis.call('SET', KEYS[2], token, 'PX', ARGV[2])
+  return {1, token, 0}
+end
+` +
+    PRELUDE +
     `
 local owner, ttl, waiterTimeout, willWait, backendId = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if n == 1 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ttl) then
-  return {1, nextToken(KEYS[2], ttl), 0}
-end
 local wait, mine, lined = nil, {}, 0
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
@@ -203,7 +210,15 @@ return 1
  */
 export const RELEASE = script(
   'release',
-  PRELUDE +
+  // The usual case first, as in ACQUIRE: one key and nobody in line, so nobody to hand it to.
+  `
+if #KEYS == 4 and redis.call('EXISTS', KEYS[3]) == 0 then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+` +
+    PRELUDE +
     `
 local owner, publish, maxLease, releaser, mayPass = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5] == '1'
 local released = 0
