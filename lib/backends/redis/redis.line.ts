@@ -132,7 +132,7 @@ export class RedisWaiterLine {
    * release's answer instead of asking Redis behind it.
    */
   handoffStarting(keys: readonly string[]): HandoffStart | undefined {
-    if (keys.length !== 1 || !this.waitsHere(keys)) return undefined;
+    if (keys.length !== 1 || this.entries.size === 0 || !this.waitsHere(keys)) return undefined;
     const [key] = keys;
     return {
       mayPass: (this.passes.get(key) ?? 0) < this.localHandoffs,
