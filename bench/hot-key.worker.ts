@@ -4,16 +4,19 @@ import { LockService, RedisLockBackend } from '../lib/index.js';
 import { timedSections } from './harness.js';
 
 /**
- * One hot-key worker as its own process (forked by redis.bench.ts): `warm` runs a few unmeasured
- * sections, `go` runs the measured ones and sends back each wait and each section's real length.
+ * One process of hot-key workers (forked by redis.bench.ts), `callers` of them on one LockService:
+ * `warm` runs a few unmeasured sections, `go` runs the measured ones and sends back each wait and
+ * each section's real length.
  */
-const [port, key, sections, sectionMs] = process.argv.slice(2);
-const locks = new LockService(new RedisLockBackend(new Redis(Number(port), '127.0.0.1')));
+const [port, key, sections, sectionMs, callers = '1', localHandoffs = '0'] = process.argv.slice(2);
+const locks = new LockService(new RedisLockBackend(new Redis(Number(port), '127.0.0.1'), { localHandoffs: Number(localHandoffs) }));
 const lock = async () => {
   const handle = await locks.acquire(key, { wait: 60_000 });
   return () => handle.release();
 };
-const rounds = (count: number, waits: number[], inside: number[]) => timedSections(lock, count, Number(sectionMs), waits, inside);
+const rounds = async (count: number, waits: number[], inside: number[]) => {
+  await Promise.all(Array.from({ length: Number(callers) }, () => timedSections(lock, count, Number(sectionMs), waits, inside)));
+};
 
 process.on('message', async (message) => {
   if (message === 'warm') {

@@ -204,19 +204,34 @@ async function hotKey(report: Report, client: () => Redis, service: (redis: Redi
     return () => handle.release();
   });
   for (const impl of ['redlock', 'redis-semaphore', 'redlock-universal']) await run(impl, (worker) => perWorker[worker][impl]);
-  await hotKeyProcesses(report, port);
+  // Between processes every hand-over pays at least the floor: the rows say how close they come.
+  const cap = await handoffCap(floorBefore, sectionMs);
+  await hotKeyProcesses(report, port, 'ours (8 processes)', 8, 1, 0, cap);
+  // Two app instances of 4 callers each: strict arrival order, then local hand-overs first up to 4 in a row.
+  await hotKeyProcesses(report, port, 'ours (2 processes x 4 callers)', 2, 4, 0, cap);
+  await hotKeyProcesses(report, port, 'ours (2 processes x 4 callers, localHandoffs: 4)', 2, 4, 4, cap);
   await handoffFloor(report, Math.min(floorBefore, await handoffMs(client, sectionMs)), sectionMs);
+  await localFloor(report, client, sectionMs);
 }
 
 /**
  * The hot key with each worker in a process of its own, as separate app instances would be. On a
  * machine with fewer cores than workers they compete for the CPU, which shows in the rate.
  */
-async function hotKeyProcesses(report: Report, port: number): Promise<void> {
-  const { workers, sections, sectionMs } = HOT_KEY;
+async function hotKeyProcesses(
+  report: Report,
+  port: number,
+  impl: string,
+  processes: number,
+  callers: number,
+  localHandoffs: number,
+  cap: number,
+): Promise<void> {
+  const { sections, sectionMs } = HOT_KEY;
   const worker = new URL('./hot-key.worker.js', import.meta.url);
-  const children: ChildProcess[] = Array.from({ length: workers }, () =>
-    fork(worker, [String(port), 'hot:processes', String(sections), String(sectionMs)]),
+  const key = `hot:${impl}`;
+  const children: ChildProcess[] = Array.from({ length: processes }, () =>
+    fork(worker, [String(port), key, String(sections), String(sectionMs), String(callers), String(localHandoffs)]),
   );
   try {
     const answers = (message?: string) =>
@@ -232,14 +247,13 @@ async function hotKeyProcesses(report: Report, port: number): Promise<void> {
     const started = performance.now();
     const results = await answers('go');
     const elapsed = performance.now() - started;
-    report.add(
-      hotKeyRow(
-        'ours (8 processes)',
-        elapsed,
-        results.flatMap((r) => r.waits),
-        results.flatMap((r) => r.inside),
-      ),
+    const row = hotKeyRow(
+      impl,
+      elapsed,
+      results.flatMap((r) => r.waits),
+      results.flatMap((r) => r.inside),
     );
+    report.add({ ...row, vsHandoffCap: round((row.vsIdeal as number) / cap) });
   } finally {
     for (const child of children) child.kill();
   }
@@ -274,6 +288,37 @@ async function handoffFloor(report: Report, floorMs: number, sectionMs: number):
   report.add({
     scenario: HOT_KEY.scenario,
     impl: 'handoff floor (one PUBLISH after an idle section)',
+    handoffP50Us: round(floorMs * 1000, 1),
+    bestVsIdeal: round(section / (section + floorMs)),
+  });
+}
+
+/** The best "vs ideal" a hand-over between processes allows, `floorMs` per hand-over. */
+async function handoffCap(floorMs: number, sectionMs: number): Promise<number> {
+  const section = 1000 / (await sleepRate(sectionMs));
+  return section / (section + floorMs);
+}
+
+/**
+ * The least a hand-over inside one process costs: one script round trip (a compare-and-delete)
+ * sent after an idle section, until its answer is read (p50). The release that hands the lock to a
+ * waiter of its own process is one such round trip; so it bounds the one-process row.
+ */
+async function localFloor(report: Report, client: () => Redis, sectionMs: number): Promise<void> {
+  const redis = client();
+  const samples: number[] = [];
+  for (let i = 0; i < 300; i++) {
+    await sleep(sectionMs);
+    const sent = performance.now();
+    await redis.eval(CAS_DELETE, 1, 'bench:local-floor', 'x');
+    samples.push(performance.now() - sent);
+  }
+  samples.sort((a, b) => a - b);
+  const floorMs = percentile(samples, 50);
+  const section = 1000 / (await sleepRate(sectionMs));
+  report.add({
+    scenario: HOT_KEY.scenario,
+    impl: 'local handoff floor (one script round trip after an idle section)',
     handoffP50Us: round(floorMs * 1000, 1),
     bestVsIdeal: round(section / (section + floorMs)),
   });

@@ -1,5 +1,6 @@
 import { etcdBench } from './etcd.bench.js';
 import { Report } from './harness.js';
+import { manyKeysBench } from './many-keys.bench.js';
 import { memoryBench } from './memory.bench.js';
 import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
@@ -15,6 +16,7 @@ const groups: Record<string, (report: Report) => Promise<void>> = {
   memory: memoryBench,
   redis: redisBench,
   'redis-memory': redisMemoryBench,
+  'redis-keys': manyKeysBench,
   redlock: redlockBench,
   postgres: postgresBench,
   etcd: etcdBench,

@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { Cluster, Redis } from 'ioredis';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
@@ -21,6 +22,8 @@ export class RedisLockBackend implements LockBackend {
   readonly name = 'redis';
   readonly fencing = true;
   readonly waiterTimeout: number;
+  /** How many times in a row a released lock may go to a waiter of this process before earlier ones of others. */
+  readonly localHandoffs: number;
 
   private readonly connection: RedisConnection;
   private readonly scripts: RedisScriptRunner;
@@ -33,19 +36,20 @@ export class RedisLockBackend implements LockBackend {
    */
   constructor(connection: RedisLockConnection, options?: RedisLockBackendOptions) {
     const checked = checkConnection(connection);
-    const { waiterTimeout, commandTimeout } = resolveBackendOptions(options);
+    const { waiterTimeout, commandTimeout, localHandoffs } = resolveBackendOptions(options);
     this.waiterTimeout = waiterTimeout;
+    this.localHandoffs = localHandoffs;
     this.connection = new RedisConnection(checked, this.name);
     this.scripts = new RedisScriptRunner(this.connection, this.name, commandTimeout);
-    this.line = new RedisWaiterLine(this.connection, commandTimeout);
+    this.line = new RedisWaiterLine(this.connection, commandTimeout, localHandoffs);
   }
 
   /**
    * What logs show of the backend (`util.inspect`, `JSON.stringify`): not its connection, whose
    * URL or options hold the password, nor its waiters' owner tokens.
    */
-  toJSON(): { name: string; waiterTimeout: number } {
-    return { name: this.name, waiterTimeout: this.waiterTimeout };
+  toJSON(): { name: string; waiterTimeout: number; localHandoffs: number } {
+    return { name: this.name, waiterTimeout: this.waiterTimeout, localHandoffs: this.localHandoffs };
   }
 
   [inspect.custom](depth: number, options: object): string {
@@ -54,6 +58,9 @@ export class RedisLockBackend implements LockBackend {
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     const willWait = options?.willWait ?? true;
+    // A release of this process that may hand this owner the lock is out: its answer says.
+    const inFlight = this.line.handoffInFlight(owner);
+    if (inFlight) await inFlight;
     const handedOver = this.line.takeHandover(owner);
     if (handedOver) return { acquired: true, ...handedOver };
     const client = this.connection.open() ?? (await this.connection.connected('acquire', keys));
@@ -111,15 +118,30 @@ export class RedisLockBackend implements LockBackend {
     this.line.leave(owner);
     const client = this.connection.open() ?? (await this.connection.connected('release', keys));
     const behindPing = this.line.releaseBehindPing(owner, keys);
-    const released = await this.scripts.run(client, {
-      op: 'release',
-      keys,
-      script: RELEASE,
-      redisKeys: lineScriptKeys(this.layouts(keys, client)),
-      args: [owner, this.connection.cluster ? 'SPUBLISH' : 'PUBLISH', this.waiterTimeout],
-      behindPing,
-    });
-    return (released as number) > 0;
+    const handoff = this.line.handoffStarting(keys);
+    const sentAt = performance.now();
+    // A number, or the lock handed to a waiter of this process: [released, waiter, token, lease, passed].
+    const answer = (reply: unknown): boolean => {
+      if (!Array.isArray(reply)) return (reply as number) > 0;
+      const [released, waiter, token, leaseMs, passed] = reply as [number, string, number, number, number];
+      this.line.handedHere(keys, waiter, { fencingToken: token, leaseMs, notBefore: sentAt }, passed === 1);
+      return released > 0;
+    };
+    const answered = this.scripts
+      .run(client, {
+        op: 'release',
+        keys,
+        script: RELEASE,
+        redisKeys: lineScriptKeys(this.layouts(keys, client)),
+        args: [owner, this.connection.cluster ? 'SPUBLISH' : 'PUBLISH', this.waiterTimeout, this.line.id, handoff?.mayPass ? 1 : 0],
+        behindPing,
+        // Reported as failed, it still ran: a waiter of ours it handed the lock to takes it now,
+        // rather than sleeping until its next poll with the lock its own.
+        onLateAnswer: answer,
+      })
+      .then(answer);
+    handoff?.sent(answered);
+    return answered;
   }
 
   /**

@@ -26,6 +26,16 @@ export interface LineEntry {
 interface Handover {
   fencingToken: number;
   leaseMs: number;
+  /** When the release that handed it over was sent, if this process sent it: the lease runs from no earlier. */
+  notBefore?: number;
+}
+
+/** A release of this process going out while a waiter of this process waits for its keys. */
+export interface HandoffStart {
+  /** Whether that waiter may go before waiters of other processes (see RELEASE). */
+  readonly mayPass: boolean;
+  /** The release's answer: until it comes, that waiter asks it rather than Redis. */
+  sent(reply: Promise<unknown>): void;
 }
 
 /**
@@ -51,10 +61,19 @@ export class RedisWaiterLine {
    * RedisLockBackend.release).
    */
   private readonly contended = new Set<string>();
+  /** Releases of this process in flight, by key, while a waiter of this process waits for it. */
+  private readonly handoffs = new Map<string, Promise<unknown>>();
+  /**
+   * Keys whose last releases here handed the lock to a waiter of this process ahead of waiters of
+   * other processes: how many times in a row. Only keys in such a run are kept.
+   */
+  private readonly passes = new Map<string, number>();
 
   constructor(
     private readonly connection: RedisConnection,
     commandTimeout: number,
+    /** How many times in a row a waiter of this process may go before waiters of others. */
+    private readonly localHandoffs = 0,
   ) {
     this.subscriber = new RedisReleaseSubscriber(
       () => this.connection.createSubscriber((subscriber) => this.recoverLostReleases(subscriber)),
@@ -105,6 +124,49 @@ export class RedisWaiterLine {
     const early = entry.early;
     entry.early = undefined;
     if (early) this.handOver(entry, early);
+  }
+
+  /**
+   * A release of `keys` is about to go out. If a waiter of this process waits for them (a single
+   * key), the release may hand it the lock (see RELEASE): that waiter's next attempt waits for the
+   * release's answer instead of asking Redis behind it.
+   */
+  handoffStarting(keys: readonly string[]): HandoffStart | undefined {
+    if (keys.length !== 1 || this.entries.size === 0 || !this.waitsHere(keys)) return undefined;
+    const [key] = keys;
+    return {
+      mayPass: (this.passes.get(key) ?? 0) < this.localHandoffs,
+      sent: (reply) => {
+        const settled = reply.then(ignore, ignore);
+        this.handoffs.set(key, settled);
+        void settled.then(() => {
+          if (this.handoffs.get(key) === settled) this.handoffs.delete(key);
+        });
+      },
+    };
+  }
+
+  /** The answer to a release of this process that may hand `owner` its lock, if one is out. */
+  handoffInFlight(owner: string): Promise<unknown> | undefined {
+    if (this.handoffs.size === 0) return undefined;
+    const keys = this.entries.get(owner)?.keys;
+    return keys === undefined ? undefined : this.handoffs.get(keys);
+  }
+
+  /**
+   * A release of this process handed the lock on `keys` to `owner`, one of its waiters, in Redis:
+   * taken without a message, as one that came through pub/sub (see onMessage). `passed`: it went
+   * before waiters of other processes.
+   */
+  handedHere(keys: readonly string[], owner: string, handover: Handover, passed: boolean): void {
+    const [key] = keys;
+    if (passed) {
+      // Bounded for keys nobody releases again here (a lease lost with its process's waiters gone).
+      if (this.passes.size >= 10_000) this.passes.clear();
+      this.passes.set(key, (this.passes.get(key) ?? 0) + 1);
+    } else this.passes.delete(key);
+    // A waiter that gave up meanwhile has no entry: its release, sent after this one, frees the lock.
+    this.turnOf(owner, handover);
   }
 
   /** The owner releases, or gives up: it no longer waits. */
@@ -186,13 +248,18 @@ export class RedisWaiterLine {
   /** A release told one of our waiters that it is its turn, maybe handing it the lock. */
   private readonly onMessage = (message: string): void => {
     const [owner, token, lease] = message.split(' ');
+    this.turnOf(owner, lease === undefined ? undefined : { fencingToken: Number(token), leaseMs: Number(lease) });
+  };
+
+  /** It is the turn of `owner`, maybe with the lock handed over: it is woken, or will be when it watches. */
+  private turnOf(owner: string, handover: Handover | undefined): void {
     const entry = this.entries.get(owner);
     if (!entry) return;
-    if (lease !== undefined) this.handOver(entry, { fencingToken: Number(token), leaseMs: Number(lease) });
+    if (handover) this.handOver(entry, handover);
     const wake = this.wakers.get(owner);
     if (wake) wake();
     else entry.woken = true;
-  };
+  }
 
   /**
    * Takes a hand-over for a waiter if it came after the waiter's last failed attempt (its token is
@@ -203,7 +270,8 @@ export class RedisWaiterLine {
     if (entry.sentAt === undefined || entry.lastToken === undefined) {
       entry.early = handover;
     } else if (handover.fencingToken > entry.lastToken) {
-      entry.granted = { ...handover, deadline: entry.sentAt + handover.leaseMs };
+      const from = Math.max(entry.sentAt, handover.notBefore ?? 0);
+      entry.granted = { fencingToken: handover.fencingToken, leaseMs: handover.leaseMs, deadline: from + handover.leaseMs };
     }
   }
 
@@ -270,4 +338,8 @@ export class RedisWaiterLine {
   private wakeAllWaiters(): void {
     for (const wake of [...this.wakers.values()]) wake();
   }
+}
+
+function ignore(): undefined {
+  return undefined;
 }

@@ -32,6 +32,14 @@ export interface RedisLockBackendOptions {
    * holds up the others for at most this long. Whole ms (a fraction is rounded up). Default 3 000.
    */
   waiterTimeout?: number;
+  /**
+   * How many times in a row a released lock may go to a waiter of this process (this backend)
+   * although a waiter of another process stood before it in the line, as cohort locks do: a
+   * hand-over inside one process costs one round trip, one between processes a message through
+   * Redis more. 0 keeps strict arrival order across processes. A waiter of another process waits
+   * at most this many extra lock holds per process it meets. Default 0.
+   */
+  localHandoffs?: number;
 }
 
 export type ResolvedRedisLockBackendOptions = Required<RedisLockBackendOptions>;
@@ -132,7 +140,7 @@ export function checkConnection(connection: unknown): CheckedConnection {
  * whole milliseconds only, so fractions are rounded up, as the backends do with a lock's ttl.
  */
 export function resolveBackendOptions(options: unknown): ResolvedRedisLockBackendOptions {
-  const resolved: ResolvedRedisLockBackendOptions = { commandTimeout: 2_000, waiterTimeout: 3_000 };
+  const resolved: ResolvedRedisLockBackendOptions = { commandTimeout: 2_000, waiterTimeout: 3_000, localHandoffs: 0 };
   if (options === undefined) return resolved;
   if (typeof options !== 'object' || options === null || Array.isArray(options)) {
     throw new InvalidLockOptionsError(
@@ -148,6 +156,16 @@ export function resolveBackendOptions(options: unknown): ResolvedRedisLockBacken
       );
     }
     if (value === undefined) continue;
+    if (name === 'localHandoffs') {
+      if (!Number.isInteger(value) || (value as number) < 0 || (value as number) > 1_000) {
+        throw new InvalidLockOptionsError(
+          name,
+          `RedisLockBackend: option 'localHandoffs' must be a whole number from 0 to 1000 (hand-overs in a row), got ${show(value)}.`,
+        );
+      }
+      resolved.localHandoffs = value as number;
+      continue;
+    }
     if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > MAX_TIMER_MS) {
       throw new InvalidLockOptionsError(
         name,
