@@ -3,26 +3,12 @@ import { Injectable, Logger, Module, type INestApplicationContext } from '@nestj
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
-import {
-  DistributedLockModule,
-  LockService,
-  Locked,
-  MemoryLockBackend,
-  RedisLockBackend,
-  RedlockLockBackend,
-  type LockBackend,
-  type LockHandle,
-} from '../lib/index.js';
+import { DistributedLockModule, LockService, Locked, type LockBackend, type LockHandle } from '../lib/index.js';
+import type { BackendSpec } from './chaos-store.interface.js';
 import { FencedRegister } from './fenced-register.js';
 import { now, type HistoryEvent } from './history.js';
 import { random } from './random.js';
-
-/** Where a worker's locks live; URLs point at the worker's own proxy where there is one. */
-export type BackendSpec =
-  | { kind: 'memory'; services: number }
-  | { kind: 'redis'; url: string; commandTimeout: number }
-  | { kind: 'sentinel'; sentinels: { host: string; port: number }[]; name: string; commandTimeout: number }
-  | { kind: 'redlock'; urls: string[] };
+import { STORES } from './store.registry.js';
 
 export interface WorkerConfig {
   id: string;
@@ -122,29 +108,18 @@ async function caller(writer: RegisterWriter, holder: string, worker: string): P
   }
 }
 
-function backendOf(spec: BackendSpec, shared: LockBackend | undefined): LockBackend {
-  switch (spec.kind) {
-    case 'memory':
-      return shared!;
-    case 'redis':
-      return new RedisLockBackend(spec.url, { commandTimeout: spec.commandTimeout });
-    case 'sentinel':
-      return new RedisLockBackend({ sentinels: spec.sentinels, name: spec.name }, { commandTimeout: spec.commandTimeout });
-    case 'redlock':
-      return new RedlockLockBackend(spec.urls);
-  }
-}
-
 async function main(): Promise<void> {
   // Lost locks and reconnections are the point of the run; the history records them.
   Logger.overrideLogger(false);
-  const contexts = config.backend.kind === 'memory' ? config.backend.services : 1;
-  const shared = config.backend.kind === 'memory' ? new MemoryLockBackend() : undefined;
+  const store = await STORES[config.backend.store]();
+  const contexts = config.backend.contexts ?? 1;
   const apps: INestApplicationContext[] = [];
   const loops: Promise<void>[] = [];
   for (let i = 0; i < contexts; i++) {
     @Module({
-      imports: [DistributedLockModule.forRoot({ backend: backendOf(config.backend, shared), ttl: config.ttl, wait: config.wait })],
+      imports: [
+        DistributedLockModule.forRoot({ backend: store.createBackend(config.backend.options), ttl: config.ttl, wait: config.wait }),
+      ],
       providers: [RegisterWriter],
     })
     class WorkerModule {}

@@ -6,7 +6,7 @@ import { RedisServer } from '../test/support/redis-server.js';
 import { checkHistory, type CheckReport } from './history.checker.js';
 import { Nemesis } from './nemesis.js';
 import { random } from './random.js';
-import { STORES } from './store.adapters.js';
+import { STORES } from './store.registry.js';
 import { WorkerPool } from './worker-pool.js';
 
 /**
@@ -42,7 +42,7 @@ interface RunResult {
 }
 
 async function runOne(backend: string): Promise<RunResult> {
-  const store = STORES[backend]();
+  const store = new (await STORES[backend]()).default();
   const registerServer = await RedisServer.start();
   await store.start();
   const historyFile = join(tmpdir(), `chaos-${backend}-${seed}.jsonl`);
