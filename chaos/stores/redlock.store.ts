@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import { RedlockLockBackend, type LockBackend } from '../../lib/index.js';
 import { ClockShift } from '../../test/support/clock-shift.js';
 import { RedisServer } from '../../test/support/redis-server.js';
+import { TcpProxy } from '../../test/support/tcp-proxy.js';
 import type { BackendSpec, ChaosStore, FaultContext, NetworkLink, StoreFault } from '../chaos-store.interface.js';
 import type { FaultKind } from '../history.js';
 import { adminClient, DEBUG_ARGS, redisServerFaults } from './redis-server.faults.js';
@@ -13,7 +14,9 @@ interface Options {
 /**
  * Three independent masters; faults: one restarted empty, one frozen, one asleep, and one whose
  * wall clock jumps forward past the lease (each master runs with an LD_PRELOAD that shifts its
- * clock; Redis expires keys by it), the scenario the debate about Redlock turns on.
+ * clock; Redis expires keys by it), the scenario the debate about Redlock turns on. Each worker
+ * reaches each master through a proxy of its own, one link per master: a network fault cuts or
+ * slows one worker's path to one master (a minority), as between two keys of a quorum.
  */
 export default class RedlockStore implements ChaosStore {
   readonly name = 'redlock';
@@ -26,6 +29,7 @@ export default class RedlockStore implements ChaosStore {
   /** How far each master's clock is ahead of the real one, in ms. */
   private offsets: number[] = [];
   private victim = 0;
+  private readonly proxies = new Map<string, TcpProxy[]>();
   readonly faults: Partial<Record<FaultKind, StoreFault>> = Object.fromEntries(
     Object.entries({
       ...redisServerFaults(
@@ -61,16 +65,19 @@ export default class RedlockStore implements ChaosStore {
     }
   }
 
-  async backendFor(): Promise<BackendSpec> {
-    const options: Options = { urls: this.servers.map((server) => server.url) };
+  async backendFor(worker: string): Promise<BackendSpec> {
+    const proxies = await Promise.all(this.servers.map((server) => TcpProxy.start(server.port)));
+    this.proxies.set(worker, proxies);
+    const options: Options = { urls: proxies.map((proxy) => `redis://127.0.0.1:${proxy.port}`) };
     return { store: this.name, options };
   }
 
-  links(): NetworkLink[] {
-    return [];
+  links(worker: string): NetworkLink[] {
+    return (this.proxies.get(worker) ?? []).map((proxy, i) => ({ name: `master-${i}`, proxies: [proxy] }));
   }
 
   async stop(): Promise<void> {
+    for (const proxies of this.proxies.values()) for (const proxy of proxies) await proxy.close();
     for (const admin of this.admins) admin.disconnect();
     await Promise.all(this.servers.map((server) => server.stop()));
     for (const clock of this.clocks) clock.remove();

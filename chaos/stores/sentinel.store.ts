@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { RedisLockBackend, type LockBackend } from '../../lib/index.js';
 import { RedisSentinel } from '../../test/support/redis-sentinel.js';
 import type { RedisServer } from '../../test/support/redis-server.js';
+import { TcpProxy } from '../../test/support/tcp-proxy.js';
 import type { BackendSpec, ChaosStore, FaultContext, NetworkLink, StoreFault } from '../chaos-store.interface.js';
 import { now, type FaultKind, type HistoryEvent } from '../history.js';
 import { adminClient, REDIS_COMMAND_TIMEOUT, redisServerFaults } from './redis-server.faults.js';
@@ -10,6 +11,8 @@ import { adminClient, REDIS_COMMAND_TIMEOUT, redisServerFaults } from './redis-s
 interface Options {
   sentinels: { host: string; port: number }[];
   name: string;
+  /** The addresses the sentinel announces, as this worker reaches them: its own proxies. */
+  natMap: Record<string, { host: string; port: number }>;
   commandTimeout: number;
 }
 
@@ -18,7 +21,10 @@ interface Options {
  * stalls and freezes of whichever server the sentinel names master at the time (a freeze longer
  * than `down-after-milliseconds` makes the sentinel fail over by itself), and a failover to the
  * replica (SENTINEL FAILOVER). The sentinel's own events go into the history; its failovers,
- * whoever caused them, become `failover` windows there (see observe()).
+ * whoever caused them, become `failover` windows there (see observe()). Each worker reaches the
+ * sentinel, the master and the replica through proxies of its own (the sentinel's announcements
+ * are mapped to them with ioredis's `natMap`): a network fault cuts or slows the worker's whole
+ * path to the store, whichever server is master.
  */
 export default class SentinelStore implements ChaosStore {
   readonly name = 'sentinel';
@@ -29,6 +35,7 @@ export default class SentinelStore implements ChaosStore {
   private readonly admins = new Map<RedisServer, Redis>();
   private victim!: RedisServer;
   private events: Redis | undefined;
+  private readonly proxies = new Map<string, TcpProxy[]>();
   readonly faults: Partial<Record<FaultKind, StoreFault>> = {
     ...Object.fromEntries(
       Object.entries(
@@ -64,8 +71,17 @@ export default class SentinelStore implements ChaosStore {
     delete this.faults['store-sleep'];
   }
 
-  async backendFor(): Promise<BackendSpec> {
-    const options: Options = { sentinels: this.setup.sentinels, name: this.setup.name, commandTimeout: this.commandTimeout };
+  async backendFor(worker: string): Promise<BackendSpec> {
+    const servers = [this.setup.sentinel, this.setup.master, this.setup.replica!];
+    const [sentinel, ...data] = await Promise.all(servers.map((server) => TcpProxy.start(server.port)));
+    this.proxies.set(worker, [sentinel, ...data]);
+    const natMap = Object.fromEntries(data.map((proxy) => [`127.0.0.1:${proxy.targetPort}`, { host: '127.0.0.1', port: proxy.port }]));
+    const options: Options = {
+      sentinels: [{ host: '127.0.0.1', port: sentinel.port }],
+      name: this.setup.name,
+      natMap,
+      commandTimeout: this.commandTimeout,
+    };
     return { store: this.name, options };
   }
 
@@ -96,18 +112,20 @@ export default class SentinelStore implements ChaosStore {
     record({ t: now(), type: 'store', event: 'servers', detail: `master ${this.setup.master.port}, replica ${this.setup.replica!.port}` });
   }
 
-  links(): NetworkLink[] {
-    return [];
+  links(worker: string): NetworkLink[] {
+    const proxies = this.proxies.get(worker);
+    return proxies ? [{ name: 'sentinel', proxies }] : [];
   }
 
   async stop(): Promise<void> {
     this.events?.disconnect();
+    for (const proxies of this.proxies.values()) for (const proxy of proxies) await proxy.close();
     for (const admin of this.admins.values()) admin.disconnect();
     await this.setup.stop();
   }
 }
 
 export function createBackend(options: unknown): LockBackend {
-  const { sentinels, name, commandTimeout } = options as Options;
-  return new RedisLockBackend({ sentinels, name }, { commandTimeout });
+  const { sentinels, name, natMap, commandTimeout } = options as Options;
+  return new RedisLockBackend({ sentinels, name, natMap }, { commandTimeout });
 }
