@@ -48,6 +48,10 @@ export type FaultKind =
   | 'stall-event-loop'
   | 'restart-store-empty'
   | 'restart-store-snapshot'
+  /** A crash and restart that keeps every acknowledged write (PostgreSQL recovering from its WAL). */
+  | 'restart-store'
+  /** Another transaction holds the lock table: statements on it queue behind. */
+  | 'store-lock-stall'
   | 'store-sleep'
   | 'pause-store'
   | 'net-delay'

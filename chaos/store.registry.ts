@@ -10,4 +10,5 @@ export const STORES: Record<string, () => Promise<ChaosStoreModule>> = {
   redis: () => import('./stores/redis.store.js'),
   sentinel: () => import('./stores/sentinel.store.js'),
   redlock: () => import('./stores/redlock.store.js'),
+  postgres: () => import('./stores/postgres.store.js'),
 };
