@@ -59,7 +59,11 @@ export type FaultKind =
   | 'net-blackhole-up'
   | 'net-blackhole-down'
   | 'clock-jump'
-  | 'failover';
+  | 'failover'
+  /** A Redis Cluster master killed: its replica takes over, and it comes back as a replica. */
+  | 'kill-master'
+  /** A failover to a replica whose replication was cut for a while before. */
+  | 'failover-lagging-replica';
 
 /**
  * Faults after which the guarantees table allows two holders at once. A failover allows them too,

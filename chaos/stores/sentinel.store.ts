@@ -20,7 +20,7 @@ interface Options {
  * A master, a replica and a sentinel; workers ask the sentinel for the master. Faults: restarts,
  * stalls and freezes of whichever server the sentinel names master at the time (a freeze longer
  * than `down-after-milliseconds` makes the sentinel fail over by itself), and a failover to the
- * replica (SENTINEL FAILOVER). The sentinel's own events go into the history; its failovers,
+ * replica (SENTINEL FAILOVER), also to a replica left behind on purpose. The sentinel's own events go into the history; its failovers,
  * whoever caused them, become `failover` windows there (see observe()). Each worker reaches the
  * sentinel, the master and the replica through proxies of its own (the sentinel's announcements
  * are mapped to them with ioredis's `natMap`): a network fault cuts or slows the worker's whole
@@ -53,16 +53,36 @@ export default class SentinelStore implements ChaosStore {
       ]),
     ),
     failover: async () => {
-      const sentinel = new Redis(this.setup.sentinel.port, '127.0.0.1');
+      await this.failover();
+      return 'sentinel';
+    },
+    'failover-lagging-replica': async ({ next, ttl }) => {
+      // The master refuses its replica's resynchronisation (PSYNC and SYNC denied by ACL) and
+      // drops its link: the replica falls behind while locks are taken, then is promoted.
+      const master = await this.setup.currentMaster();
+      const admin = this.admins.get(master)!;
       try {
-        await sentinel.call('SENTINEL', 'FAILOVER', this.setup.name).catch(() => undefined);
-        await sleep(2_000);
+        await admin.call('ACL', 'SETUSER', 'default', '-psync', '-sync');
+        await admin.call('CLIENT', 'KILL', 'TYPE', 'replica');
+        await sleep(300 + Math.floor(next() * ttl * 1.2));
+        await this.failover();
       } finally {
-        sentinel.disconnect();
+        await admin.call('ACL', 'SETUSER', 'default', '+@all').catch(() => undefined);
       }
       return 'sentinel';
     },
   };
+
+  /** Asks the sentinel to fail over now, and gives it 2 s to do so. */
+  private async failover(): Promise<void> {
+    const sentinel = new Redis(this.setup.sentinel.port, '127.0.0.1');
+    try {
+      await sentinel.call('SENTINEL', 'FAILOVER', this.setup.name).catch(() => undefined);
+      await sleep(2_000);
+    } finally {
+      sentinel.disconnect();
+    }
+  }
 
   async start(): Promise<void> {
     this.setup = await RedisSentinel.start({ replica: true, downAfterMs: 1_000 });
