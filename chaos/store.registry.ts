@@ -11,4 +11,5 @@ export const STORES: Record<string, () => Promise<ChaosStoreModule>> = {
   sentinel: () => import('./stores/sentinel.store.js'),
   redlock: () => import('./stores/redlock.store.js'),
   postgres: () => import('./stores/postgres.store.js'),
+  cluster: () => import('./stores/cluster.store.js'),
 };
