@@ -208,6 +208,14 @@ export class LockAcquisition {
       throw this.shutDownError();
     }
     const validUntil = sentAt + (result.validityMs ?? this.ttl);
+    if (validUntil <= performance.now()) {
+      // Won, but the answer came after the lease it won had run out (a slow network, a paused
+      // process): the key may be another's by now, so no section may start on it. A failed
+      // attempt: the next one (same owner) starts a fresh lease, and giving up releases what is
+      // left of this one.
+      this.inLine = true;
+      return undefined;
+    }
     const holds =
       this.minHold === undefined && this.maxHold === undefined
         ? undefined
