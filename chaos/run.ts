@@ -11,7 +11,7 @@ import { STORES } from './store.registry.js';
 import { WorkerPool } from './worker-pool.js';
 
 /**
- * `npm run chaos -- [--seconds 60 | --minutes 10] [--backend redis,memory,sentinel,redlock]
+ * `npm run chaos -- [--seconds 60 | --minutes 10] [--backend memory,redis,sentinel,cluster,redlock,postgres]
  * [--seed 42] [--workers 5] [--keys 3] [--ttl 1000] [--json]`: worker processes run @Locked
  * read-modify-writes of a fenced register while a seeded nemesis injects faults; the history is
  * then checked. Exits 1 on anything the guarantees table does not allow.
