@@ -35,6 +35,20 @@ const next = random(config.seed * 1000 + config.incarnation);
 const register = new FencedRegister(new Redis(config.registerPort, '127.0.0.1'));
 let stopping = false;
 
+/**
+ * How long this process could not run, in ms: the lateness of a ticker's timer, summed. On a
+ * machine short of CPU the library's timers fire late too, and a wait's bound is on the time the
+ * process had.
+ */
+let stalledMs = 0;
+const TICK_MS = 50;
+let lastTick = performance.now();
+setInterval(() => {
+  const t = performance.now();
+  stalledMs += Math.max(0, t - lastTick - TICK_MS);
+  lastTick = t;
+}, TICK_MS).unref();
+
 function log(event: HistoryEvent): void {
   process.stdout.write(`${JSON.stringify(event)}\n`);
 }
@@ -71,10 +85,20 @@ async function caller(writer: RegisterWriter, holder: string, worker: string): P
     const key = `r${Math.floor(next() * config.keys)}`;
     const base = { holder, worker, key };
     log({ t: now(), type: 'attempt', ...base, waitMs: config.wait });
+    const stalledBefore = stalledMs;
+    const stalled = () => Math.round(stalledMs - stalledBefore);
     try {
       await writer.update(key, async (handle) => {
         const token = handle.fencingToken;
-        log({ t: now(), type: 'acquired', ...base, token, deadline: deadlineOf(handle), server: serverOf(writer.locks.backend) });
+        log({
+          t: now(),
+          type: 'acquired',
+          ...base,
+          token,
+          deadline: deadlineOf(handle),
+          server: serverOf(writer.locks.backend),
+          stalledMs: stalled(),
+        });
         const onLost = () => {
           const reason = (handle.signal.reason as { reason?: string }).reason ?? 'unknown';
           log({ t: now(), type: 'lost', ...base, reason, deadline: deadlineOf(handle) });
@@ -102,7 +126,8 @@ async function caller(writer: RegisterWriter, holder: string, worker: string): P
       });
     } catch (error) {
       const name = (error as Error)?.constructor?.name ?? typeof error;
-      log({ t: now(), type: 'error', ...base, error: name, message: String((error as Error)?.message ?? error).slice(0, 200) });
+      const message = String((error as Error)?.message ?? error).slice(0, 200);
+      log({ t: now(), type: 'error', ...base, error: name, message, stalledMs: stalled() });
     }
     await sleep(Math.floor(next() * 20));
   }

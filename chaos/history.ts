@@ -12,7 +12,18 @@ export type HistoryEvent =
    * The lock is held: its fencing token (absent on a backend without tokens), its deadline, and
    * the port of the Redis server the worker's lock connection is on (Sentinel: the master it found).
    */
-  | { t: number; type: 'acquired'; holder: string; worker: string; key: string; token?: number; deadline: number; server?: number }
+  | {
+      t: number;
+      type: 'acquired';
+      holder: string;
+      worker: string;
+      key: string;
+      token?: number;
+      deadline: number;
+      server?: number;
+      /** How long of the wait the process could not run (its timers fired late): CPU starvation. */
+      stalledMs?: number;
+    }
   /** A write of the register sent at `t` (before the answer), with the value read and the one written. */
   | {
       t: number;
@@ -31,7 +42,7 @@ export type HistoryEvent =
   /** The handle's signal aborted; `deadline` is the lease's last deadline. */
   | { t: number; type: 'lost'; holder: string; worker: string; key: string; reason: string; deadline: number }
   /** The attempt or the section failed with an error of this class. */
-  | { t: number; type: 'error'; holder: string; worker: string; key: string; error: string; message: string }
+  | { t: number; type: 'error'; holder: string; worker: string; key: string; error: string; message: string; stalledMs?: number }
   /** What the store's own monitor reported (a Sentinel event: `+switch-master`, `+sdown`, ...). */
   | { t: number; type: 'store'; event: string; detail: string }
   /**

@@ -158,4 +158,14 @@ describe('checkHistory', () => {
     expect(report.violations['slow-wait']).toBe(1);
     expect(report.errors).toEqual({ LockNotAcquiredError: 1 });
   });
+
+  it('does not count against a wait the time its process could not run (its timers fired late)', () => {
+    const worker = 'w1';
+    const starved = (stalledMs: number): HistoryEvent[] => [
+      { t: 0, type: 'attempt', holder: 'w1.0', worker, key: 'k', waitMs: 1000 },
+      { t: 1500, type: 'error', holder: 'w1.0', worker, key: 'k', error: 'LockNotAcquiredError', message: 'busy', stalledMs },
+    ];
+    expect(checkHistory(starved(450), options).violations['slow-wait']).toBe(0);
+    expect(checkHistory(starved(300), options).violations['slow-wait']).toBe(1);
+  });
 });
