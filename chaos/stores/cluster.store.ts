@@ -86,6 +86,8 @@ export default class ClusterStore implements ChaosStore {
   async start(): Promise<void> {
     this.cluster = await RedisCluster.start({ masters: 3 });
     for (const server of [...this.cluster.servers]) await this.cluster.addReplica(server.port);
+    // The harness kills and restarts nodes: its own connections to them fail meanwhile.
+    for (const server of this.cluster.servers) this.admin(server).on('error', () => undefined);
   }
 
   async backendFor(worker: string): Promise<BackendSpec> {
