@@ -85,8 +85,10 @@ async function caller(writer: RegisterWriter, holder: string, worker: string): P
     const key = `r${Math.floor(next() * config.keys)}`;
     const base = { holder, worker, key };
     log({ t: now(), type: 'attempt', ...base, waitMs: config.wait });
-    const stalledBefore = stalledMs;
-    const stalled = () => Math.round(stalledMs - stalledBefore);
+    // With the lateness of the tick still due, which the timers that ran first have not seen counted.
+    const stalledNow = () => stalledMs + Math.max(0, performance.now() - lastTick - TICK_MS);
+    const stalledBefore = stalledNow();
+    const stalled = () => Math.round(stalledNow() - stalledBefore);
     try {
       await writer.update(key, async (handle) => {
         const token = handle.fencingToken;
