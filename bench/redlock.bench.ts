@@ -5,7 +5,7 @@ import { performance } from 'node:perf_hooks';
 import RedlockPackage from 'redlock';
 import { LockService, RedisLockBackend, RedlockLockBackend } from '../lib/index.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { DelayProxy } from './delay-proxy.js';
+import { TcpProxy } from '../test/support/tcp-proxy.js';
 import { percentile, round, type Report } from './harness.js';
 
 /** The part of the package's public API the bench uses. */
@@ -28,7 +28,7 @@ export async function redlockBench(report: Report): Promise<void> {
   report.note('redlock: starting 6 redis-servers (the sixth is frozen with SIGSTOP for the "one master frozen" rows)');
   const servers = await Promise.all(Array.from({ length: 5 }, () => RedisServer.start()));
   const frozen = await RedisServer.start();
-  const proxies: DelayProxy[] = [];
+  const proxies: TcpProxy[] = [];
   const opened: Redis[] = [];
   const closers: (() => Promise<unknown>)[] = [];
   const connect = (ports: readonly number[]) =>
@@ -63,7 +63,8 @@ export async function redlockBench(report: Report): Promise<void> {
     // Masters 1, 2, 3, 4 and 5 ms away: a quorum round should cost the quorum-th nearest
     // master's round trip (2 ms of 3, 3 ms of 5), a sequential one the sum (6 ms, 15 ms).
     report.note('redlock: acquisition latency with masters 1, 2, 3, 4, 5 ms away');
-    for (const [i, server] of servers.entries()) proxies.push(await DelayProxy.start(server.port, i + 1));
+    for (const [i, server] of servers.entries())
+      proxies.push(await TcpProxy.start(server.port, { kind: 'delay', ms: i + 1, direction: 'up' }));
     await acquisitionLatency(
       report,
       'redlock: acquisition latency, masters 1-5 ms away',

@@ -3,28 +3,12 @@ import { Injectable, Logger, Module, type INestApplicationContext } from '@nestj
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
-import {
-  DistributedLockModule,
-  LockService,
-  Locked,
-  MemoryLockBackend,
-  RedisLockBackend,
-  RedlockLockBackend,
-  ZooKeeperLockBackend,
-  type LockBackend,
-  type LockHandle,
-} from '../lib/index.js';
+import { DistributedLockModule, LockService, Locked, type LockBackend, type LockHandle } from '../lib/index.js';
+import type { BackendSpec } from './chaos-store.interface.js';
 import { FencedRegister } from './fenced-register.js';
 import { now, type HistoryEvent } from './history.js';
 import { random } from './random.js';
-
-/** Where a worker's locks live; URLs point at the worker's own proxy where there is one. */
-export type BackendSpec =
-  | { kind: 'memory'; services: number }
-  | { kind: 'redis'; url: string; commandTimeout: number }
-  | { kind: 'sentinel'; sentinels: { host: string; port: number }[]; name: string; commandTimeout: number }
-  | { kind: 'redlock'; urls: string[] }
-  | { kind: 'zookeeper'; connectionString: string; sessionTimeout: number; commandTimeout: number };
+import { STORES } from './store.registry.js';
 
 export interface WorkerConfig {
   id: string;
@@ -50,6 +34,20 @@ const config = JSON.parse(process.argv[2]) as WorkerConfig;
 const next = random(config.seed * 1000 + config.incarnation);
 const register = new FencedRegister(new Redis(config.registerPort, '127.0.0.1'));
 let stopping = false;
+
+/**
+ * How long this process could not run, in ms: the lateness of a ticker's timer, summed. On a
+ * machine short of CPU the library's timers fire late too, and a wait's bound is on the time the
+ * process had.
+ */
+let stalledMs = 0;
+const TICK_MS = 50;
+let lastTick = performance.now();
+setInterval(() => {
+  const t = performance.now();
+  stalledMs += Math.max(0, t - lastTick - TICK_MS);
+  lastTick = t;
+}, TICK_MS).unref();
 
 function log(event: HistoryEvent): void {
   process.stdout.write(`${JSON.stringify(event)}\n`);
@@ -87,10 +85,22 @@ async function caller(writer: RegisterWriter, holder: string, worker: string): P
     const key = `r${Math.floor(next() * config.keys)}`;
     const base = { holder, worker, key };
     log({ t: now(), type: 'attempt', ...base, waitMs: config.wait });
+    // With the lateness of the tick still due, which the timers that ran first have not seen counted.
+    const stalledNow = () => stalledMs + Math.max(0, performance.now() - lastTick - TICK_MS);
+    const stalledBefore = stalledNow();
+    const stalled = () => Math.round(stalledNow() - stalledBefore);
     try {
       await writer.update(key, async (handle) => {
         const token = handle.fencingToken;
-        log({ t: now(), type: 'acquired', ...base, token, deadline: deadlineOf(handle), server: serverOf(writer.locks.backend) });
+        log({
+          t: now(),
+          type: 'acquired',
+          ...base,
+          token,
+          deadline: deadlineOf(handle),
+          server: serverOf(writer.locks.backend),
+          stalledMs: stalled(),
+        });
         const onLost = () => {
           const reason = (handle.signal.reason as { reason?: string }).reason ?? 'unknown';
           log({ t: now(), type: 'lost', ...base, reason, deadline: deadlineOf(handle) });
@@ -118,37 +128,25 @@ async function caller(writer: RegisterWriter, holder: string, worker: string): P
       });
     } catch (error) {
       const name = (error as Error)?.constructor?.name ?? typeof error;
-      log({ t: now(), type: 'error', ...base, error: name, message: String((error as Error)?.message ?? error).slice(0, 200) });
+      const message = String((error as Error)?.message ?? error).slice(0, 200);
+      log({ t: now(), type: 'error', ...base, error: name, message, stalledMs: stalled() });
     }
     await sleep(Math.floor(next() * 20));
-  }
-}
-
-function backendOf(spec: BackendSpec, shared: LockBackend | undefined): LockBackend {
-  switch (spec.kind) {
-    case 'memory':
-      return shared!;
-    case 'redis':
-      return new RedisLockBackend(spec.url, { commandTimeout: spec.commandTimeout });
-    case 'sentinel':
-      return new RedisLockBackend({ sentinels: spec.sentinels, name: spec.name }, { commandTimeout: spec.commandTimeout });
-    case 'redlock':
-      return new RedlockLockBackend(spec.urls);
-    case 'zookeeper':
-      return new ZooKeeperLockBackend(spec.connectionString, { sessionTimeout: spec.sessionTimeout, commandTimeout: spec.commandTimeout });
   }
 }
 
 async function main(): Promise<void> {
   // Lost locks and reconnections are the point of the run; the history records them.
   Logger.overrideLogger(false);
-  const contexts = config.backend.kind === 'memory' ? config.backend.services : 1;
-  const shared = config.backend.kind === 'memory' ? new MemoryLockBackend() : undefined;
+  const store = await STORES[config.backend.store]();
+  const contexts = config.backend.contexts ?? 1;
   const apps: INestApplicationContext[] = [];
   const loops: Promise<void>[] = [];
   for (let i = 0; i < contexts; i++) {
     @Module({
-      imports: [DistributedLockModule.forRoot({ backend: backendOf(config.backend, shared), ttl: config.ttl, wait: config.wait })],
+      imports: [
+        DistributedLockModule.forRoot({ backend: store.createBackend(config.backend.options), ttl: config.ttl, wait: config.wait }),
+      ],
       providers: [RegisterWriter],
     })
     class WorkerModule {}

@@ -12,7 +12,18 @@ export type HistoryEvent =
    * The lock is held: its fencing token (absent on a backend without tokens), its deadline, and
    * the port of the Redis server the worker's lock connection is on (Sentinel: the master it found).
    */
-  | { t: number; type: 'acquired'; holder: string; worker: string; key: string; token?: number; deadline: number; server?: number }
+  | {
+      t: number;
+      type: 'acquired';
+      holder: string;
+      worker: string;
+      key: string;
+      token?: number;
+      deadline: number;
+      server?: number;
+      /** How long of the wait the process could not run (its timers fired late): CPU starvation. */
+      stalledMs?: number;
+    }
   /** A write of the register sent at `t` (before the answer), with the value read and the one written. */
   | {
       t: number;
@@ -31,7 +42,7 @@ export type HistoryEvent =
   /** The handle's signal aborted; `deadline` is the lease's last deadline. */
   | { t: number; type: 'lost'; holder: string; worker: string; key: string; reason: string; deadline: number }
   /** The attempt or the section failed with an error of this class. */
-  | { t: number; type: 'error'; holder: string; worker: string; key: string; error: string; message: string }
+  | { t: number; type: 'error'; holder: string; worker: string; key: string; error: string; message: string; stalledMs?: number }
   /** What the store's own monitor reported (a Sentinel event: `+switch-master`, `+sdown`, ...). */
   | { t: number; type: 'store'; event: string; detail: string }
   /**
@@ -48,6 +59,10 @@ export type FaultKind =
   | 'stall-event-loop'
   | 'restart-store-empty'
   | 'restart-store-snapshot'
+  /** A crash and restart that keeps every acknowledged write (PostgreSQL recovering from its WAL). */
+  | 'restart-store'
+  /** Another transaction holds the lock table: statements on it queue behind. */
+  | 'store-lock-stall'
   | 'store-sleep'
   | 'pause-store'
   | 'net-delay'
@@ -55,7 +70,11 @@ export type FaultKind =
   | 'net-blackhole-up'
   | 'net-blackhole-down'
   | 'clock-jump'
-  | 'failover';
+  | 'failover'
+  /** A Redis Cluster master killed: its replica takes over, and it comes back as a replica. */
+  | 'kill-master'
+  /** A failover to a replica whose replication was cut for a while before. */
+  | 'failover-lagging-replica';
 
 /**
  * Faults after which the guarantees table allows two holders at once. A failover allows them too,

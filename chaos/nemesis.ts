@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { now, type FaultKind, type HistoryEvent } from './history.js';
-import type { ChaosStore } from './store.adapters.js';
+import type { ProxyMode } from '../test/support/tcp-proxy.js';
+import type { ChaosStore, NetworkLink } from './chaos-store.interface.js';
 import type { WorkerPool } from './worker-pool.js';
 
 type Fault = () => Promise<void>;
@@ -25,7 +26,7 @@ export class Nemesis {
       : [
           'kill-worker',
           'pause-worker',
-          ...(store.proxyOf(pool.ids[0]) ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down'] as const) : []),
+          ...(store.links(pool.ids[0]).length > 0 ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down'] as const) : []),
         ];
     this.kinds = [...workerKinds, ...(Object.keys(store.faults) as FaultKind[])];
   }
@@ -36,7 +37,11 @@ export class Nemesis {
       await sleep(200 + Math.floor(this.next() * this.ttl));
       if (this.stopped) break;
       const kind = this.kinds[Math.floor(this.next() * this.kinds.length)];
-      await this.inject(kind);
+      // A fault that could not be carried out (a failover that never came) is noted, and the run
+      // goes on: its window is in the history all the same.
+      await this.inject(kind).catch((error: unknown) =>
+        this.pool.record({ t: now(), type: 'store', event: 'fault-failed', detail: `${kind}: ${String(error)}` }),
+      );
     }
   }
 
@@ -65,7 +70,10 @@ export class Nemesis {
         this.record(kind, 'end', target);
       }
     };
-    const proxy = this.store.proxyOf(worker);
+    // One link of the worker's: a Redlock worker cut from one master, or from the whole store.
+    const links = this.store.links(worker);
+    const link = links.length > 1 ? links[Math.floor(this.next() * links.length)] : links[0];
+    const network = `network:${worker}${links.length > 1 ? `/${link?.name}` : ''}`;
     switch (kind) {
       case 'kill-worker':
         return around(worker, () => this.pool.killAndRestart(worker));
@@ -81,15 +89,13 @@ export class Nemesis {
         this.pool.send(worker, { stall: span(this.ttl * 0.5, this.ttl * 2) });
         return void (await sleep(this.ttl * 2));
       case 'net-delay':
-        return around(`network:${worker}`, () =>
-          this.withProxy(proxy!, { kind: 'delay', ms: span(20, this.ttl) }, span(300, this.ttl * 2)),
-        );
+        return around(network, () => this.withLink(link, { kind: 'delay', ms: span(20, this.ttl) }, span(300, this.ttl * 2)));
       case 'net-drop':
-        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'drop' }, span(300, this.ttl * 2)));
+        return around(network, () => this.withLink(link, { kind: 'drop' }, span(300, this.ttl * 2)));
       case 'net-blackhole-up':
-        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'blackhole-up' }, span(300, this.ttl * 2)));
+        return around(network, () => this.withLink(link, { kind: 'blackhole-up' }, span(300, this.ttl * 2)));
       case 'net-blackhole-down':
-        return around(`network:${worker}`, () => this.withProxy(proxy!, { kind: 'blackhole-down' }, span(300, this.ttl * 2)));
+        return around(network, () => this.withLink(link, { kind: 'blackhole-down' }, span(300, this.ttl * 2)));
       default: {
         const fault = this.store.faults[kind]!;
         this.record(kind, 'start', this.store.name);
@@ -102,15 +108,13 @@ export class Nemesis {
     }
   }
 
-  private async withProxy(
-    proxy: NonNullable<ReturnType<ChaosStore['proxyOf']>>,
-    mode: Parameters<typeof proxy.set>[0],
-    ms: number,
-  ): Promise<void> {
-    proxy.set(mode);
+  private async withLink(link: NetworkLink, mode: ProxyMode, ms: number): Promise<void> {
+    for (const proxy of link.proxies) proxy.set(mode);
     await sleep(ms);
-    // A blackholed connection has lost bytes mid-stream: cut it, as a real network would in time.
-    if (mode.kind !== 'delay') proxy.set({ kind: 'drop' });
-    proxy.set({ kind: 'pass' });
+    for (const proxy of link.proxies) {
+      // A blackholed connection has lost bytes mid-stream: cut it, as a real network would in time.
+      if (mode.kind !== 'delay') proxy.set({ kind: 'drop' });
+      proxy.set({ kind: 'pass' });
+    }
   }
 }

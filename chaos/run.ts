@@ -4,13 +4,14 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RedisServer } from '../test/support/redis-server.js';
 import { checkHistory, type CheckReport } from './history.checker.js';
+import { now } from './history.js';
 import { Nemesis } from './nemesis.js';
 import { random } from './random.js';
-import { STORES } from './store.adapters.js';
+import { STORES } from './store.registry.js';
 import { WorkerPool } from './worker-pool.js';
 
 /**
- * `npm run chaos -- [--seconds 60 | --minutes 10] [--backend redis,memory,sentinel,redlock]
+ * `npm run chaos -- [--seconds 60 | --minutes 10] [--backend memory,redis,sentinel,cluster,redlock,postgres]
  * [--seed 42] [--workers 5] [--keys 3] [--ttl 1000] [--json]`: worker processes run @Locked
  * read-modify-writes of a fenced register while a seeded nemesis injects faults; the history is
  * then checked. Exits 1 on anything the guarantees table does not allow.
@@ -42,10 +43,10 @@ interface RunResult {
 }
 
 async function runOne(backend: string): Promise<RunResult> {
-  const store = STORES[backend]();
+  const store = new (await STORES[backend]()).default();
   const registerServer = await RedisServer.start();
   await store.start();
-  const historyFile = join(tmpdir(), `chaos-${backend}-${seed}.jsonl`);
+  const historyFile = join(tmpdir(), `chaos-${backend}-${seed}-${process.pid}.jsonl`);
   const ids = store.singleProcess ? ['memory'] : Array.from({ length: workers }, (_, i) => `w${i + 1}`);
   const specs = new Map(await Promise.all(ids.map(async (id) => [id, await store.backendFor(id)] as const)));
   const pool = new WorkerPool(
@@ -56,6 +57,15 @@ async function runOne(backend: string): Promise<RunResult> {
   try {
     await pool.start(ids);
     await store.observe?.((event) => pool.record(event));
+    // Which proxy leads where: a hold's `server` is the port its worker's connection is on.
+    for (const id of ids)
+      for (const link of store.links(id))
+        pool.record({
+          t: now(),
+          type: 'store',
+          event: 'proxies',
+          detail: `${id} ${link.name}: ${link.proxies.map((p) => `${p.port} -> ${p.targetPort}`).join(', ')}`,
+        });
     const nemesis = new Nemesis(pool, store, random(seed), ttl);
     const running = nemesis.run();
     note(`${backend}: ${ids.length} worker(s), seed ${seed}, ${seconds} s; history in ${historyFile}`);

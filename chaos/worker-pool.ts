@@ -1,7 +1,8 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { createInterface } from 'node:readline';
-import type { BackendSpec, WorkerConfig } from './chaos.worker.js';
+import type { BackendSpec } from './chaos-store.interface.js';
+import type { WorkerConfig } from './chaos.worker.js';
 import type { HistoryEvent } from './history.js';
 
 const workerScript = new URL('./chaos.worker.js', import.meta.url);

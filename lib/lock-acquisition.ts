@@ -228,9 +228,17 @@ export class LockAcquisition {
   }
 
   /** The lease a successful attempt sent at `sentAt` won; the host tracks it from now on. */
-  private won(result: AcquireResult & { acquired: true }, sentAt: number): Lease {
+  private won(result: AcquireResult & { acquired: true }, sentAt: number): Lease | undefined {
     const { backend } = this.host;
     const validUntil = sentAt + (result.validityMs ?? this.ttl);
+    if (validUntil <= performance.now()) {
+      // Won, but the answer came after the lease it won had run out (a slow network, a paused
+      // process): the key may be another's by now, so no section may start on it. A failed
+      // attempt: the next one (same owner) starts a fresh lease, and giving up releases what is
+      // left of this one.
+      this.inLine = true;
+      return undefined;
+    }
     const holds =
       this.minHold === undefined && this.maxHold === undefined
         ? undefined

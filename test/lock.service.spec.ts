@@ -201,6 +201,33 @@ describe('LockService and LockHandle', () => {
     expect(released).toHaveLength(1);
   });
 
+  it('never enters a section with a lock whose answer came after its lease ran out: it tries again within the wait', async () => {
+    // The first answer is held back longer than the ttl (a slow network, a paused process): the
+    // lease it won has run out by the time it arrives, and another may hold the key by then.
+    const memory = new MemoryLockBackend();
+    let calls = 0;
+    const late: LockBackend = {
+      name: 'late',
+      fencing: true,
+      tryAcquire: async (keys, owner, ttl) => {
+        const result = await memory.tryAcquire(keys, owner, ttl);
+        if (++calls === 1) await new Promise((resolve) => setTimeout(resolve, ttl + 50));
+        return result;
+      },
+      extend: (keys, owner, ttl) => memory.extend(keys, owner, ttl),
+      release: (keys, owner) => memory.release(keys, owner),
+      inspect: (key) => memory.inspect(key),
+    };
+    locks = new LockService(late, { pollInterval: 20 });
+    const heldAtEntry = await locks.using('slow-answer', (handle) => handle.isHeld, { ttl: 100, wait: 2_000 });
+    expect(heldAtEntry).toBe(true);
+    expect(calls).toBeGreaterThan(1);
+    // Without a wait there is no second try: busy, not a section run without the lock.
+    calls = 0;
+    const error = await locks.using('slow-answer-2', () => 'entered', { ttl: 100, wait: 0 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockNotAcquiredError);
+  });
+
   it('turns a failing backend into LockBackendError within the wait, never a hang', async () => {
     const down: LockBackend = {
       name: 'down',

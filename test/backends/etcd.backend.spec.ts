@@ -1,7 +1,7 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import type { Etcd3 } from 'etcd3';
-import { ChaosProxy } from '../../chaos/tcp-proxy.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
 import { EtcdLockBackend, LockLostError, LockService } from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedRead, fencedWrite } from '../fixtures/etcd-fenced-store.mjs';
@@ -121,7 +121,7 @@ describe('etcd backend on one member', () => {
     const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
     fixture.cleanup(() => warn.mockRestore());
     const holder = service();
-    const proxy = await ChaosProxy.start(fixture.cluster.members[0].clientPort);
+    const proxy = await TcpProxy.start(fixture.cluster.members[0].clientPort);
     fixture.cleanup(() => proxy.close());
     // Neither a poll nor the holder's ttl could hand it over within the test: only its watch.
     const waiters = service({ pollInterval: 60_000 }, backend(`http://127.0.0.1:${proxy.port}`, { waiterTimeout: 10_000 }));

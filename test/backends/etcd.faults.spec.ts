@@ -1,6 +1,6 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import { ChaosProxy } from '../../chaos/tcp-proxy.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
 import { EtcdLockBackend, LockBackendError, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
 import { until } from '../support/wait.js';
@@ -88,7 +88,7 @@ describe('etcd backend on three members, under faults', () => {
 
   it('a member cut off from a client: its requests go to the other members, and a lock held meanwhile is kept', async () => {
     quietLogs();
-    const proxy = await ChaosProxy.start(fixture.cluster.members[0].clientPort);
+    const proxy = await TcpProxy.start(fixture.cluster.members[0].clientPort);
     fixture.cleanup(() => proxy.close());
     // This client reaches the first member through the proxy, the other two directly.
     const locks = service([`http://127.0.0.1:${proxy.port}`, ...fixture.endpoints.slice(1)]);

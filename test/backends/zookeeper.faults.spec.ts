@@ -2,7 +2,7 @@ import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only pass it to the fixture.
 import zookeeper from 'node-zookeeper-client';
-import { ChaosProxy } from '../../chaos/tcp-proxy.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
 import { LockBackendError, LockLostError, LockService, ZooKeeperLockBackend } from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { connectedClient, fencedRead, fencedWrite } from '../fixtures/zookeeper-fenced-store.mjs';
@@ -126,7 +126,7 @@ describe('ZooKeeper backend under faults, with real processes', () => {
 
   it('a client cut off from every server goes SUSPENDED, then LOST after its session timeout; its holder is told, and the lock is taken after', async () => {
     quietWarnings();
-    const proxies = await Promise.all(fixture.server.ports.map((port) => ChaosProxy.start(port)));
+    const proxies = await Promise.all(fixture.server.ports.map((port) => TcpProxy.start(port)));
     fixture.cleanup(() => Promise.all(proxies.map((p) => p.close())));
     const backend = new ZooKeeperLockBackend(proxies.map((p) => `127.0.0.1:${p.port}`).join(','), {
       root: fixture.root,

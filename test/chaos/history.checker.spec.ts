@@ -101,6 +101,21 @@ describe('checkHistory', () => {
     expect(report.violations.overlap).toBe(1);
   });
 
+  it('names a failover to a replica left behind on purpose as such, and allows nothing during the lag before it', () => {
+    const lagging: HistoryEvent[] = [
+      { t: 2, type: 'fault', kind: 'failover-lagging-replica', phase: 'start', target: 'sentinel' },
+      { t: 8, type: 'failover', phase: 'start', server: '127.0.0.1:7000' },
+      { t: 12, type: 'failover', phase: 'end', server: '127.0.0.1:7000' },
+      { t: 40, type: 'fault', kind: 'failover-lagging-replica', phase: 'end', target: 'sentinel' },
+    ];
+    const grace = { ...options, failoverGraceMs: 50 };
+    const around = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 10, 11, 1, 2), ...lagging];
+    expect(checkHistory(around, grace).overlaps).toEqual([expect.objectContaining({ allowedBy: 'failover-lagging-replica' })]);
+    // Two holders while the replica lags but before the sentinel fails over: the lag alone allows nothing.
+    const before = [...section('w1.0', 'register:a', 0, 10, 0, 1), ...section('w2.0', 'register:a', 1, 11, 1, 2), ...lagging];
+    expect(checkHistory(before, grace).violations.overlap).toBe(1);
+  });
+
   it('ends a lost hold at its deadline, and extends it to a write sent after that', () => {
     const worker = 'w1';
     const lostAtDeadline: HistoryEvent[] = [
@@ -142,5 +157,15 @@ describe('checkHistory', () => {
     const report = checkHistory(history, options);
     expect(report.violations['slow-wait']).toBe(1);
     expect(report.errors).toEqual({ LockNotAcquiredError: 1 });
+  });
+
+  it('does not count against a wait the time its process could not run (its timers fired late)', () => {
+    const worker = 'w1';
+    const starved = (stalledMs: number): HistoryEvent[] => [
+      { t: 0, type: 'attempt', holder: 'w1.0', worker, key: 'k', waitMs: 1000 },
+      { t: 1500, type: 'error', holder: 'w1.0', worker, key: 'k', error: 'LockNotAcquiredError', message: 'busy', stalledMs },
+    ];
+    expect(checkHistory(starved(450), options).violations['slow-wait']).toBe(0);
+    expect(checkHistory(starved(300), options).violations['slow-wait']).toBe(1);
   });
 });

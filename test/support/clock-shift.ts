@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -27,7 +27,10 @@ export class ClockShift {
 
   /** Moves the server's wall clock to `ms` from the real one, at once. */
   set(ms: number): void {
-    writeFileSync(join(this.dir, 'offset'), String(Math.round(ms)));
+    // Written aside and renamed: the server reads the file on every clock call, and would read
+    // an empty file (no shift: its clock back to real time) between a truncation and a write.
+    writeFileSync(join(this.dir, 'offset.next'), String(Math.round(ms)));
+    renameSync(join(this.dir, 'offset.next'), join(this.dir, 'offset'));
   }
 
   remove(): void {

@@ -1,11 +1,17 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ZooKeeperServer } from '../test/support/zookeeper-server.js';
-import type { BackendSpec } from './chaos.worker.js';
-import type { FaultKind } from './history.js';
-import type { ChaosStore, FaultContext, StoreFault } from './store.adapters.js';
-import { ChaosProxy } from './tcp-proxy.js';
+import { ZooKeeperLockBackend, type LockBackend } from '../../lib/index.js';
+import { TcpProxy } from '../../test/support/tcp-proxy.js';
+import { ZooKeeperServer } from '../../test/support/zookeeper-server.js';
+import type { BackendSpec, ChaosStore, FaultContext, NetworkLink, StoreFault } from '../chaos-store.interface.js';
+import type { FaultKind } from '../history.js';
 
 const commandTimeout = 500;
+
+interface Options {
+  connectionString: string;
+  sessionTimeout: number;
+  commandTimeout: number;
+}
 
 /**
  * A ZooKeeper ensemble of three; each worker reaches one member (round robin) through a proxy of
@@ -13,13 +19,13 @@ const commandTimeout = 500;
  * Faults: the leader killed and restarted (an election), and the leader frozen (SIGSTOP) for up to
  * twice the ttl (the followers elect another; the frozen one rejoins as a follower).
  */
-export class ZooKeeperStore implements ChaosStore {
+export default class ZooKeeperStore implements ChaosStore {
   readonly name = 'zookeeper';
   readonly fencing = true;
   readonly singleProcess = false;
   readonly commandTimeout = commandTimeout;
   private ensemble!: ZooKeeperServer;
-  private readonly proxies = new Map<string, ChaosProxy>();
+  private readonly proxies = new Map<string, TcpProxy>();
   readonly faults: Partial<Record<FaultKind, StoreFault>> = {
     failover: async () => {
       const leader = await this.leader();
@@ -46,13 +52,15 @@ export class ZooKeeperStore implements ChaosStore {
     let proxy = this.proxies.get(worker);
     if (!proxy) {
       const member = this.proxies.size % this.ensemble.ports.length;
-      this.proxies.set(worker, (proxy = await ChaosProxy.start(this.ensemble.ports[member])));
+      this.proxies.set(worker, (proxy = await TcpProxy.start(this.ensemble.ports[member])));
     }
-    return { kind: 'zookeeper', connectionString: `127.0.0.1:${proxy.port}`, sessionTimeout: 2_000, commandTimeout };
+    const options: Options = { connectionString: `127.0.0.1:${proxy.port}`, sessionTimeout: 2_000, commandTimeout };
+    return { store: this.name, options };
   }
 
-  proxyOf(worker: string): ChaosProxy | undefined {
-    return this.proxies.get(worker);
+  links(worker: string): NetworkLink[] {
+    const proxy = this.proxies.get(worker);
+    return proxy ? [{ name: 'zookeeper', proxies: [proxy] }] : [];
   }
 
   async stop(): Promise<void> {
@@ -65,4 +73,9 @@ export class ZooKeeperStore implements ChaosStore {
     await this.ensemble.ready().catch(() => undefined);
     return (await this.ensemble.leader()) ?? 1;
   }
+}
+
+export function createBackend(options: unknown): LockBackend {
+  const { connectionString, sessionTimeout, commandTimeout } = options as Options;
+  return new ZooKeeperLockBackend(connectionString, { sessionTimeout, commandTimeout });
 }

@@ -1,29 +1,36 @@
 import { createServer, Socket, type Server } from 'node:net';
 
-/** What the proxy does to traffic between one worker and its lock store. */
+/** What the proxy does to the traffic it carries. "Up" is client to server, "down" the answers. */
 export type ProxyMode =
   | { kind: 'pass' }
-  /** Every chunk, both ways, waits this long (in order). */
-  | { kind: 'delay'; ms: number }
+  /** Every chunk waits this long, in order: both ways, or only on the way up (`direction: 'up'`). */
+  | { kind: 'delay'; ms: number; direction?: 'both' | 'up' }
   /** Open connections are cut and new ones refused: a partition the client notices. */
   | { kind: 'drop' }
-  /** Worker-to-store bytes vanish, connections stay up: requests are never answered. */
+  /** Client-to-server bytes vanish, connections stay up: requests are never answered. */
   | { kind: 'blackhole-up' }
-  /** Store-to-worker bytes vanish: requests are applied but the answers never arrive. */
+  /** Server-to-client bytes vanish: requests are applied but the answers never arrive. */
   | { kind: 'blackhole-down' };
 
-/** A TCP proxy between one worker and a server on this machine, whose behaviour the harness sets. */
-export class ChaosProxy {
+/**
+ * A TCP proxy in front of a server on this machine whose behaviour a test, the fault harness or
+ * the bench sets: a server far away, a partition, a one-way loss, without root or tc.
+ */
+export class TcpProxy {
   private readonly sockets = new Set<Socket>();
   private readonly server: Server;
-  mode: ProxyMode = { kind: 'pass' };
+  mode: ProxyMode;
 
-  private constructor(private readonly targetPort: number) {
+  private constructor(
+    readonly targetPort: number,
+    mode: ProxyMode,
+  ) {
+    this.mode = mode;
     this.server = createServer((client) => this.connect(client));
   }
 
-  static async start(targetPort: number): Promise<ChaosProxy> {
-    const proxy = new ChaosProxy(targetPort);
+  static async start(targetPort: number, mode: ProxyMode = { kind: 'pass' }): Promise<TcpProxy> {
+    const proxy = new TcpProxy(targetPort, mode);
     await new Promise<void>((resolve) => proxy.server.listen(0, '127.0.0.1', resolve));
     return proxy;
   }
@@ -53,8 +60,8 @@ export class ChaosProxy {
     upstream.setNoDelay(true);
     const up = new Lane(upstream);
     const down = new Lane(client);
-    client.on('data', (chunk) => this.forward(chunk, up, 'blackhole-up'));
-    upstream.on('data', (chunk) => this.forward(chunk, down, 'blackhole-down'));
+    client.on('data', (chunk) => this.forward(chunk, up, 'up'));
+    upstream.on('data', (chunk) => this.forward(chunk, down, 'down'));
     for (const [from, to] of [
       [client, upstream],
       [upstream, client],
@@ -68,16 +75,18 @@ export class ChaosProxy {
     }
   }
 
-  private forward(chunk: Buffer, lane: Lane, blackhole: ProxyMode['kind']): void {
+  private forward(chunk: Buffer, lane: Lane, way: 'up' | 'down'): void {
     const mode = this.mode;
-    if (mode.kind === blackhole || mode.kind === 'drop') return;
-    lane.send(chunk, mode.kind === 'delay' ? mode.ms : 0);
+    if (mode.kind === 'drop' || mode.kind === `blackhole-${way}`) return;
+    const delayed = mode.kind === 'delay' && (way === 'up' || mode.direction !== 'up');
+    lane.send(chunk, delayed ? mode.ms : 0);
   }
 }
 
 /** One direction of a connection: chunks leave in the order they came, each after its delay. */
 class Lane {
   private last = 0;
+  private pending = 0;
   private tail: Promise<void> = Promise.resolve();
 
   constructor(private readonly to: Socket) {}
@@ -86,7 +95,7 @@ class Lane {
     // Never before an earlier chunk: a delay that ends must not let new bytes overtake old ones.
     const at = Math.max(Date.now() + delayMs, this.last);
     this.last = at;
-    if (at <= Date.now() && this.idle) return void this.write(chunk);
+    if (at <= Date.now() && this.pending === 0) return void this.write(chunk);
     this.pending++;
     this.tail = this.tail.then(async () => {
       const wait = at - Date.now();
@@ -94,12 +103,6 @@ class Lane {
       this.pending--;
       this.write(chunk);
     });
-  }
-
-  private pending = 0;
-
-  private get idle(): boolean {
-    return this.pending === 0;
   }
 
   private write(chunk: Buffer): void {
