@@ -216,6 +216,11 @@ export class LockAcquisition {
     const lease = new Lease(backend, this.keys, this.owner, result.fencingToken, this.ttl, validUntil, this.autoExtend, this.host, holds);
     this.host.leaseStarted(lease);
     this.acquired = lease;
+    // A backend may hand a lock over with less than the ttl (PostgreSQL: at most its waiterTimeout)
+    // and leave the rest to the watchdog; without one, the holder would lose it that soon.
+    if (!this.autoExtend && result.validityMs !== undefined && result.validityMs < this.ttl / 2) {
+      await lease.extend().catch(() => undefined);
+    }
     return lease;
   }
 

@@ -90,20 +90,21 @@ describe('hand-over on release, under attack', () => {
     const holderBackend = await backend();
     const thief = await backend();
     let stolen: { acquired: boolean; fencingToken?: number } | undefined;
-    // waiterTimeout 400: the hand-over's lease. While the waiter's process stalls past it, another
-    // process takes the key (nobody else is in line), before the waiter looks at its hand-over.
-    const waiterBackend = await backend({ waiterTimeout: 400 });
+    // ttl 400: the hand-over's lease (polls far apart, so no attempt of the waiter's is out). While
+    // the waiter's process stalls past it, another process takes the key (nobody else is in line),
+    // before the waiter looks at its hand-over.
+    const waiterBackend = await backend();
     // Only the wake-up of the release: watching can wake it once before (it asked before it watched).
     let released = false;
     const waiter = service(
       onWake(waiterBackend, (wake) => {
         if (!released) return wake();
-        busy(600);
+        busy(1_000);
         void thief.tryAcquire(['stall'], 'thief', 60_000, { willWait: false }).then((r) => ((stolen = r), wake()));
       }),
     );
     expect((await holderBackend.tryAcquire(['stall'], 'holder', 60_000)).acquired).toBe(true);
-    const entering = waiter.acquire('stall', { ttl: 60_000, wait: 3_000 });
+    const entering = waiter.acquire('stall', { ttl: 400, wait: 3_000 });
     await until(async () => (await line('stall')).length === 1, 5_000, 'the waiter in line');
     released = true;
     await holderBackend.release(['stall'], 'holder');
@@ -211,10 +212,9 @@ describe('hand-over on release, under attack', () => {
     expect(await row('drop')).toBeUndefined();
   });
 
-  // Fails today: the hand-over's lease is min(ttl, waiterTimeout) and only the watchdog makes it
-  // the full ttl, so without autoExtend the new holder loses the lock after waiterTimeout (it
-  // printed: asked ttl 10000 ms, autoExtend false: PostgreSQL lease 599 ms, handle expires in 584 ms).
-  it.failing('a waiter handed the lock with a lease shorter than its ttl keeps it for its ttl without a watchdog', async () => {
+  // The hand-over's lease is min(ttl, waiterTimeout); the watchdog makes it the ttl, and without
+  // one the acquisition does.
+  it('a waiter handed the lock with a lease shorter than its ttl keeps it for its ttl without a watchdog', async () => {
     const holderBackend = await backend();
     const waiterBackend = await backend({ waiterTimeout: 600 });
     const waiter = service(waiterBackend);
