@@ -75,6 +75,26 @@ describe('hand-over on release, under attack', () => {
     await handle.release();
   });
 
+  it('a waiter whose service shuts down as the hand-over arrives does not keep the lock', async () => {
+    const holder = service(await backend());
+    let shutdown: Promise<void> | undefined;
+    let released = false;
+    const waiter: LockService = service(
+      onWake(await backend(), (wake) => {
+        if (released) shutdown ??= waiter.onApplicationShutdown();
+        wake();
+      }),
+    );
+    const held = await holder.acquire('down', { ttl: 60_000 });
+    const giving = waiter.acquire('down', { ttl: 60_000, wait: 20_000 });
+    await until(async () => (await line('down')).length === 1, 5_000, 'the waiter in line');
+    released = true;
+    await held.release();
+    await expect(giving).rejects.toThrow(/shutting down/);
+    await shutdown;
+    expect(await holder.backend.inspect('down')).toBeUndefined();
+  });
+
   it('a waiter whose wait ran out while its event loop stalled on the hand-over does not keep the lock', async () => {
     const holder = service(await backend());
     const waiter = service(onWake(await backend(), (wake) => (busy(1_200), wake())));
