@@ -95,6 +95,18 @@ describe('hand-over on release, under attack', () => {
     expect(await holder.backend.inspect('down')).toBeUndefined();
   });
 
+  it('a waiter whose service shuts down leaves the line before the backend closes', async () => {
+    const holder = service(await backend());
+    const waiter = service(await backend());
+    const held = await holder.acquire('leave', { ttl: 60_000 });
+    const giving = waiter.acquire('leave', { ttl: 60_000, wait: 20_000 });
+    await until(async () => (await line('leave')).length === 1, 5_000, 'the waiter in line');
+    await waiter.onApplicationShutdown();
+    await expect(giving).rejects.toThrow(/shutting down/);
+    expect(await line('leave')).toEqual([]);
+    await held.release();
+  });
+
   it('a waiter whose wait ran out while its event loop stalled on the hand-over does not keep the lock', async () => {
     const holder = service(await backend());
     const waiter = service(onWake(await backend(), (wake) => (busy(1_200), wake())));
