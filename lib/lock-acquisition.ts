@@ -224,7 +224,13 @@ export class LockAcquisition {
       this.signal?.throwIfAborted();
       throw this.shutDownError();
     }
-    return this.won(result, sentAt);
+    const lease = this.won(result, sentAt);
+    // A backend may hand a lock over with less than the ttl (PostgreSQL: at most its waiterTimeout)
+    // and leave the rest to the watchdog; without one, the holder would lose it that soon.
+    if (lease && !this.autoExtend && result.validityMs !== undefined && result.validityMs < this.ttl / 2) {
+      await lease.extend().catch(() => undefined);
+    }
+    return lease;
   }
 
   /** The lease a successful attempt sent at `sentAt` won; the host tracks it from now on. */

@@ -277,7 +277,11 @@ export class LockService implements OnApplicationShutdown {
         if (missing.length > 0) {
           const acquisition = first ?? new LockAcquisition(this, missing, options);
           first = undefined;
-          const result = await acquisition.run();
+          const running = acquisition.run();
+          // Shutdown wakes waiters and closes the backend after what it tracks: a woken waiter
+          // still has to leave the backend's line, or free a lock a release handed it meanwhile.
+          this.track(running.then(noop, noop));
+          const result = await running;
           contended ||= acquisition.contended;
           if (!(result instanceof Lease)) {
             if (events.has('busy')) events.emit('busy', this.busyEvent(keys, template, result, started, asked));
@@ -335,4 +339,8 @@ export class LockService implements OnApplicationShutdown {
     const tracked = request.finally(() => this.releasing.delete(tracked));
     this.releasing.add(tracked);
   }
+}
+
+function noop(): undefined {
+  return undefined;
 }
