@@ -113,6 +113,34 @@ export function settledHeap(): number {
 
 export const round = (value: number, digits = 2): number => Number(value.toFixed(digits));
 
+/** A hot-key scenario: `workers` callers, each `sections` times in a section of `sectionMs`. */
+export interface HotKeyScenario {
+  scenario: string;
+  workers: number;
+  sections: number;
+  sectionMs: number;
+}
+
+/** A hot-key row from every wait and every section's real length (ms), and the run's length. */
+export function hotKeyRow(hotKey: HotKeyScenario, impl: string, elapsedMs: number, waits: number[], inside: number[]): Row {
+  const { workers, sections, scenario } = hotKey;
+  waits.sort((a, b) => a - b);
+  const rate = (workers * sections * 1000) / elapsedMs;
+  // A 1 ms timer sleeps a little longer than 1 ms: the ideal rate is that of the real sections.
+  const ideal = 1000 / (inside.reduce((sum, ms) => sum + ms, 0) / inside.length);
+  return {
+    scenario,
+    impl,
+    sectionsPerSec: Math.round(rate),
+    vsIdeal: round(rate / ideal),
+    waitP50Ms: round(waits[Math.floor(waits.length / 2)], 1),
+    waitP99Ms: round(percentile(waits, 99), 1),
+    waitMaxMs: round(waits[waits.length - 1], 1),
+    // A fair lock makes a worker wait for the others at most, once each.
+    fifoBoundMs: Math.round(workers * (1000 / ideal)),
+  };
+}
+
 /**
  * One hot-key worker: `count` times takes the lock, stays `sectionMs` inside and releases, pushing
  * each wait and each section's real length (ms); `lock` resolves to the lock's release.

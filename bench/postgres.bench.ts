@@ -5,7 +5,7 @@ import pg from 'pg';
 import { LockService, PostgresLockBackend, RedisLockBackend } from '../lib/index.js';
 import { PostgresServer } from '../test/support/postgres-server.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { compareRates, percentile, round, timedSections, type Report, type Row } from './harness.js';
+import { compareRates, hotKeyRow, type HotKeyScenario, round, timedSections, type Report } from './harness.js';
 
 /** One acquire+release pair, or a hot-key worker's lock: resolves to the release. */
 type LockOnce = (key: string) => Promise<() => Promise<unknown>>;
@@ -98,26 +98,7 @@ async function uncontended(
   }
 }
 
-const HOT_KEY = { workers: 8, sections: 50, sectionMs: 1, scenario: 'postgres: hot key, 8 workers x 50 sections of 1 ms' };
-
-/** A hot-key row from every wait and every section's real length (ms), and the run's length. */
-function hotKeyRow(impl: string, elapsedMs: number, waits: number[], inside: number[]): Row {
-  const { workers, sections, scenario } = HOT_KEY;
-  waits.sort((a, b) => a - b);
-  const rate = (workers * sections * 1000) / elapsedMs;
-  const ideal = 1000 / (inside.reduce((sum, ms) => sum + ms, 0) / inside.length);
-  return {
-    scenario,
-    impl,
-    sectionsPerSec: Math.round(rate),
-    vsIdeal: round(rate / ideal),
-    waitP50Ms: round(waits[Math.floor(waits.length / 2)], 1),
-    waitP99Ms: round(percentile(waits, 99), 1),
-    waitMaxMs: round(waits[waits.length - 1], 1),
-    // A fair lock makes a worker wait for the 7 others at most, once each.
-    fifoBoundMs: Math.round(workers * (1000 / ideal)),
-  };
-}
+const HOT_KEY: HotKeyScenario = { workers: 8, sections: 50, sectionMs: 1, scenario: 'postgres: hot key, 8 workers x 50 sections of 1 ms' };
 
 async function hotKey(
   report: Report,
@@ -136,7 +117,7 @@ async function hotKey(
     const inside: number[] = [];
     const started = performance.now();
     await rounds(sections, waits, inside);
-    report.add(hotKeyRow(impl, performance.now() - started, waits, inside));
+    report.add(hotKeyRow(HOT_KEY, impl, performance.now() - started, waits, inside));
   };
   const viaService = (locks: LockService) => async (key: string) => {
     const handle = await locks.acquire(key, { wait: 60_000 });

@@ -10,7 +10,7 @@ import { Mutex } from 'redis-semaphore';
 import { createLock, IoredisAdapter } from 'redlock-universal';
 import { LockService, RedisLockBackend } from '../lib/index.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { compareRates, latencies, percentile, round, timedSections, type Report, type Row } from './harness.js';
+import { compareRates, hotKeyRow, type HotKeyScenario, latencies, percentile, round, timedSections, type Report } from './harness.js';
 import { Orders, ordersApp } from './orders.fixture.js';
 
 /** The part of the redlock package's public API the bench uses. */
@@ -154,26 +154,7 @@ async function lockedOverhead(report: Report, client: () => Redis): Promise<void
   }
 }
 
-const HOT_KEY = { workers: 8, sections: 50, sectionMs: 1, scenario: 'redis: hot key, 8 workers x 50 sections of 1 ms' };
-
-/** A hot-key row from every wait and every section's real length (ms), and the run's length. */
-function hotKeyRow(impl: string, elapsedMs: number, waits: number[], inside: number[]): Row {
-  const { workers, sections, scenario } = HOT_KEY;
-  waits.sort((a, b) => a - b);
-  const rate = (workers * sections * 1000) / elapsedMs;
-  // A 1 ms timer sleeps a little longer than 1 ms: the ideal rate is that of the real sections.
-  const ideal = 1000 / (inside.reduce((sum, ms) => sum + ms, 0) / inside.length);
-  return {
-    scenario,
-    impl,
-    sectionsPerSec: Math.round(rate),
-    vsIdeal: round(rate / ideal),
-    waitP50Ms: round(waits[Math.floor(waits.length / 2)], 1),
-    waitP99Ms: round(percentile(waits, 99), 1),
-    waitMaxMs: round(waits[waits.length - 1], 1),
-    fifoBoundMs: Math.round(workers * (1000 / ideal)),
-  };
-}
+const HOT_KEY: HotKeyScenario = { workers: 8, sections: 50, sectionMs: 1, scenario: 'redis: hot key, 8 workers x 50 sections of 1 ms' };
 
 async function hotKey(report: Report, client: () => Redis, service: (redis: Redis) => LockService, port: number): Promise<void> {
   const { workers, sections, sectionMs } = HOT_KEY;
@@ -188,7 +169,7 @@ async function hotKey(report: Report, client: () => Redis, service: (redis: Redi
     const inside: number[] = [];
     const started = performance.now();
     await rounds(key, lockFor, sections, waits, inside);
-    report.add(hotKeyRow(impl, performance.now() - started, waits, inside));
+    report.add(hotKeyRow(HOT_KEY, impl, performance.now() - started, waits, inside));
   };
 
   // The floor drifts over a run (here it was lower after the hot-key rows than before them), so it
@@ -248,6 +229,7 @@ async function hotKeyProcesses(
     const results = await answers('go');
     const elapsed = performance.now() - started;
     const row = hotKeyRow(
+      HOT_KEY,
       impl,
       elapsed,
       results.flatMap((r) => r.waits),
