@@ -227,6 +227,10 @@ export class Lease {
     } catch (error) {
       if (this.current === 'held') {
         this.lastError = error;
+        // No answer is not "not applied": the backend may still run the request later, and then
+        // the lease ends at least `granted` after it was sent. When that is sooner than the lease
+        // counted so far (a manual extend to a shorter ttl), the deadline comes forward to it.
+        this.deadline = Math.min(this.deadline, sentAt + granted);
         // Retry well before the deadline, so one dropped request does not cost the lease.
         this.nextExtendAt = performance.now() + Math.max(10, Math.min(this.ttl / 3, (this.deadline - performance.now()) / 3));
       }

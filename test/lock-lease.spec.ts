@@ -91,4 +91,23 @@ describe('Lease extensions', () => {
     const backendEndsAt = Date.now() + (await backend.inspect('lock:job'))!.ttlMs;
     expect(handle.expiresAt.getTime()).toBeLessThanOrEqual(backendEndsAt + 2);
   });
+
+  it('an extension to a shorter ttl that got no answer but was applied after all never leaves the holder past the store', async () => {
+    // The request times out for the caller, then the backend runs it anyway (a stalled Redis works
+    // through its backlog): the store's lease is now the shorter one.
+    class LateExtendBackend extends MemoryLockBackend {
+      applied: Promise<unknown> | undefined;
+      override extend(keys: readonly string[], owner: string, ttl: number): Promise<ExtendResult> {
+        this.applied = new Promise((resolve) => setTimeout(resolve, 20)).then(() => super.extend(keys, owner, ttl));
+        return Promise.reject(new Error('no answer within 10 ms'));
+      }
+    }
+    const backend = new LateExtendBackend();
+    locks = new LockService(backend);
+    const handle = await locks.acquire('job', { ttl: 60_000, autoExtend: false });
+    await expect(handle.extend(1_000)).rejects.toThrow(/extend failed/);
+    await backend.applied;
+    const backendEndsAt = Date.now() + (await backend.inspect('lock:job'))!.ttlMs;
+    expect(handle.expiresAt.getTime()).toBeLessThanOrEqual(backendEndsAt + 2);
+  });
 });

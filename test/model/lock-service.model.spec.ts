@@ -86,6 +86,9 @@ function tokenWithoutIncrement(): { store: LockBackend; watchers: () => number }
   return { store, watchers };
 }
 
+/** MODEL_SEED (and MODEL_PATH) from a failure's report replay that case, and only it. */
+const replay = process.env.MODEL_SEED ? { seed: Number(process.env.MODEL_SEED), path: process.env.MODEL_PATH, endOnFailure: true } : {};
+
 describe('LockService against a model of its promises, with faulty store calls', () => {
   // Thousands of lost locks are the point here; their warnings would bury the report.
   beforeAll(() => Logger.overrideLogger(false));
@@ -96,7 +99,7 @@ describe('LockService against a model of its promises, with faulty store calls',
 
   it('keeps every promise on random programs of two processes over one store', async () => {
     // A failure prints the seed and path: fc.assert(property, { seed, path }) replays it.
-    await fc.assert(property(memoryStore), { numRuns: Number(process.env.MODEL_RUNS ?? 300) });
+    await fc.assert(property(memoryStore), { numRuns: Number(process.env.MODEL_RUNS ?? 300), ...replay });
   }, 120_000);
 
   it('keeps every promise when the services call the in-memory store directly (answers without a promise)', async () => {
