@@ -12,5 +12,6 @@ export const STORES: Record<string, () => Promise<ChaosStoreModule>> = {
   redlock: () => import('./stores/redlock.store.js'),
   postgres: () => import('./stores/postgres.store.js'),
   cluster: () => import('./stores/cluster.store.js'),
+  etcd: () => import('./stores/etcd.store.js'),
   zookeeper: () => import('./stores/zookeeper.store.js'),
 };
