@@ -176,8 +176,9 @@ describe('RedisLockBackend through a Sentinel failover', () => {
       expect(first.isHeld).toBe(true);
       // Its counter was lost too; the new one starts from the clock, so storage can still tell.
       expect(second.fencingToken).toBeGreaterThan(first.fencingToken!);
-      // The first owner learns it at its next extension, once its client found the new master.
-      await until(async () => (await a.isLocked('order:1').catch(() => false)) === true, 20_000, 'the first owner to reach the new master');
+      // The first owner learns it at its next extension, once its client found the new master
+      // (ioredis retries through the sentinels with a backoff: more than 20 s on a loaded machine).
+      await until(async () => (await a.isLocked('order:1').catch(() => false)) === true, 60_000, 'the first owner to reach the new master');
       const lost = await first.extend().catch((error: unknown) => error);
       expect(lost).toBeInstanceOf(LockLostError);
       expect((lost as LockLostError).reason).toBe('taken');
@@ -187,5 +188,5 @@ describe('RedisLockBackend through a Sentinel failover', () => {
       await Promise.all(services.map((s) => s.onApplicationShutdown()));
       await failover.stop();
     }
-  }, 60_000);
+  }, 120_000);
 });
