@@ -5,8 +5,13 @@ type FaultHandling = NonNullable<IOptions['faultHandling']>;
 type Policy = NonNullable<FaultHandling['global']>;
 type Backoff = NonNullable<FaultHandling['watchBackoff']>;
 
-/** How long a member that failed a call is passed over, while another one is not. */
-const PASS_OVER_MS = 1_000;
+/**
+ * How long a member that failed a call is passed over, while another one is not. Longer than a
+ * lease's retry of a failed extension (a third of what is left of it): with one second, a holder
+ * cut off from one member could pick it again at each retry and lose a lock the others would
+ * have kept.
+ */
+const PASS_OVER_MS = 5_000;
 
 const neverAborted = new AbortController().signal;
 
@@ -23,8 +28,8 @@ export function noRetries(): Policy {
 /**
  * The per-member policy of the client the backend creates. etcd3 picks a member at random for
  * each call and moves on to the next when a member's policy refuses the call without trying it.
- * A member whose last call failed on the network or timed out is refused for a second while
- * another member is not, so a member that is down, paused or cut off costs a few calls, not one
+ * A member whose last call failed on the network or timed out is refused for five seconds
+ * while another member is not, so a member that is down, paused or cut off costs a few calls, not one
  * call in three. With every member failing, each one is tried.
  */
 export function hostPolicies(isRecoverable: (error: Error) => boolean): (host: string) => Policy {
