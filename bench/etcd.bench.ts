@@ -5,7 +5,7 @@ import { performance } from 'node:perf_hooks';
 import { EtcdLockBackend, LockService, RedisLockBackend } from '../lib/index.js';
 import { EtcdCluster } from '../test/support/etcd-server.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { compareRates, percentile, round, timedSections, type Report, type Row } from './harness.js';
+import { compareRates, hotKeyRow, type HotKeyScenario, round, timedSections, type Report } from './harness.js';
 
 /** One acquire+release pair, or a hot-key worker's lock: resolves to the release. */
 type LockOnce = (key: string) => Promise<() => Promise<unknown>>;
@@ -97,27 +97,6 @@ async function uncontended(
   redisClient.disconnect();
 }
 
-const HOT_KEY = { workers: 8, sections: 50, sectionMs: 1 };
-
-/** A hot-key row from every wait and every section's real length (ms), and the run's length. */
-function hotKeyRow(scenario: string, impl: string, elapsedMs: number, waits: number[], inside: number[]): Row {
-  const { workers, sections } = HOT_KEY;
-  waits.sort((a, b) => a - b);
-  const rate = (workers * sections * 1000) / elapsedMs;
-  const ideal = 1000 / (inside.reduce((sum, ms) => sum + ms, 0) / inside.length);
-  return {
-    scenario,
-    impl,
-    sectionsPerSec: Math.round(rate),
-    vsIdeal: round(rate / ideal),
-    waitP50Ms: round(waits[Math.floor(waits.length / 2)], 1),
-    waitP99Ms: round(percentile(waits, 99), 1),
-    waitMaxMs: round(waits[waits.length - 1], 1),
-    // A fair lock makes a worker wait for the 7 others at most, once each: 8 sections at the rate measured.
-    fifoBoundMs: round((workers * 1000) / rate, 1),
-  };
-}
-
 async function hotKey(
   report: Report,
   cluster: EtcdCluster,
@@ -125,8 +104,9 @@ async function hotKey(
   service: (backend: EtcdLockBackend | RedisLockBackend) => LockService,
   redis: RedisServer,
 ): Promise<void> {
-  const { workers, sections, sectionMs } = HOT_KEY;
   const scenario = `etcd (${members} member${members > 1 ? 's' : ''}): hot key, 8 workers x 50 sections of 1 ms`;
+  const hotKey: HotKeyScenario = { workers: 8, sections: 50, sectionMs: 1, scenario };
+  const { workers, sections, sectionMs } = hotKey;
   const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
     const key = `hot:${impl}`;
     const rounds = (count: number, waits: number[], inside: number[]) =>
@@ -136,7 +116,7 @@ async function hotKey(
     const inside: number[] = [];
     const started = performance.now();
     await rounds(sections, waits, inside);
-    report.add(hotKeyRow(scenario, impl, performance.now() - started, waits, inside));
+    report.add(hotKeyRow(hotKey, impl, performance.now() - started, waits, inside));
   };
   const viaService = (locks: LockService) => async (key: string) => {
     const handle = await locks.acquire(key, { wait: 60_000 });

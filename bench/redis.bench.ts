@@ -133,10 +133,20 @@ async function lockedOverhead(report: Report, client: () => Redis): Promise<void
     const calls = 3_000;
     await latencies(() => orders.locked(1), 500); // warm-up: connection, script, JIT
     const ping = percentile(await latencies(() => redis.ping(), calls), 50);
+    // The floor of a call that must acquire: one acquire script on a free key, nothing else. A
+    // script round trip costs more than a PING (Redis runs Lua, the request and answer are longer).
+    const backend = new RedisLockBackend(redis);
+    let owner = 0;
+    const script = percentile(
+      await latencies(() => backend.tryAcquire([`floor:${++owner}`], `floor-${owner}`, 1_000, { willWait: false }), calls),
+      50,
+    );
     const plain = percentile(await latencies(() => orders.plain(1), calls), 50);
     const locked = percentile(await latencies(() => orders.locked(1), calls), 50);
+    await backend.close();
     for (const [impl, p50] of [
       ['plain', plain],
+      ['one acquire script (the backend alone)', script + plain],
       ['@Locked', locked],
     ] as const) {
       report.add({
@@ -146,6 +156,7 @@ async function lockedOverhead(report: Report, client: () => Redis): Promise<void
         overheadUs: round((p50 - plain) * 1000, 1),
         // Release is sent after the method returns, off the caller's path: one round trip (acquire).
         roundTrips: round((p50 - plain) / ping, 2),
+        vsAcquireScript: round((p50 - plain) / script, 2),
         pingUs: round(ping * 1000, 1),
       });
     }

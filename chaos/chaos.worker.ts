@@ -76,7 +76,11 @@ class RegisterWriter {
 
   @Locked('register:<key>')
   async update(key: string, section: Section): Promise<void> {
-    await section(this.locks.current(`register:${key}`)!);
+    const handle = this.locks.current(`register:${key}`);
+    // Undefined when the lease ran out between the acquisition and this line (a stall longer than
+    // the ttl): the section must not run, and the history records why.
+    if (!handle) throw new Error('the lock was lost before the section started');
+    await section(handle);
   }
 }
 

@@ -2,6 +2,7 @@ import type { ExecutionContext } from '@nestjs/common';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import { InvalidLockOptionsError, type LockNotAcquiredError } from './lock.errors.js';
 import type { LockTelemetryOptions } from './lock.telemetry.js';
+import { show } from './option-value.js';
 
 /** Options for one acquisition (LockService) or one decorated method (@Locked). */
 export interface LockOptions {
@@ -213,12 +214,6 @@ function checkHolds(options: unknown, where: string): void {
         `it may be held. Lower minHold or raise maxHold.`,
     );
   }
-}
-
-function show(value: unknown): string {
-  if (typeof value === 'string') return `'${value}'`;
-  if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object';
-  return String(value);
 }
 
 export function checkLockOptions(options: unknown, where: string): void {

@@ -52,6 +52,7 @@ export {
   type AcquireResult,
   type BackendHealth,
   type ExtendResult,
+  type ImmediateLockSteps,
   type LockState,
   type TryAcquireOptions,
 } from './backends/lock-backend.interface.js';

@@ -4,7 +4,6 @@ import type { AcquireOptions, ResolvedModuleOptions } from './distributed-lock.o
 import { Lease, type LeaseTracker } from './lock-lease.js';
 import type { LockWaitQueue, Waiter } from './lock-wait-queue.js';
 import { scopedAbortSignal } from './lock-abort-scope.js';
-import { synchronousBackend } from './backends/memory.backend.js';
 import { DistributedLockError, LockBackendError } from './lock.errors.js';
 import { newOwnerToken } from './owner-token.js';
 
@@ -26,8 +25,11 @@ export interface AcquisitionHost extends LeaseTracker {
   readonly shuttingDown: boolean;
   /** A lease this acquisition won: the host tracks it until it ends. */
   leaseStarted(lease: Lease): void;
-  /** Keeps a background request (a release, an attempt in flight) in the set that shutdown waits for. */
-  track(request: Promise<void>): void;
+  /**
+   * Keeps a request in the set that shutdown waits for: one in the background (a release), or a
+   * run() (attempts in flight, a waiter still to leave the backend's line).
+   */
+  track(request: Promise<unknown>): void;
 }
 
 /**
@@ -84,21 +86,33 @@ export class LockAcquisition {
 
   /**
    * The lease at once, without a promise or a place in the queue, from a backend that answers
-   * synchronously (the in-memory one), when no caller of this process waits for the keys ahead of
-   * this one. Undefined: take the asynchronous way, run(), which tries again and says why not.
+   * at once (LockBackend.immediate: the in-memory one), when no caller of this process waits for
+   * the keys ahead of this one. Undefined: take the asynchronous way, run(), which tries again and
+   * says why not.
    */
   tryNow(): Lease | undefined {
-    const backend = synchronousBackend(this.host.backend, 'tryAcquire');
-    if (!backend || this.host.shuttingDown || this.signal?.aborted) return undefined;
+    const immediate = this.host.backend.immediate;
+    if (!immediate || this.host.shuttingDown || this.signal?.aborted) return undefined;
     // As run(): a caller that does not wait tries whoever is queued; one that waits goes behind them.
     const queue = this.host.queue;
     if (this.willWait && (queue.full(this.keys) !== undefined || !queue.allTrying(this.id))) return undefined;
-    const result = backend.tryAcquireNow(this.keys, this.owner, this.ttl, this.started);
+    const result = immediate.tryAcquire(this.keys, this.owner, this.ttl, this.started);
     return result.acquired ? this.won(result, this.started) : undefined;
   }
 
-  /** The lease, or how long it waited; throws on abort, shutdown or a backend failure. */
+  /**
+   * The lease, ready for its holder, or how long it waited; throws on abort, shutdown or a backend
+   * failure. The host tracks it for shutdown (see AcquisitionHost.track).
+   */
   async run(): Promise<Lease | NotAcquired> {
+    const result = await this.obtain();
+    const readying = result instanceof Lease ? result.ready() : undefined;
+    if (readying) await readying;
+    return result;
+  }
+
+  /** The lease as won, or how long it waited. */
+  private async obtain(): Promise<Lease | NotAcquired> {
     this.signal?.throwIfAborted();
     if (this.host.shuttingDown) throw this.shutDownError();
     // A caller that does not wait tries once, whoever else is queued here.
@@ -198,9 +212,8 @@ export class LockAcquisition {
     let result;
     try {
       const onLateAcquire = (): void => this.lateAcquire();
-      const request = backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire });
-      this.host.track(request.then(ignore, ignore));
-      result = await request;
+      // Not tracked on its own: the host tracks run() for shutdown, and run() awaits it.
+      result = await backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire });
     } catch (error) {
       // A caller's mistake the backend found (keys a Redis Cluster cannot lock together): no
       // retry can fix it, so it is not a backend failure to wait out.
@@ -224,19 +237,14 @@ export class LockAcquisition {
       this.signal?.throwIfAborted();
       throw this.shutDownError();
     }
-    const lease = this.won(result, sentAt);
-    // A backend may hand a lock over with less than the ttl (PostgreSQL: at most its waiterTimeout)
-    // and leave the rest to the watchdog; without one, the holder would lose it that soon.
-    if (lease && !this.autoExtend && result.validityMs !== undefined && result.validityMs < this.ttl / 2) {
-      await lease.extend().catch(() => undefined);
-    }
-    return lease;
+    return this.won(result, sentAt);
   }
 
   /** The lease a successful attempt sent at `sentAt` won; the host tracks it from now on. */
   private won(result: AcquireResult & { acquired: true }, sentAt: number): Lease | undefined {
     const { backend } = this.host;
-    const validUntil = sentAt + (result.validityMs ?? this.ttl);
+    const granted = result.validityMs ?? this.ttl;
+    const validUntil = sentAt + granted;
     if (validUntil <= performance.now()) {
       // Won, but the answer came after the lease it won had run out (a slow network, a paused
       // process): the key may be another's by now, so no section may start on it. A failed
@@ -256,11 +264,11 @@ export class LockAcquisition {
       this.owner,
       result.fencingToken,
       this.ttl,
-      validUntil,
+      granted,
+      sentAt,
       this.autoExtend,
       this.host,
       holds,
-      sentAt,
     );
     this.host.leaseStarted(lease);
     this.acquired = lease;
@@ -289,7 +297,7 @@ export class LockAcquisition {
 
   /** Not awaited; shutdown waits for it. */
   private releaseInBackground(): void {
-    this.host.track(this.host.backend.release(this.keys, this.owner).then(ignore, ignore));
+    this.host.track(this.host.backend.release(this.keys, this.owner));
   }
 
   private giveUp(): NotAcquired {
@@ -306,8 +314,4 @@ export class LockAcquisition {
   private shutDownError(): LockBackendError {
     return new LockBackendError(this.host.backend.name, `acquire of ${this.keys.join(', ')} failed: the application is shutting down.`);
   }
-}
-
-function ignore(): undefined {
-  return undefined;
 }

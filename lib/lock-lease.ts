@@ -1,7 +1,6 @@
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { ExtendResult, LockBackend } from './backends/lock-backend.interface.js';
-import { synchronousBackend, type MemoryLockBackend } from './backends/memory.backend.js';
 import { leaseScheduler } from './lease-scheduler.js';
 import type { LockEvents } from './lock.events.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
@@ -46,6 +45,8 @@ export class Lease {
   /** @internal For the scheduler. */
   heapIndex = -1;
   private current: LeaseState = 'held';
+  /** performance.now() after which the lease may be gone on the backend. */
+  private deadline: number;
   /** Whether the scheduled call is an extension (else the deadline). */
   private dueExtend = false;
   /** Created on first use: most leases end without anyone reading their signal. */
@@ -69,17 +70,30 @@ export class Lease {
     readonly owner: string,
     readonly fencingToken: number | undefined,
     private ttl: number,
-    /** performance.now() after which the lease may be gone on the backend. */
-    private deadline: number,
+    /** How long (ms) the backend certainly keeps the lease, counted from `grantedAt`: the ttl, or less. */
+    private readonly granted: number,
+    /** A clock reading taken before the lease was granted (its request's): the deadline and the first extension count from it. */
+    grantedAt: number,
     private readonly autoExtend: boolean,
     private readonly tracker: LeaseTracker,
     private readonly holds?: HoldBounds,
-    /** A clock reading taken before the lease was granted (its request's), else now: the first extension is planned from it. */
-    now = performance.now(),
   ) {
-    this.atMaxHold = holds?.maxUntil !== undefined && deadline >= holds.maxUntil;
-    this.nextExtendAt = extendAt(ttl, deadline, now);
+    this.deadline = grantedAt + granted;
+    this.atMaxHold = holds?.maxUntil !== undefined && this.deadline >= holds.maxUntil;
+    this.nextExtendAt = extendAt(ttl, this.deadline, grantedAt);
     this.arm();
+  }
+
+  /**
+   * @internal Called once by the acquisition that won the lease, before its holder runs. A backend
+   * may hand a lock over with less than the ttl (PostgreSQL: at most its waiterTimeout) and leave
+   * the rest to the watchdog; without one (autoExtend off) the holder would lose it that soon, so a
+   * lease granted for less than half its ttl is extended once here. A failed extension leaves the
+   * shorter lease, which still ends (its signal aborts) on time. Undefined: ready as it is.
+   */
+  ready(): Promise<void> | undefined {
+    if (this.autoExtend || this.granted >= this.ttl / 2) return undefined;
+    return this.extend().catch(() => undefined);
   }
 
   /** 'held' until released or lost; read after the deadline, it turns 'lost' then and there. */
@@ -117,18 +131,19 @@ export class Lease {
 
   /**
    * @internal Whether release() would need no answer from the backend: a re-entry lets go, the
-   * lease already ended, or the in-memory backend frees the keys at once (no minHold to keep).
+   * lease already ended, or the backend frees the keys at once (LockBackend.immediate; no minHold
+   * to keep).
    */
   get releasesNow(): boolean {
     if (this.holders > 1 || this.current !== 'held') return true;
-    return this.holds?.minUntil === undefined && synchronousBackend(this.backend, 'release') !== undefined;
+    return this.holds?.minUntil === undefined && this.backend.immediate !== undefined;
   }
 
   /** @internal release() right after `releasesNow` said it needs no answer. */
   releaseNow(): void {
     if (--this.holders > 0 || this.state !== 'held') return;
     this.end('released');
-    (this.backend as MemoryLockBackend).releaseNow(this.keys, this.owner);
+    this.backend.immediate!.release(this.keys, this.owner);
     this.tracker.leaseFreed(this);
   }
 

@@ -97,7 +97,7 @@ export class LockHandle implements AsyncDisposable {
 
   /**
    * @internal Releases at once when that needs no answer to wait for (a re-entry letting go, or
-   * the in-memory backend): true when done, false when nothing was done and release() must be
+   * a backend that answers at once): true when done, false when nothing was done and release() must be
    * awaited.
    */
   releaseNow(): boolean {

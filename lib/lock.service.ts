@@ -49,7 +49,7 @@ export class LockService implements OnApplicationShutdown {
   /** Acquired, released, busy, failed, lost, extended: `locks.events.on('busy', (event) => ...)` (docs/observability.md). */
   readonly events = new LockEvents();
   private readonly leases = new Set<Lease>();
-  /** Requests that run in the background (releases after a scope returned, attempts in flight); shutdown waits for them. */
+  /** Requests that run in the background (releases after a scope returned, acquisitions under way); shutdown waits for them. */
   private readonly releasing = new Set<Promise<void>>();
   /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
   private shutDown = false;
@@ -280,7 +280,7 @@ export class LockService implements OnApplicationShutdown {
           const running = acquisition.run();
           // Shutdown wakes waiters and closes the backend after what it tracks: a woken waiter
           // still has to leave the backend's line, or free a lock a release handed it meanwhile.
-          this.track(running.then(noop, noop));
+          this.track(running);
           const result = await running;
           contended ||= acquisition.contended;
           if (!(result instanceof Lease)) {
@@ -334,13 +334,15 @@ export class LockService implements OnApplicationShutdown {
     );
   }
 
-  /** @internal Keeps a background request (a release, an attempt in flight) in the set that shutdown waits for. */
-  track(request: Promise<void>): void {
-    const tracked = request.finally(() => this.releasing.delete(tracked));
+  /**
+   * @internal Keeps a request in the set that shutdown waits for until it settles: one in the
+   * background (a release after a scope returned), or an acquisition's run(). Its failure is the
+   * caller's to see; here it only ends the tracking.
+   */
+  track(request: Promise<unknown>): void {
+    // One reaction per request: this runs on every asynchronous acquisition.
+    const untrack = (): void => void this.releasing.delete(tracked);
+    const tracked: Promise<void> = request.then(untrack, untrack);
     this.releasing.add(tracked);
   }
-}
-
-function noop(): undefined {
-  return undefined;
 }

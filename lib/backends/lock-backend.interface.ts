@@ -55,6 +55,17 @@ export interface LockBackend {
    */
   watching?(keys: readonly string[]): boolean;
 
+  /**
+   * Optional, for a backend whose answer is known at once (its leases live in this process):
+   * tryAcquire and release without a promise. When present, the service calls these instead of
+   * tryAcquire and release, and a first attempt that wins needs no promise, no place in this
+   * process's queue and no tracking of a request in flight. Read at each acquisition and release,
+   * so a backend may offer it only while it applies: the in-memory backend does only while its own
+   * tryAcquire and release are in place, so a subclass or a test's spy that replaces either one
+   * still sees its replacement run.
+   */
+  readonly immediate?: ImmediateLockSteps;
+
   /** Optional: free connections, subscriptions and timers the backend owns. */
   close?(): Promise<void>;
 
@@ -64,6 +75,21 @@ export interface LockBackend {
    * take as long as it needs: the caller bounds it with its own timeout.
    */
   health?(): Promise<BackendHealth>;
+}
+
+/** A backend's tryAcquire and release, answered at once (see LockBackend.immediate). */
+export interface ImmediateLockSteps {
+  /**
+   * tryAcquire, with its answer. `now` is a performance.now() reading taken before the call: the
+   * service counts the lease from it (to `now + ttlMs`, or `now + validityMs` when the answer has
+   * one), so the backend must keep the lease at least that long. A lease granted for less than
+   * half the ttl is not extended before its holder runs, as it is through tryAcquire when
+   * autoExtend is off: a backend that hands locks over with a shorter lease leaves this out.
+   */
+  tryAcquire(keys: readonly string[], owner: string, ttlMs: number, now: number): AcquireResult;
+
+  /** release, with its answer. */
+  release(keys: readonly string[], owner: string): boolean;
 }
 
 /** What a backend reports of its servers to a health check. */

@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import type { AcquireResult, ExtendResult, LockBackend, LockState } from './lock-backend.interface.js';
+import type { AcquireResult, ExtendResult, ImmediateLockSteps, LockBackend, LockState } from './lock-backend.interface.js';
 
 interface Lease {
   owner: string;
@@ -25,16 +25,37 @@ export class MemoryLockBackend implements LockBackend {
   private lastToken = 0;
   /** Size of `leases` past which expired leases nobody looked at again are dropped (see sweep). */
   private sweepAbove = SWEEP_FLOOR;
+  /** tryAcquire and release without their promises (see `immediate`). */
+  private readonly steps: ImmediateLockSteps = {
+    tryAcquire: (keys, owner, ttlMs, now) => this.acquireAt(keys, owner, ttlMs, now),
+    release: (keys, owner) => this.free(keys, owner),
+  };
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
-    return this.tryAcquireNow(keys, owner, ttlMs);
+    return this.acquireAt(keys, owner, ttlMs, performance.now());
+  }
+
+  async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
+    const now = performance.now();
+    if (!keys.every((key) => this.live(key, now)?.owner === owner)) return { extended: false };
+    for (const key of keys) this.leases.get(key)!.expiresAt = now + ttlMs;
+    return { extended: true };
+  }
+
+  async release(keys: readonly string[], owner: string): Promise<boolean> {
+    return this.free(keys, owner);
   }
 
   /**
-   * @internal tryAcquire without its promise, for the service (see synchronousBackend). `now` may
-   * be taken before the call: the lease then ends no later than the caller counts it.
+   * Every answer is known at once. Offered only while tryAcquire and release are this class's own:
+   * a replacement (a subclass, a test's spy) is what must run.
    */
-  tryAcquireNow(keys: readonly string[], owner: string, ttlMs: number, now = performance.now()): AcquireResult {
+  get immediate(): ImmediateLockSteps | undefined {
+    return this.tryAcquire === ownTryAcquire && this.release === ownRelease ? this.steps : undefined;
+  }
+
+  /** `now` may be taken before the call: the lease then ends no later than the caller counts it. */
+  private acquireAt(keys: readonly string[], owner: string, ttlMs: number, now: number): AcquireResult {
     let retryAfterMs: number | undefined;
     for (const key of keys) {
       const lease = this.live(key, now);
@@ -47,19 +68,7 @@ export class MemoryLockBackend implements LockBackend {
     return { acquired: true, fencingToken };
   }
 
-  async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
-    const now = performance.now();
-    if (!keys.every((key) => this.live(key, now)?.owner === owner)) return { extended: false };
-    for (const key of keys) this.leases.get(key)!.expiresAt = now + ttlMs;
-    return { extended: true };
-  }
-
-  async release(keys: readonly string[], owner: string): Promise<boolean> {
-    return this.releaseNow(keys, owner);
-  }
-
-  /** @internal release without its promise, for the service (see synchronousBackend). */
-  releaseNow(keys: readonly string[], owner: string): boolean {
+  private free(keys: readonly string[], owner: string): boolean {
     let released = false;
     for (const key of keys) {
       if (this.leases.get(key)?.owner !== owner) continue;
@@ -126,14 +135,5 @@ export class MemoryLockBackend implements LockBackend {
   }
 }
 
-/**
- * @internal The in-memory backend when its acquire or release (`method`) can be called without a
- * promise: its answer is known at once, so the service skips the queue, the tracking of a request
- * in flight and several promises. Not when the method was replaced (a subclass, a test's spy):
- * the replacement is what must run.
- */
-export function synchronousBackend(backend: LockBackend, method: 'tryAcquire' | 'release'): MemoryLockBackend | undefined {
-  return backend[method] === original[method] && backend instanceof MemoryLockBackend ? backend : undefined;
-}
-
-const original = { tryAcquire: MemoryLockBackend.prototype.tryAcquire, release: MemoryLockBackend.prototype.release };
+const ownTryAcquire = MemoryLockBackend.prototype.tryAcquire;
+const ownRelease = MemoryLockBackend.prototype.release;

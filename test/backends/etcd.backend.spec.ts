@@ -37,12 +37,13 @@ describe('etcd backend on one member', () => {
     expect((await a.tryAcquire(['x'], 'owner-a', 10_000)).acquired).toBe(true);
     // b waits for x and y: its entries stand first in y's line, behind a in x's.
     expect((await b.tryAcquire(['x', 'y'], 'owner-b', 10_000)).acquired).toBe(false);
-    expect(await entries()).toHaveLength(3);
+    // And the anchor of its first attempt, on the lease it will hold them on.
+    expect(await entries()).toHaveLength(4);
     expect(await a.inspect('y')).toBeUndefined();
     expect((await a.inspect('x'))?.owner).toBe('owner-a');
     // Nobody holds y, yet a newcomer does not get it ahead of b (fencing tokens follow the line).
     expect((await c.tryAcquire(['y'], 'owner-c', 10_000, { willWait: false })).acquired).toBe(false);
-    expect(await entries()).toHaveLength(3);
+    expect(await entries()).toHaveLength(4);
 
     const woken = new Promise<void>((resolve) => void b.watch(['x', 'y'], resolve, 'owner-b'));
     const tokenA = (await a.inspect('x'))!.fencingToken!;
@@ -127,7 +128,8 @@ describe('etcd backend on one member', () => {
     const waiters = service({ pollInterval: 60_000 }, backend(`http://127.0.0.1:${proxy.port}`, { waiterTimeout: 10_000 }));
     const held = await holder.acquire('compacted', { ttl: 60_000 });
     const waiting = waiters.acquire('compacted', { wait: 30_000 });
-    await until(async () => (await entries()).length === 2, 5_000, 'the waiter to stand in line');
+    // The holder's entry, the waiter's and its anchor.
+    await until(async () => (await entries()).length === 3, 5_000, 'the waiter to stand in line');
     // Its watch stream drops; meanwhile the lock is released and the history of it compacted.
     proxy.set({ kind: 'drop' });
     await held.release();

@@ -1,8 +1,10 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
+import { join } from 'node:path';
 import { TcpProxy } from '../support/tcp-proxy.js';
 import { EtcdLockBackend, LockBackendError, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
+import { runningTimeClock } from '../support/running-time.clock.js';
 import { until } from '../support/wait.js';
 
 // Three members: a minority may fail without a second holder.
@@ -147,4 +149,57 @@ describe('etcd backend on three members, under faults', () => {
     expect(after.fencingToken).toBeGreaterThan(held.fencingToken!);
     await after.release();
   }, 120_000);
+
+  it('the cluster restored from an older snapshot: holders it took back learn it at their next extension, tokens go back, waiters are not stuck', async () => {
+    quietLogs();
+    const [here, there] = [service(), service()];
+    const ttl = 9_000; // whole seconds; extended every 3 s, so the restore fits well within one lease
+    const entries = async (key: string) => fixture.admin.getAll().prefix(`nest-distributed-lock/fault:${key}/`).keys();
+
+    // In the snapshot: `kept` held, `handed` held here and waited for there.
+    const kept = await here.acquire('kept', { ttl });
+    const holder = await here.acquire('handed', { ttl });
+    const waiting = there.acquire('handed', { ttl, wait: 20_000 });
+    await until(async () => (await entries('handed')).length === 2, 10_000, 'the waiter to stand in line');
+    const file = join(fixture.cluster.snapshotDir, 'older.db');
+    await fixture.cluster.saveSnapshot(file);
+
+    // After it: the lock handed over, another taken, and more tokens issued than the restore will replay.
+    await holder.release();
+    const handed = await waiting;
+    const late = await there.acquire('late', { ttl });
+    const issued = [holder, handed, late].map((h) => h.fencingToken!);
+    for (let i = 0; i < 10; i++) {
+      const churn = await here.acquire('churn', { ttl });
+      issued.push(churn.fencingToken!);
+      await churn.release();
+    }
+
+    await fixture.cluster.restoreSnapshot(file);
+    const clock = runningTimeClock(0);
+    fixture.cleanup(() => clock.stop());
+    const restoredAt = clock.now();
+    // `late` was taken on a lease the restore never saw; `handed`'s entry is back in line as a
+    // waiter's, on a lease the restore kept. Both hear it at their next extension, a third of a
+    // ttl away ('taken': an extension said so, not their deadline).
+    for (const handle of [late, handed]) {
+      await until(() => handle.signal.aborted || clock.now() - restoredAt > ttl, 60_000, 'the holder to learn it lost its lock');
+      expect(handle.signal.reason).toMatchObject({ name: 'LockLostError', reason: 'taken' });
+    }
+    // `kept` is in the snapshot as it is: still held.
+    expect(kept.isHeld).toBe(true);
+
+    // The holder the snapshot remembers released after it: its lease, back with its whole ttl,
+    // runs out as nobody keeps it alive, and a new caller gets the key within its wait.
+    const after = await there.acquire('handed', { ttl, wait: 20_000 });
+    expect(handed.isHeld).toBe(false);
+    // Revisions went back with the restore: this token is below tokens issued before it.
+    expect(after.fencingToken).toBeLessThan(Math.max(...issued));
+    await Promise.all([after.release(), kept.release()]);
+    await until(
+      async () => (await fixture.admin.getAll().prefix('nest-distributed-lock/').keys()).length === 0,
+      15_000,
+      'every entry to go',
+    );
+  }, 90_000);
 });

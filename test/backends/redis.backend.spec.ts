@@ -14,7 +14,7 @@ import {
 } from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { RedisServer } from '../support/redis-server.js';
-import { activeTimers, until } from '../support/wait.js';
+import { activeTimers, eventually, until } from '../support/wait.js';
 
 const fixture = useRedisServer();
 
@@ -147,12 +147,10 @@ describe('RedisLockBackend', () => {
       client.disconnect();
     });
 
-    it('takes a free key nobody waits for with five calls inside Redis: EXISTS, SET NX PX, and GET, TIME, SET for the token', async () => {
-      const b = backend();
-      await b.tryAcquire(['free'], 'warm', 1_000); // loads the script and starts the key's counter
-      await b.release(['free'], 'warm');
+    /** The commands Redis ran, those of scripts included, while `work` runs. */
+    async function callsInRedis(work: () => Promise<unknown>): Promise<Record<string, number>> {
       await fixture.admin.config('RESETSTAT');
-      expect((await b.tryAcquire(['free'], 'o', 5_000)).acquired).toBe(true);
+      await work();
       const calls = Object.fromEntries(
         [...((await fixture.admin.info('commandstats')) as string).matchAll(/cmdstat_([\w|]+):calls=(\d+)/g)].map(([, name, n]) => [
           name,
@@ -160,7 +158,52 @@ describe('RedisLockBackend', () => {
         ]),
       );
       delete calls['config|resetstat'];
-      expect(calls).toEqual({ evalsha: 1, exists: 1, set: 2, get: 1, time: 1 });
+      return calls;
+    }
+
+    it('takes a free key nobody waits for with four calls inside Redis: EXISTS, SET NX PX, and TIME, SET ... GET for the token', async () => {
+      const b = backend();
+      await b.tryAcquire(['free'], 'warm', 1_000); // loads the script and starts the key's counter
+      await b.release(['free'], 'warm');
+      expect(await callsInRedis(async () => expect((await b.tryAcquire(['free'], 'o', 5_000)).acquired).toBe(true))).toEqual({
+        evalsha: 1,
+        exists: 1,
+        set: 2,
+        time: 1,
+      });
+    });
+
+    it('releases a key nobody waits for in the short form: the lock and its line, the owner, three calls inside Redis', async () => {
+      const client = new Redis(fixture.server.port, '127.0.0.1');
+      const b = backend(client);
+      await b.tryAcquire(['free'], 'warm', 1_000); // loads the scripts
+      await b.release(['free'], 'warm');
+      expect((await b.tryAcquire(['free'], 'o', 5_000)).acquired).toBe(true);
+      const sent: unknown[][] = [];
+      const send = client.sendCommand.bind(client);
+      const spy = jest.spyOn(client, 'sendCommand').mockImplementation((command, stream) => {
+        sent.push(command.args);
+        return send(command, stream);
+      });
+      const calls = await callsInRedis(async () => expect(await b.release(['free'], 'o')).toBe(true));
+      spy.mockRestore();
+      expect(calls).toEqual({ evalsha: 1, exists: 1, get: 1, del: 1 });
+      expect(sent.map((args) => args.slice(1).map(String))).toEqual([['2', 'free', '{free}:queue', 'o']]);
+      expect(await fixture.admin.exists('free')).toBe(0);
+      client.disconnect();
+    });
+
+    it('a release in the short form that finds someone in line sends the whole call, which hands the lock over', async () => {
+      const client = new Redis(fixture.server.port, '127.0.0.1');
+      const holder = backend(client);
+      expect((await holder.tryAcquire(['joined'], 'holder', 60_000)).acquired).toBe(true); // nobody in line then
+      expect((await backend().tryAcquire(['joined'], 'waiter', 60_000)).acquired).toBe(false); // joins the line
+      expect(await commandsDuring(client, async () => expect(await holder.release(['joined'], 'holder')).toBe(true))).toEqual({
+        evalsha: 2,
+      });
+      expect(await fixture.admin.get('joined')).toBe('waiter');
+      expect(await fixture.admin.exists('{joined}:queue')).toBe(0);
+      client.disconnect();
     });
 
     it('a caller that will not wait costs one round trip on a busy lock and leaves nothing in line', async () => {
@@ -212,6 +255,16 @@ describe('RedisLockBackend', () => {
       const result = await b.tryAcquire(['k'], 'o', 5_000);
       expect(result).toEqual({ acquired: true, fencingToken: far + 1 });
       expect(await b.inspect('k')).toMatchObject({ owner: 'o', fencingToken: far + 1 });
+    });
+
+    it('a lock handed over on release stays ahead of a counter that is ahead of the clock', async () => {
+      const b = backend();
+      const far = 9_000_000_000_000_000;
+      await fixture.admin.set('{h}:fence', String(far));
+      expect(await b.tryAcquire(['h'], 'o', 5_000)).toEqual({ acquired: true, fencingToken: far + 1 });
+      expect((await backend().tryAcquire(['h'], 'next', 5_000)).acquired).toBe(false);
+      expect(await b.release(['h'], 'o')).toBe(true);
+      expect(await b.inspect('h')).toMatchObject({ owner: 'next', fencingToken: far + 2 });
     });
   });
 
@@ -414,7 +467,11 @@ describe('RedisLockBackend', () => {
         15_000,
         'the waiters to line up',
       );
-      expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 });
+      // A waiter is in line once its attempt answered; its SUBSCRIBE may still be on its way.
+      await eventually(
+        async () => expect(await subscriptions()).toEqual({ channels: [expect.stringMatching(/^nest-distributed-lock:/)], subscribers: 1 }),
+        10_000,
+      );
       await Promise.all(held.map((h) => h.release()));
       expect(await Promise.all(waiters)).toEqual(Array(12).fill('ran'));
       // One SUBSCRIBE for twelve waits, and the channel stays for the next ones.

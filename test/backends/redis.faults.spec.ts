@@ -3,17 +3,41 @@ import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { execFile, fork } from 'node:child_process';
 import { once } from 'node:events';
-import { resolve } from 'node:path';
+import { rmSync } from 'node:fs';
+import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { LockBackendError, LockLostError, LockService, RedisLockBackend } from '../../lib/index.js';
+import { LockBackendError, LockLostError, LockService, RedisLockBackend, type LockHandle } from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedWrite } from '../fixtures/fenced-store.mjs';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { RedisServer } from '../support/redis-server.js';
 import { runningTimeClock } from '../support/running-time.clock.js';
 import { Holder } from '../support/lock-holder-process.js';
+import { until } from '../support/wait.js';
 
 const fixtures = resolve(import.meta.dirname, '../fixtures');
+/** One caller's time inside a lock: its token, and whether it had been told it lost the lock by the end. */
+interface Section {
+  who: string;
+  token: number;
+  start: number;
+  end?: number;
+  lost?: string;
+}
+
+/** Pairs of sections that overlapped, but for a first one that was told it lost its lock, overtaken by a greater token. */
+function overlaps(sections: readonly Section[]): string[] {
+  const found: string[] = [];
+  for (const a of sections) {
+    for (const b of sections) {
+      if (a === b || b.start < a.start || b.start >= (a.end ?? Number.POSITIVE_INFINITY)) continue;
+      if (a.lost === undefined || b.token <= a.token)
+        found.push(`${b.who} (token ${b.token}) entered while ${a.who} (token ${a.token}) was inside`);
+    }
+  }
+  return found;
+}
+
 const write = fencedWrite as (redis: Redis, key: string, token: number, value: string) => Promise<boolean>;
 
 describe('Redis backend under faults, with real processes', () => {
@@ -156,5 +180,127 @@ describe('Redis backend under faults, with real processes', () => {
     expect(result.message).toMatch(/Lock backend 'redis' failed: acquire of lock:job failed: .*ECONNREFUSED/);
     // Exits on its own once the app is closed: no reconnect timer keeps it alive.
     expect(Date.now() - started).toBeLessThan(15_000);
+  });
+
+  describe('restarted from an older snapshot around a hand-over inside one process', () => {
+    const key = 'snapshot';
+
+    /**
+     * A holder and two callers of one process (one first in Redis's line, one queued behind it in
+     * the process), and a caller of another process second in Redis's line, all on one key. SAVE
+     * before the callers come, or once they stand in line. Each section waits for `inside(who,
+     * lock)` before it ends.
+     */
+    async function lineUp(saveWhen: 'held' | 'lined', inside: (who: string, lock: LockHandle) => Promise<void>) {
+      // A restart must not load this test's snapshot in a later test.
+      fixture.cleanup(() => rmSync(join(fixture.server.dir, 'dump.rdb'), { force: true }));
+      const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+      const log = jest.spyOn(Logger.prototype, 'log').mockImplementation(() => undefined);
+      fixture.cleanup(() => {
+        warn.mockRestore();
+        log.mockRestore();
+      });
+      const [here, there] = [service(), service()];
+      const sections: Section[] = [];
+      const section = (locks: LockService, who: string) =>
+        locks.using(
+          key,
+          async (lock) => {
+            const entry: Section = { who, token: lock.fencingToken!, start: performance.now() };
+            sections.push(entry);
+            await inside(who, lock);
+            entry.end = performance.now();
+            entry.lost = lock.signal.aborted ? (lock.signal.reason as LockLostError).reason : undefined;
+          },
+          { ttl: 3_000, wait: 20_000 },
+        );
+      const holder = await here.acquire(key, { ttl: 3_000 });
+      if (saveWhen === 'held') await fixture.admin.save();
+      const line = () => fixture.admin.zrange(`{fault:${key}}:queue`, 0, -1);
+      const callers = [section(here, 'first here')];
+      await until(async () => (await line()).length === 1, 5_000, 'the first caller to stand in line');
+      callers.push(section(there, 'there'));
+      await until(async () => (await line()).length === 2, 5_000, 'the other process to stand in line');
+      callers.push(section(here, 'second here'));
+      if (saveWhen === 'lined') await fixture.admin.save();
+      return { holder, sections, done: Promise.all(callers) };
+    }
+
+    /**
+     * Tokens after the restart start from the clock: above every token handed out before it (the
+     * holder's and the first section's), and rising from one section to the next.
+     */
+    function expectTokensRiseAfter(holder: LockHandle, sections: readonly Section[]): void {
+      const before = Math.max(holder.fencingToken!, sections[0].token);
+      for (const later of sections.slice(1)) expect(later.token).toBeGreaterThan(before);
+      expect(sections[2].token).toBeGreaterThan(sections[1].token);
+    }
+
+    /** Keys left in Redis once every lease that was handed out has run out: none. */
+    async function nothingLeft(): Promise<void> {
+      await until(async () => (await fixture.admin.dbsize()) === 0, 10_000, 'every key of the lock to expire');
+    }
+
+    /** The first caller stays inside until it learns it lost the lock the restart took back. */
+    function untilToldFirst(who: string, lock: LockHandle): Promise<void> {
+      if (who !== 'first here') return Promise.resolve();
+      return new Promise((told) => lock.signal.addEventListener('abort', () => told()));
+    }
+
+    it('restarted just after the hand-over: the new holder is told at its next extension, tokens stay above it, every waiter gets its turn', async () => {
+      const { holder, sections, done } = await lineUp('lined', untilToldFirst);
+      await holder.release();
+      // Handed over in the release's own answer: the first caller of this process is inside.
+      await until(() => sections.length === 1, 5_000, 'the hand-over inside the process');
+      expect(sections[0]).toMatchObject({ who: 'first here' });
+      await fixture.server.kill();
+      await fixture.server.restart(); // from the snapshot: the holder holds again, both waiters stand in line
+
+      await done;
+      expect(sections.map((s) => s.who)).toEqual(['first here', 'there', 'second here']);
+      // At its next extension Redis says another owner holds the key.
+      expect(sections[0].lost).toBe('taken');
+      expect(overlaps(sections)).toEqual([]);
+      expectTokensRiseAfter(holder, sections);
+      await nothingLeft();
+    }, 30_000);
+
+    it('restarted from a snapshot without the line, just after the hand-over: the waiter whose place was lost asks again and gets its turn', async () => {
+      const { holder, sections, done } = await lineUp('held', untilToldFirst);
+      await holder.release();
+      await until(() => sections.length === 1, 5_000, 'the hand-over inside the process');
+      await fixture.server.kill();
+      await fixture.server.restart(); // the holder holds again; the line, and the places in it, are gone
+
+      await done;
+      // The other process's waiter asks again when its connections are back (or at its next poll);
+      // the arrival order the lost line kept is gone with it.
+      expect(sections[0]).toMatchObject({ who: 'first here', lost: 'taken' });
+      expect(sections.map((s) => s.who).sort()).toEqual(['first here', 'second here', 'there']);
+      expect(overlaps(sections)).toEqual([]);
+      expectTokensRiseAfter(holder, sections);
+      await nothingLeft();
+    }, 30_000);
+
+    it('restarted while the release that hands the lock over is on its way: one holder at a time, each waiter gets its turn in order', async () => {
+      const { holder, sections, done } = await lineUp('lined', () => Promise.resolve());
+      // The release reaches Redis, which cannot run it; then Redis dies and comes back from the snapshot.
+      fixture.server.pause();
+      const releasing = holder.release().catch((error: unknown) => error);
+      await fixture.server.kill();
+      await fixture.server.restart();
+      const released = await releasing;
+      // Sent again on the new connection, or failed: then the holder's lease runs out by itself.
+      if (released !== undefined) expect(released).toBeInstanceOf(LockBackendError);
+
+      await done;
+      expect(sections.map((s) => s.who)).toEqual(['first here', 'there', 'second here']);
+      // Nothing was granted after the snapshot: nobody had a lock to lose.
+      expect(sections.map((s) => s.lost)).toEqual([undefined, undefined, undefined]);
+      expect(overlaps(sections)).toEqual([]);
+      for (let i = 1; i < sections.length; i++) expect(sections[i].token).toBeGreaterThan(sections[i - 1].token);
+      expect(sections[0].token).toBeGreaterThan(holder.fencingToken!);
+      await nothingLeft();
+    }, 30_000);
   });
 });

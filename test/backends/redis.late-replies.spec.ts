@@ -17,10 +17,23 @@ describe('Redis backend: late answers', () => {
     return locks;
   }
 
+  /** Connected, so the stall below is all the timeout sees (on a loaded machine connecting alone can take longer). */
+  async function connected(locks: LockService, key: string): Promise<void> {
+    await until(
+      () =>
+        locks.isLocked(key).then(
+          () => true,
+          () => false,
+        ),
+      10_000,
+      'the first connection',
+    );
+  }
+
   it('a late answer to a timed-out acquire never frees the lock a later attempt of the same caller won', async () => {
     const first = service({ commandTimeout: 300, pollInterval: 100 });
     const second = service();
-    await first.isLocked('late:k'); // connected before the stall
+    await connected(first, 'late:k'); // before the stall
 
     // Redis stalls 1.5 s: the caller's attempts time out one after the other but stay queued on
     // its connection, and all of them run once Redis goes on.
@@ -42,11 +55,24 @@ describe('Redis backend: late answers', () => {
 
   it('a late answer to an acquire that gave up frees the lock it won', async () => {
     const first = service({ commandTimeout: 300 });
-    await first.isLocked('late:gave-up');
+    await connected(first, 'late:gave-up');
     fixture.server.pause();
     // One attempt, no waiting: it fails on the timeout while its request still sits in Redis.
     await expect(first.tryAcquire('late:gave-up')).rejects.toThrow(/did not answer/);
     fixture.server.resume();
     await until(async () => (await fixture.admin.exists('late:gave-up')) === 0, 5_000, 'the late lock to be freed');
+  });
+
+  it('a release that timed out in its short form, and found someone in line, still hands the lock over once Redis goes on', async () => {
+    const holder = new RedisLockBackend(fixture.server.url, { commandTimeout: 300 });
+    const waiter = new RedisLockBackend(fixture.server.url);
+    fixture.cleanup(() => Promise.all([holder.close(), waiter.close()]));
+    expect((await holder.tryAcquire(['late:line'], 'holder', 60_000)).acquired).toBe(true); // nobody in line then
+    expect((await waiter.tryAcquire(['late:line'], 'waiter', 60_000)).acquired).toBe(false); // joins the line
+    fixture.server.pause();
+    // The short form goes out (nothing in this process says anyone waits) and times out.
+    await expect(holder.release(['late:line'], 'holder')).rejects.toThrow(/did not answer/);
+    fixture.server.resume();
+    await until(async () => (await fixture.admin.get('late:line')) === 'waiter', 5_000, 'the lock to be handed to the waiter');
   });
 });

@@ -2,18 +2,34 @@ import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only pass it to the fixture.
 import zookeeper from 'node-zookeeper-client';
+import { fork, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { resolve } from 'node:path';
 import { TcpProxy } from '../support/tcp-proxy.js';
 import { LockBackendError, LockLostError, LockService, ZooKeeperLockBackend } from '../../lib/index.js';
+import { LinePaths } from '../../lib/backends/zookeeper/zookeeper.line.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { connectedClient, fencedRead, fencedWrite } from '../fixtures/zookeeper-fenced-store.mjs';
 import { Holder } from '../support/lock-holder-process.js';
 import { eventually, until } from '../support/wait.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 
-type Client = { close(): void };
+type Client = { close(): void; getChildren(path: string, done: (error: { getName?(): string } | null, names: string[]) => void): void };
 const write = fencedWrite as (client: Client, path: string, token: number, value: string) => Promise<boolean>;
 const read = fencedRead as (client: Client, path: string) => Promise<{ token: number; value: string } | undefined>;
 const connect = connectedClient as (zk: unknown, connectionString: string) => Promise<Client>;
+
+const fixtures = resolve(import.meta.dirname, '../fixtures');
+
+/** What test/fixtures/zookeeper-lock-waiter.mjs reports. */
+interface WaiterMessage {
+  type: 'acquired' | 'failed' | 'released';
+  token?: number;
+  owner?: string;
+  held?: boolean;
+  name?: string;
+  waitedMs?: number;
+}
 
 // Three servers: a leader to kill, and a quorum to lose. Sessions may be as short as 1 s (two ticks).
 const fixture = useZooKeeper({ ensemble: true });
@@ -193,4 +209,57 @@ describe('ZooKeeper backend under faults, with real processes', () => {
     expect(next.fencingToken).toBeGreaterThan(handle.fencingToken!);
     await next.release();
   }, 90_000);
+
+  it('a waiter stopped past its session while its turn comes: a third contender takes the lock, and the stopped one never believes it holds until its new turn, with a greater token', async () => {
+    quietWarnings();
+    const line = `${fixture.root}/fault%3Astall`;
+    const zk = await store();
+    const children = () =>
+      new Promise<string[]>((done, fail) =>
+        zk.getChildren(line, (error, names) => (error?.getName?.() === 'NO_NODE' ? done([]) : error ? fail(error) : done(names))),
+      );
+    const holder = await service().acquire('stall');
+    // Its own process, with a 2 s session, waiting up to 30 s.
+    const args = [fixture.connectionString, fixture.root, 'stall', '2000', '30000'];
+    const waiter: ChildProcess = fork(resolve(fixtures, 'zookeeper-lock-waiter.mjs'), args, {
+      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+    });
+    const heard: WaiterMessage[] = [];
+    waiter.on('message', (message: WaiterMessage) => heard.push(message));
+    fixture.cleanup(async () => {
+      if (waiter.exitCode !== null || waiter.signalCode !== null) return;
+      const exited = once(waiter, 'exit');
+      waiter.kill('SIGKILL');
+      await exited;
+    });
+    await until(async () => (await children()).length === 2, 15_000, 'the waiter to stand in line');
+    const third = service().acquire('stall', { wait: 20_000 });
+    await until(async () => (await children()).length === 3, 10_000, 'the third contender to stand in line');
+
+    // Stopped as by a long GC pause: the release's watch event reaches it while it cannot run.
+    waiter.kill('SIGSTOP');
+    fixture.cleanup(() => waiter.kill('SIGCONT'));
+    await holder.release();
+    // The third gets the lock once the stopped waiter's session expired and took its node along.
+    const taken = await third;
+    expect(taken.fencingToken).toBeGreaterThan(holder.fencingToken!);
+
+    waiter.kill('SIGCONT');
+    // It finds its session lost and stands in line again, behind the third, without entering.
+    await until(async () => (await children()).length === 2, 15_000, 'the stopped waiter to stand in line again');
+    expect(heard).toEqual([]);
+    expect(taken.isHeld).toBe(true);
+    await taken.release();
+    await until(() => heard.length > 0, 15_000, "the waiter's answer");
+    const [answer] = heard;
+    expect(answer).toMatchObject({ type: 'acquired', held: true });
+    expect(answer.token).toBeGreaterThan(taken.fencingToken!);
+    expect(answer.waitedMs).toBeLessThan(30_000);
+    // Its node is the one that holds: the lock it believes in is there.
+    expect((await children()).map((name) => LinePaths.owner(name))).toEqual([answer.owner]);
+
+    waiter.send({ type: 'release' });
+    await until(() => heard.some((m) => m.type === 'released'), 10_000, 'the waiter to let go');
+    expect(await children()).toEqual([]);
+  }, 60_000);
 });

@@ -13,6 +13,13 @@ describe('ZooKeeperLockBackend options', () => {
     ['127.0.0.1:2181', { root: 'locks' }, "option 'root' must be an absolute ZooKeeper path like '/locks'"],
     ['127.0.0.1:2181', { root: '/locks/' }, "option 'root' must be an absolute ZooKeeper path"],
     ['127.0.0.1:2181', { root: '/a/../b' }, "option 'root' must be an absolute ZooKeeper path"],
+    ['127.0.0.1:2181', { root: '/' }, "option 'root' must be an absolute ZooKeeper path like '/locks' (no trailing '/')"],
+    ['127.0.0.1:2181', { root: '/locks\u0001' }, 'no control, surrogate (emoji), private-use or special characters'],
+    ['127.0.0.1:2181', { root: '/locks-😀' }, 'no control, surrogate (emoji), private-use or special characters'],
+    ['127.0.0.1:2181', { root: '/zookeeper' }, "option 'root' must not be under /zookeeper, ZooKeeper's own tree"],
+    ['127.0.0.1:2181', { root: '/zookeeper/locks' }, "option 'root' must not be under /zookeeper"],
+    ['127.0.0.1:2181/app/', {}, "the chroot '/app/' in the connection string is not a ZooKeeper path (no trailing '/')"],
+    ['127.0.0.1:2181/a//b', {}, "the chroot '/a//b' in the connection string is not a ZooKeeper path (no empty, '.' or '..' segment)"],
     ['127.0.0.1:2181', { sessionTimeout: 0 }, "option 'sessionTimeout' must be a positive finite number of milliseconds, got 0"],
     ['127.0.0.1:2181', { commandTimeout: Number.NaN }, "option 'commandTimeout' must be a positive finite number"],
     ['127.0.0.1:2181', { ttl: 1_000 }, "unknown option 'ttl'. Accepted options: root, sessionTimeout, commandTimeout"],
@@ -26,9 +33,9 @@ describe('ZooKeeperLockBackend options', () => {
   });
 
   it('takes host:port lists with a chroot, and shows its root, not its servers, in logs', async () => {
-    const backend = new ZooKeeperLockBackend('zk1:2181,zk2,zk3:2182/app', { root: '/locks' });
-    expect(inspect(backend)).toBe("ZooKeeperLockBackend { name: 'zookeeper', root: '/locks' }");
-    expect(JSON.stringify(backend)).toBe('{"name":"zookeeper","root":"/locks"}');
+    const backend = new ZooKeeperLockBackend('zk1:2181,zk2,zk3:2182/app', { root: '/locks-ключ' });
+    expect(inspect(backend)).toBe("ZooKeeperLockBackend { name: 'zookeeper', root: '/locks-ключ' }");
+    expect(JSON.stringify(backend)).toBe('{"name":"zookeeper","root":"/locks-ключ"}');
     await backend.close();
   });
 });

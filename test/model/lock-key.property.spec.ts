@@ -5,7 +5,7 @@ import { InvalidLockKeyError } from '../../lib/lock.errors.js';
 import type { ParameterInfo } from '../../lib/parameter-names.js';
 
 // transfer(id, dto, ...more): every shape of argument a caller can pass, against a few lines that
-// say what the README promises each placeholder locks.
+// say what docs/keys.md promises each placeholder locks.
 const params: ParameterInfo[] = [
   { name: 'id', rest: false, hasDefault: false },
   { name: 'dto', rest: false, hasDefault: false },
@@ -50,7 +50,7 @@ function reach(placeholder: string, call: readonly unknown[]): unknown {
   return current;
 }
 
-/** The README's rule: a non-empty string as it is, a finite number or a bigint as text; nothing else. */
+/** docs/keys.md's rule: a non-empty string as it is, a finite number or a bigint as text; nothing else. */
 function text(reached: unknown): string | undefined {
   if (typeof reached === 'string') return reached.length > 0 ? reached : undefined;
   if (typeof reached === 'number') return Number.isFinite(reached) ? String(reached) : undefined;
@@ -70,7 +70,7 @@ function expected(source: string, call: readonly unknown[], encode: boolean): st
   return key + source.slice(last);
 }
 
-describe('key templates against what the README says they lock', () => {
+describe('key templates against what docs/keys.md says they lock', () => {
   it('give every argument shape its documented key or an InvalidLockKeyError, never another key', () => {
     fc.assert(
       fc.property(template, args, fc.boolean(), (source, call, encode) => {

@@ -94,7 +94,7 @@ const value = fc.oneof(
   },
 );
 
-/** The README's rule for a placeholder: a non-empty string as it is, a finite number or a bigint as text. */
+/** docs/keys.md's rule for a placeholder: a non-empty string as it is, a finite number or a bigint as text. */
 function text(reached: unknown): string | undefined {
   if (typeof reached === 'string') return reached.length > 0 ? reached : undefined;
   if (typeof reached === 'number') return Number.isFinite(reached) ? String(reached) : undefined;
@@ -102,7 +102,7 @@ function text(reached: unknown): string | undefined {
   return undefined;
 }
 
-/** The README's rule for a whole key: the prefix, at most 512 characters, no control character, well-formed Unicode. */
+/** docs/keys.md's rule for a whole key: the prefix, at most 512 characters, no control character, well-formed Unicode. */
 function fullKey(key: string | undefined): string | undefined {
   if (key === undefined) return undefined;
   const full = `lock:${key}`;
@@ -121,7 +121,7 @@ function wellFormed(key: string): boolean {
 
 const sku = (dto: unknown) => (dto as { items?: { sku?: unknown }[] } | null | undefined)?.items?.[0]?.sku;
 
-/** Each entry point, with the key the README says a call locks (undefined: an InvalidLockKeyError). */
+/** Each entry point, with the key docs/keys.md says a call locks (undefined: an InvalidLockKeyError). */
 const methods: Record<
   string,
   { call: (accounts: Accounts, args: unknown[]) => Promise<unknown>; key: (args: unknown[]) => string | undefined }
@@ -167,7 +167,7 @@ const methods: Record<
   },
 };
 
-describe('@Locked against what the README says each call locks', () => {
+describe('@Locked against what docs/keys.md says each call locks', () => {
   let app: TestingModule;
   let accounts: Accounts;
   beforeAll(async () => {

@@ -98,7 +98,8 @@ export class ZooKeeperServer {
         `clientPort=${port.client}`,
         'clientPortAddress=127.0.0.1',
         'admin.enableServer=false',
-        '4lw.commands.whitelist=ruok,srvr',
+        // wchs and wchp: the watches each session left on the server, which tests count.
+        '4lw.commands.whitelist=ruok,srvr,wchs,wchp',
         'extendedTypesEnabled=true',
         // Writes are not fsynced: the data is thrown away after the test.
         'forceSync=no',

@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
+import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { EtcdConnection, type Operation } from './etcd.connection.js';
 import { EtcdKeys, HELD } from './etcd.keys.js';
@@ -60,8 +61,7 @@ export class EtcdLockBackend implements LockBackend {
     if (place?.state === 'held') {
       // Its own lock already (an earlier attempt won after it was reported as failed): a
       // keepalive restarts the lease, so it is valid from this attempt on.
-      if (await this.connection.keepAlive(place.hold.id, what)) return { acquired: true, fencingToken: place.revision, validityMs: ttlMs };
-      this.places.drop(place);
+      if (await this.renew(place, what)) return { acquired: true, fencingToken: place.revision, validityMs: ttlMs };
       place = undefined;
     }
     if (place) return this.nextAttempt(place, ttlMs, what);
@@ -74,22 +74,30 @@ export class EtcdLockBackend implements LockBackend {
     if (place?.state === 'unknown') place = await this.settle(place, what);
     if (!place) return this.extendUnknown(keys, owner, ttlMs, what);
     if (place.state !== 'held') return { extended: false };
-    if (place.movingTo !== undefined) await this.settleMove(place, what);
-    const seconds = leaseSeconds(ttlMs);
-    if (seconds === place.hold.seconds) {
-      if (await this.connection.keepAlive(place.hold.id, what)) return { extended: true, validityMs: ttlMs };
+    if (place.movingTo !== undefined && !(await this.settleMove(place, what))) {
       this.places.drop(place);
       return { extended: false };
     }
+    const seconds = leaseSeconds(ttlMs);
+    if (seconds === place.hold.seconds)
+      return (await this.renew(place, what)) ? { extended: true, validityMs: ttlMs } : { extended: false };
     // Another ttl needs another lease: the entries move to a new one in one transaction (their
     // create revision, the token, stays), and the old one is revoked.
     const from = place.hold;
-    place.movingTo = await this.grant(seconds, what);
+    // From here until the move is settled, a release deletes the entries wherever they are: a
+    // revoke of the old lease alone would miss them if the move reached etcd first.
+    place.moving = true;
+    const to = await this.grant(seconds, what).catch((error: unknown) => {
+      place.moving = false;
+      throw error;
+    });
+    place.movingTo = to;
     // Unanswered, it may have been applied: the next extend or the release finds out (movingTo stays).
-    const moved = (await this.connection.txn(this.line.moveLease(place.keys, owner, from.id, place.movingTo.id), what)).succeeded;
-    const to = place.movingTo;
+    const moved = this.line.moved(await this.connection.txn(this.line.moveLease(place.keys, owner, from.id, to.id), what), to.id);
     place.movingTo = undefined;
-    if (!moved) {
+    place.moving = false;
+    if (!moved || this.places.get(owner) !== place) {
+      // Not moved, or released meanwhile (the release deleted the entries, moved or not).
       this.connection.revokeQuietly(to.id, what);
       this.places.drop(place);
       return { extended: false };
@@ -103,12 +111,14 @@ export class EtcdLockBackend implements LockBackend {
     const what = { op: 'release', keys };
     const place = this.places.get(owner);
     const state = place?.state;
-    // A waiter's hold lease carries no key: drop() revokes it.
+    // A waiter's hold lease carries only its anchor: drop() revokes it.
     if (place) this.places.drop(place);
-    if (place && state === 'held' && place.movingTo === undefined) return this.connection.revoke(place.hold.id, what);
+    if (place && state === 'held' && !place.moving) return this.connection.revoke(place.hold.id, what);
+    // Its last request went unanswered and may still land, as long as its hold lease exists (that
+    // request puts a key on it): the lease goes first, then whatever landed before.
+    if (place && state === 'unknown') await this.connection.revoke(place.hold.id, what);
     // A waiter, an owner whose last request went unanswered, or one another client placed: its
-    // entries go first (what they were says whether it held the keys), then any lease it may hold
-    // them on.
+    // entries go (what they were says whether it held the keys), then any lease it may hold them on.
     const deleted = this.line.deletedOf(await this.connection.txn(this.line.deleteOwn(keys, owner), what));
     const held = deleted.filter((kv) => kv.value.equals(HELD));
     const leases = new Set(held.map((kv) => kv.lease));
@@ -179,7 +189,8 @@ export class EtcdLockBackend implements LockBackend {
       }
       // Applied or not, nobody knows: a caller that waits asks again or releases, and either
       // looks first; for one that does not, the lease goes, and with it a lock it may have won.
-      if (wait !== undefined) this.places.unknown(keys, owner, hold, wait);
+      // (etcd refused it outright, for its size: not applied.)
+      if (wait !== undefined && error instanceof LockBackendError) this.places.unknown(keys, owner, hold, wait);
       else this.connection.revokeQuietly(hold.id, what);
       throw error;
     }
@@ -210,7 +221,7 @@ export class EtcdLockBackend implements LockBackend {
     const revision = place.revision!;
     if (!place.clear) {
       const check = await this.connection.txn(this.line.nextAttempt(keys, owner, revision, undefined), what);
-      if (!check.succeeded) return this.stillWaiting(place, this.line.standing(check, keys), ttlMs, what);
+      if (!check.succeeded) return this.stillWaiting(place, this.line.standing(check, keys, place.hold.id), ttlMs, what);
     }
     if (place.hold.lost) this.places.replaceHold(place, await this.grant(place.hold.seconds, what));
     const hold = place.hold;
@@ -228,7 +239,7 @@ export class EtcdLockBackend implements LockBackend {
       this.places.unanswered(place);
       throw error;
     }
-    if (!response.succeeded) return this.stillWaiting(place, this.line.standing(response, keys), ttlMs, what);
+    if (!response.succeeded) return this.stillWaiting(place, this.line.standing(response, keys, hold.id), ttlMs, what);
     if (this.places.get(owner) !== place) {
       // Released while the attempt was out: nobody wants the lock it won.
       this.connection.revokeQuietly(hold.id, what);
@@ -240,15 +251,21 @@ export class EtcdLockBackend implements LockBackend {
     return { acquired: true, fencingToken: revision, validityMs };
   }
 
-  private stillWaiting(place: Place, standing: Standing, ttlMs: number, what: Operation): Promise<AcquireResult> {
-    if (this.places.get(place.owner) !== place) return Promise.resolve({ acquired: false });
+  private async stillWaiting(place: Place, standing: Standing, ttlMs: number, what: Operation): Promise<AcquireResult> {
+    if (this.places.get(place.owner) !== place) return { acquired: false };
+    if (standing.won) {
+      // An attempt of its own whose answer was lost took the keys meanwhile.
+      this.places.promoted(place, place.revision!);
+      if (await this.renew(place, what)) return { acquired: true, fencingToken: place.revision, validityMs: ttlMs };
+      return { acquired: false };
+    }
     if (standing.lost) {
       // Its place is gone (the waiter lease ran out): it takes a new one, at the back.
       this.places.drop(place);
       return this.firstAttempt(place.keys, place.owner, ttlMs, true, what);
     }
     this.places.stand(place, standing);
-    return Promise.resolve({ acquired: false });
+    return { acquired: false };
   }
 
   /**
@@ -268,23 +285,55 @@ export class EtcdLockBackend implements LockBackend {
       this.places.settledWaiting(place, Number(first.create_revision));
       return place;
     }
+    // Its request may still land while its hold lease exists: it starts over once that lease is
+    // gone (an entry that landed on the waiter lease meanwhile is kept by the next attempt).
+    await this.connection.revoke(place.hold.id, what);
     if (entries.some(Boolean)) await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
     this.places.drop(place);
-    this.connection.revokeQuietly(place.hold.id, what);
     return undefined;
   }
 
-  /** An earlier move to another lease went unanswered: which lease are the entries on? */
-  private async settleMove(place: Place, what: Operation): Promise<void> {
-    const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(place.keys, place.owner), what));
+  /**
+   * An earlier move to another lease went unanswered: which lease are the entries on? On the new
+   * one, it is kept. Otherwise the move may still land until the new lease is revoked (revoking it
+   * would then delete the entries): so it is revoked first, and the entries are looked at again.
+   * False when they are gone.
+   */
+  private async settleMove(place: Place, what: Operation): Promise<boolean> {
     const moving = place.movingTo!;
-    place.movingTo = undefined;
-    if (entries.every((kv) => kv?.lease === moving.id)) {
+    const leases = async () =>
+      this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(place.keys, place.owner), what)).map((kv) => kv?.lease);
+    if ((await leases()).every((lease) => lease === moving.id)) {
+      place.movingTo = undefined;
+      place.moving = false;
       this.connection.revokeQuietly(place.hold.id, what);
       place.hold = moving;
-    } else {
-      this.connection.revokeQuietly(moving.id, what);
+      return true;
     }
+    await this.connection.revoke(moving.id, what);
+    place.movingTo = undefined;
+    place.moving = false;
+    return (await leases()).every((lease) => lease === place.hold.id);
+  }
+
+  /**
+   * Restarts a holder's lease and checks, at the same time, that its entries are still on it, as
+   * it left them: a keepalive alone would keep a lease whose keys were deleted (by hand, or by a
+   * request of its own that landed late) and tell the holder nothing. When not, it is dropped, and
+   * its lease revoked with whatever is left on it (a key deleted by hand and its other keys not).
+   */
+  private async renew(place: Place, what: Operation): Promise<boolean> {
+    const [kept, response] = await Promise.all([
+      this.connection.keepAlive(place.hold.id, what),
+      this.connection.txn(this.line.ownEntries(place.keys, place.owner), what),
+    ]);
+    const intact = this.line
+      .ownEntriesOf(response)
+      .every((kv) => kv?.value.equals(HELD) && kv.lease === place.hold.id && Number(kv.create_revision) === place.revision);
+    if (kept && intact) return true;
+    this.places.drop(place);
+    if (kept) this.connection.revokeQuietly(place.hold.id, what);
+    return false;
   }
 
   /** Extending for an owner this client did not acquire for: its entries say which lease, if held. */
@@ -293,7 +342,7 @@ export class EtcdLockBackend implements LockBackend {
     const [first] = entries;
     if (!first || !entries.every((kv) => kv?.value.equals(HELD) && kv.lease === first.lease)) return { extended: false };
     const next = await this.grant(leaseSeconds(ttlMs), what);
-    const moved = (await this.connection.txn(this.line.moveLease(keys, owner, first.lease, next.id), what)).succeeded;
+    const moved = this.line.moved(await this.connection.txn(this.line.moveLease(keys, owner, first.lease, next.id), what), next.id);
     this.connection.revokeQuietly(moved ? first.lease : next.id, what);
     return moved ? { extended: true, validityMs: ttlMs } : { extended: false };
   }

@@ -1,5 +1,5 @@
 import type { Etcd3, IOptions, ITxnRequest, ITxnResponse, Watcher } from 'etcd3';
-import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
+import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
 import { hostPolicies, noRetries, watchBackoff } from './etcd.host-policy.js';
 import type { CheckedEtcdConnection, ResolvedEtcdOptions } from './etcd.options.js';
@@ -146,6 +146,7 @@ export class EtcdConnection {
     try {
       return await send({ deadline: Date.now() + this.options.commandTimeout });
     } catch (error) {
+      if (error instanceof Error && /request is too large|larger than max/.test(error.message)) throw tooLarge(keys, error);
       throw this.failure(op, keys, error);
     }
   }
@@ -176,6 +177,20 @@ function loadEtcd3(): Etcd3Package {
         `(${error instanceof Error ? error.message : String(error)})`,
     );
   }
+}
+
+/**
+ * etcd refused a request for its size: no retry can fix it, so it is the caller's mistake, told
+ * at once (the keys themselves are not repeated: they are what is too long).
+ */
+function tooLarge(keys: readonly string[], cause: Error): InvalidLockKeyError {
+  const characters = keys.reduce((sum, key) => sum + key.length, 0);
+  return new InvalidLockKeyError(
+    `EtcdLockBackend: ${keys.length === 1 ? 'this key' : `these ${keys.length} keys`} (${characters} characters) make a request ` +
+      `larger than etcd takes (--max-request-bytes, 1.5 MiB by default; a request names each key up to six times). ` +
+      `Use shorter keys, and a maxKeyLength that refuses longer ones before they reach etcd.`,
+    { cause },
+  );
 }
 
 /** etcd's answer to a request that names a lease it no longer has (expired or revoked). */

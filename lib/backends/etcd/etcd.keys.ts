@@ -22,6 +22,14 @@ export class EtcdKeys {
     return { key: Buffer.from(`${base}/`), range_end: Buffer.from(`${base}0`) };
   }
 
+  /**
+   * The anchor of `owner`'s attempt to stand in line, a key on the lease the attempt would hold
+   * its keys on. `%` never starts an encoded segment, so no line holds it.
+   */
+  anchor(owner: string): Buffer {
+    return Buffer.from(`${this.prefix}%anchor/${encode(owner)}`);
+  }
+
   /** The owner an entry of the line of `key` belongs to. */
   ownerOf(entry: Buffer): string {
     const text = entry.toString();

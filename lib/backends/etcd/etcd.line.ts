@@ -5,6 +5,8 @@ import { HELD, WAITING, type EtcdKeys } from './etcd.keys.js';
 export interface Standing {
   /** Its entries are gone (its lease ran out, or they were deleted): it has no place any more. */
   lost: boolean;
+  /** Its entries are held on its own lease already: it has the keys. */
+  won?: boolean;
   /** Ahead of it, by line (lock key); empty when it is first in every line. */
   predecessors: Map<string, Buffer>;
   /** The revision the lines were read at: watches start after it. */
@@ -25,6 +27,12 @@ export class EtcdLine {
    * The first attempt: when every line is empty, the entries go on the holder's lease as held.
    * Otherwise, for a caller that waits, they go on the waiter lease as waiting, and each line's
    * two newest entries are read: the waiter's own and the one just ahead of it.
+   *
+   * Either way the transaction puts a key on the holder's lease (the entries, or the anchor), and
+   * etcd refuses a transaction that names a lease it no longer has: once that lease is revoked, an
+   * attempt whose answer was lost can no longer land. Without the anchor it could put its waiting
+   * entries on the waiter lease after its owner had started over and won (turning the holder's
+   * entry into a waiter's, on a lease the holder does not keep), or after its owner gave up.
    */
   firstAttempt(keys: readonly string[], owner: string, holdLease: string, waitLease: string | undefined): ITxnRequest {
     return {
@@ -40,6 +48,7 @@ export class EtcdLine {
               ...keys.map((key): IRequestOp => ({
                 request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Descend', limit: 2, keys_only: true },
               })),
+              { request_put: { key: this.keys.anchor(owner), value: WAITING, lease: holdLease } },
             ],
     };
   }
@@ -67,27 +76,37 @@ export class EtcdLine {
   }
 
   /**
-   * A waiter's next attempt: it holds the keys when its entries are still there and first in
-   * every line; then, given `holdLease`, they go onto it, marked held. Otherwise the answer says
-   * where it stands (see standing()).
+   * A waiter's next attempt: it holds the keys when its entries are still there, still waiting,
+   * and first in every line; then, given `holdLease`, they go onto it, marked held. Otherwise the
+   * answer says where it stands (see standing()). "Still waiting" keeps an attempt whose answer
+   * was lost from landing after its owner took the keys and moved them to another lease: it would
+   * put them back on the lease that move revokes.
    */
   nextAttempt(keys: readonly string[], owner: string, revision: number, holdLease: string | undefined): ITxnRequest {
     return {
       compare: this.firstInEveryLine(keys, owner, revision),
-      success: holdLease === undefined ? [] : keys.map((key) => this.put(key, owner, HELD, holdLease)),
+      // Its anchor has served: the first attempt it guarded landed long ago.
+      success:
+        holdLease === undefined
+          ? []
+          : [...keys.map((key) => this.put(key, owner, HELD, holdLease)), { request_delete_range: { key: this.keys.anchor(owner) } }],
       failure: this.standingReads(keys, owner, revision),
     };
   }
 
-  /** Where the waiter stands, from the failure branch of nextAttempt(). */
-  standing(response: ITxnResponse, keys: readonly string[]): Standing {
+  /**
+   * Where the waiter stands, from the failure branch of nextAttempt(). Its entries already held
+   * on `holdLease`: an earlier attempt of its own, whose answer was lost, took the keys.
+   */
+  standing(response: ITxnResponse, keys: readonly string[], holdLease: string): Standing {
     const own = response.responses.slice(0, keys.length).map((r) => r.response_range.kvs[0]);
     const predecessors = new Map<string, Buffer>();
     for (const [i, key] of keys.entries()) {
       const [ahead] = response.responses[keys.length + i].response_range.kvs;
       if (ahead) predecessors.set(key, ahead.key);
     }
-    return { lost: own.some((kv) => kv === undefined), predecessors, readRevision: Number(response.header.revision) };
+    const won = own.every((kv) => kv?.value.equals(HELD) && kv.lease === holdLease);
+    return { lost: own.some((kv) => kv === undefined), won, predecessors, readRevision: Number(response.header.revision) };
   }
 
   /** Reads the owner's entries (one per key, in order; undefined where there is none). */
@@ -108,12 +127,22 @@ export class EtcdLine {
     return response.responses.flatMap((r) => r.response_delete_range.prev_kvs);
   }
 
-  /** Moves held entries from one lease to another (a different ttl), if they are still on the first. */
+  /**
+   * Moves held entries from one lease to another (a different ttl), if they are still on the
+   * first; otherwise reads them, so that a move applied twice (a client that retried it) is seen
+   * as done (see moved()).
+   */
   moveLease(keys: readonly string[], owner: string, from: string, to: string): ITxnRequest {
     return {
       compare: keys.map((key) => ({ key: this.keys.entry(key, owner), target: 'Lease', result: 'Equal', lease: from })),
       success: keys.map((key) => this.put(key, owner, HELD, to)),
+      failure: this.ownEntries(keys, owner).success,
     };
+  }
+
+  /** Whether the entries are on lease `to` after moveLease(): moved by it, or by an earlier copy of it. */
+  moved(response: ITxnResponse, to: string): boolean {
+    return response.succeeded || this.ownEntriesOf(response).every((kv) => kv?.value.equals(HELD) && kv.lease === to);
   }
 
   /** The first entry of a key's line. */
@@ -126,12 +155,13 @@ export class EtcdLine {
   }
 
   /**
-   * Its entries still exist with its revision (the waiter lease did not run out), and no entry of
-   * any of its lines is older.
+   * Its entries still exist with its revision (the waiter lease did not run out), marked waiting,
+   * and no entry of any of its lines is older.
    */
   private firstInEveryLine(keys: readonly string[], owner: string, revision: number): ICompare[] {
     return [
       ...keys.map((key): ICompare => ({ key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: revision })),
+      ...keys.map((key): ICompare => ({ key: this.keys.entry(key, owner), target: 'Value', result: 'Equal', value: WAITING })),
       ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Greater', create_revision: revision - 1 })),
     ];
   }
@@ -139,7 +169,7 @@ export class EtcdLine {
   /** Its own entries, and in each line the newest entry older than it. */
   private standingReads(keys: readonly string[], owner: string, revision: number): IRequestOp[] {
     return [
-      ...keys.map((key): IRequestOp => ({ request_range: { key: this.keys.entry(key, owner), keys_only: true } })),
+      ...keys.map((key): IRequestOp => ({ request_range: { key: this.keys.entry(key, owner) } })),
       ...keys.map((key): IRequestOp => ({
         request_range: {
           ...this.keys.line(key),

@@ -1,7 +1,6 @@
 import type { Etcd3, IOptions } from 'etcd3';
-import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
-import { InvalidLockOptionsError } from '../../lock.errors.js';
-import { redactUrl } from '../redis/redis.options.js';
+import { BackendOptionChecks } from '../backend-options.checks.js';
+import { redactUrl, show } from '../../option-value.js';
 
 /**
  * How the backend reaches etcd:
@@ -42,14 +41,11 @@ export interface ResolvedEtcdOptions {
 
 export type CheckedEtcdConnection = { kind: 'client'; client: Etcd3 } | { kind: 'config'; config: IOptions };
 
-const where = 'EtcdLockBackend';
+// Typed, so that TypeScript narrows a value after checks.fail(), which never returns.
+const checks: BackendOptionChecks = new BackendOptionChecks('EtcdLockBackend');
 
 const HOW_TO =
   "Pass an Etcd3 client (new Etcd3({ hosts })), one member URL ('http://etcd:2379'), an array of them, or etcd3 settings ({ hosts: [...] }).";
-
-function fail(option: string, message: string): never {
-  throw new InvalidLockOptionsError(option, `${where}: ${message}`);
-}
 
 /**
  * etcd's leases are whole seconds: the ttl rounded up. The server may grant more (its minimum);
@@ -63,77 +59,52 @@ export function leaseSeconds(ttlMs: number): number {
 export function checkConnection(connection: unknown): CheckedEtcdConnection {
   if (typeof connection === 'string') return { kind: 'config', config: { hosts: [checkUrl('connection', connection)] } };
   if (Array.isArray(connection)) {
-    if (connection.length === 0) fail('connection', `the list of member URLs is empty. ${HOW_TO}`);
+    if (connection.length === 0) checks.fail('connection', `the list of member URLs is empty. ${HOW_TO}`);
     return { kind: 'config', config: { hosts: connection.map((url: unknown) => checkUrl('connection', url)) } };
   }
   if (typeof connection !== 'object' || connection === null) {
-    return fail('connection', `expected a connection, got ${show(connection)}. ${HOW_TO}`);
+    return checks.fail('connection', `expected a connection, got ${show(connection)}. ${HOW_TO}`);
   }
   const candidate = connection as Record<string, unknown>;
   if (typeof candidate.lease === 'function' && typeof candidate.watch === 'function' && typeof candidate.close === 'function') {
     return { kind: 'client', client: connection as Etcd3 };
   }
-  if (Object.getPrototypeOf(connection) !== Object.prototype && Object.getPrototypeOf(connection) !== null) {
-    fail(
-      'connection',
-      `got an instance of ${(connection as object).constructor?.name ?? 'an unknown class'}, which is not an Etcd3 client. ${HOW_TO}`,
-    );
-  }
+  checks.plainSettings('connection', connection, 'an Etcd3 client', HOW_TO);
   const hosts = candidate.hosts;
   if (typeof hosts === 'string') checkUrl('connection', hosts);
   else if (Array.isArray(hosts) && hosts.length > 0) hosts.forEach((url: unknown) => checkUrl('connection', url));
-  else fail('connection', `settings need 'hosts': a member URL or a non-empty array of them, got ${show(hosts)}. ${HOW_TO}`);
+  else checks.fail('connection', `settings need 'hosts': a member URL or a non-empty array of them, got ${show(hosts)}. ${HOW_TO}`);
   return { kind: 'config', config: connection as IOptions };
 }
 
 /** The options with their defaults; times in whole milliseconds (a fraction is rounded up). */
 export function resolveBackendOptions(options: unknown): ResolvedEtcdOptions {
   const resolved: ResolvedEtcdOptions = { prefix: 'nest-distributed-lock/', commandTimeout: 2_000, waiterTimeout: 3_000 };
-  if (options === undefined) return resolved;
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
-    fail('(options)', `options must be an object like { prefix: 'locks/', commandTimeout: 2000 }, got ${show(options)}.`);
-  }
-  for (const [name, value] of Object.entries(options)) {
-    if (!(name in resolved)) fail(name, `unknown option '${name}'. Accepted options: ${Object.keys(resolved).join(', ')}.`);
-    if (value === undefined) continue;
+  for (const [name, value] of checks.given(options, Object.keys(resolved), "{ prefix: 'locks/', commandTimeout: 2000 }")) {
     if (name === 'prefix') {
       if (typeof value !== 'string' || value === '')
-        fail(name, `option 'prefix' must be a non-empty string such as 'locks/', got ${show(value)}.`);
+        checks.fail(name, `option 'prefix' must be a non-empty string such as 'locks/', got ${show(value)}.`);
       resolved.prefix = value;
-      continue;
+    } else {
+      resolved[name as 'commandTimeout' | 'waiterTimeout'] = checks.milliseconds(name, value);
     }
-    if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > MAX_TIMER_MS) {
-      fail(
-        name,
-        `option '${name}' must be a positive finite number of milliseconds, got ${show(value)}. ` +
-          `At most ${MAX_TIMER_MS} (about 24.8 days); fractions are rounded up to whole milliseconds.`,
-      );
-    }
-    resolved[name as 'commandTimeout' | 'waiterTimeout'] = Math.ceil(value);
   }
   return resolved;
 }
 
 function checkUrl(option: string, value: unknown): string {
-  if (typeof value !== 'string') return fail(option, `a member URL must be a string, got ${show(value)}. ${HOW_TO}`);
+  if (typeof value !== 'string') return checks.fail(option, `a member URL must be a string, got ${show(value)}. ${HOW_TO}`);
   let url: URL | undefined;
   try {
     url = new URL(value);
   } catch {
-    fail(option, `'${redactUrl(value)}' is not a URL. ${HOW_TO}`);
+    checks.fail(option, `'${redactUrl(value)}' is not a URL. ${HOW_TO}`);
   }
   if (url!.protocol !== 'http:' && url!.protocol !== 'https:') {
-    fail(option, `a member URL must start with http:// or https://, got '${url!.protocol}//'. ${HOW_TO}`);
+    checks.fail(option, `a member URL must start with http:// or https://, got '${url!.protocol}//'. ${HOW_TO}`);
   }
   if (url!.username || url!.password) {
-    fail(option, `etcd takes no credentials in its URL: pass { hosts, auth: { username, password } } instead.`);
+    checks.fail(option, `etcd takes no credentials in its URL: pass { hosts, auth: { username, password } } instead.`);
   }
   return value;
-}
-
-function show(value: unknown): string {
-  if (typeof value === 'string') return `'${redactUrl(value)}'`;
-  if (Array.isArray(value)) return 'an array';
-  if (typeof value === 'object' && value !== null) return 'an object';
-  return String(value);
 }

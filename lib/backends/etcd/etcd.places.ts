@@ -30,6 +30,8 @@ export interface Place {
   hold: HoldLease;
   /** A move to another lease (an extension with another ttl) that went unanswered. */
   movingTo?: HoldLease;
+  /** A move to another lease is out (its grant or its transaction), or went unanswered. */
+  moving?: boolean;
   /** Its watches saw every entry ahead of it go: the next attempt goes straight for the keys. */
   clear: boolean;
   watches?: PredecessorWatches;

@@ -1,7 +1,6 @@
 import type { ClientConfig, Pool, PoolConfig } from 'pg';
-import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
-import { InvalidLockOptionsError } from '../../lock.errors.js';
-import { redactUrl } from '../redis/redis.options.js';
+import { BackendOptionChecks } from '../backend-options.checks.js';
+import { redactUrl, show } from '../../option-value.js';
 
 /**
  * How the backend reaches PostgreSQL:
@@ -62,39 +61,32 @@ export interface ResolvedPostgresOptions {
 
 export type CheckedConnection = { kind: 'pool'; pool: Pool } | { kind: 'config'; config: PoolConfig };
 
-const where = 'PostgresLockBackend';
+// Typed, so that TypeScript narrows a value after checks.fail(), which never returns.
+const checks: BackendOptionChecks = new BackendOptionChecks('PostgresLockBackend');
 
 const HOW_TO =
   "Pass a pg.Pool (new Pool(...)), a connection string ('postgres://user:password@host:5432/db') or pool settings ({ host, port, user, database }).";
-
-function fail(option: string, message: string): never {
-  throw new InvalidLockOptionsError(option, `${where}: ${message}`);
-}
 
 /** Checks what the constructor got, with a message that says what to pass instead. */
 export function checkConnection(connection: unknown): CheckedConnection {
   if (typeof connection === 'string') return { kind: 'config', config: { connectionString: checkUrl('connection', connection) } };
   if (typeof connection !== 'object' || connection === null || Array.isArray(connection)) {
-    return fail('connection', `expected a connection, got ${show(connection)}. ${HOW_TO}`);
+    return checks.fail('connection', `expected a connection, got ${show(connection)}. ${HOW_TO}`);
   }
   const candidate = connection as Record<string, unknown>;
   if (typeof candidate.query === 'function' && typeof candidate.connect === 'function') {
     if (!('totalCount' in candidate)) {
-      fail(
+      checks.fail(
         'connection',
         `got a single pg.Client; lock operations would queue behind each other on its one connection. ` +
           `Pass a pg.Pool (new Pool(...)) instead, or a connection string.`,
       );
     }
-    if (candidate.ending === true || candidate.ended === true) fail('connection', 'the pg.Pool given is closed (end() was called on it).');
+    if (candidate.ending === true || candidate.ended === true)
+      checks.fail('connection', 'the pg.Pool given is closed (end() was called on it).');
     return { kind: 'pool', pool: connection as Pool };
   }
-  if (Object.getPrototypeOf(connection) !== Object.prototype && Object.getPrototypeOf(connection) !== null) {
-    fail(
-      'connection',
-      `got an instance of ${(connection as object).constructor?.name ?? 'an unknown class'}, which is not a pg.Pool. ${HOW_TO}`,
-    );
-  }
+  checks.plainSettings('connection', connection, 'a pg.Pool', HOW_TO);
   checkClientConfig('connection', candidate);
   return { kind: 'config', config: connection as PoolConfig };
 }
@@ -112,13 +104,8 @@ export function resolveBackendOptions(options: unknown): ResolvedPostgresOptions
     commandTimeout: 2_000,
     waiterTimeout: 3_000,
   };
-  if (options === undefined) return resolved;
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
-    fail('(options)', `options must be an object like { table: 'distributed_locks', commandTimeout: 2000 }, got ${show(options)}.`);
-  }
-  for (const [name, value] of Object.entries(options)) {
-    if (!(name in resolved)) fail(name, `unknown option '${name}'. Accepted options: ${Object.keys(resolved).join(', ')}.`);
-    if (value === undefined) continue;
+  const example = "{ table: 'distributed_locks', commandTimeout: 2000 }";
+  for (const [name, value] of checks.given(options, Object.keys(resolved), example)) {
     switch (name) {
       case 'schema':
         resolved.schema = checkIdentifier(name, value, 63);
@@ -127,21 +114,14 @@ export function resolveBackendOptions(options: unknown): ResolvedPostgresOptions
         resolved.table = checkIdentifier(name, value, MAX_TABLE_NAME);
         break;
       case 'createTables':
-        if (typeof value !== 'boolean') fail(name, `option 'createTables' must be true or false, got ${show(value)}.`);
+        if (typeof value !== 'boolean') checks.fail(name, `option 'createTables' must be true or false, got ${show(value)}.`);
         resolved.createTables = value;
         break;
       case 'listenConnection':
         resolved.listenConnection = checkListenConnection(value);
         break;
       default:
-        if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > MAX_TIMER_MS) {
-          fail(
-            name,
-            `option '${name}' must be a positive finite number of milliseconds, got ${show(value)}. ` +
-              `At most ${MAX_TIMER_MS} (about 24.8 days); fractions are rounded up to whole milliseconds.`,
-          );
-        }
-        resolved[name as 'commandTimeout' | 'waiterTimeout'] = Math.ceil(value);
+        resolved[name as 'commandTimeout' | 'waiterTimeout'] = checks.milliseconds(name, value);
     }
   }
   return resolved;
@@ -152,7 +132,7 @@ const MAX_TABLE_NAME = 48;
 
 function checkIdentifier(option: string, value: unknown, max: number): string {
   if (typeof value !== 'string' || !/^[a-z_][a-z0-9_]*$/.test(value) || value.length > max) {
-    fail(
+    checks.fail(
       option,
       `option '${option}' must be a PostgreSQL name of lower-case letters, digits and '_', starting with a letter or '_', ` +
         `at most ${max} characters, got ${show(value)}. (Names are used unquoted in your own SQL too, so no upper case.)`,
@@ -165,7 +145,7 @@ function checkListenConnection(value: unknown): string | ClientConfig | false {
   if (value === false) return false;
   if (typeof value === 'string') return checkUrl('listenConnection', value);
   if (typeof value !== 'object' || value === null || Array.isArray(value) || Object.getPrototypeOf(value) !== Object.prototype) {
-    fail(
+    checks.fail(
       'listenConnection',
       `option 'listenConnection' must be a connection string, client settings ({ host, port, ... }) or false, got ${show(value)}.`,
     );
@@ -179,10 +159,10 @@ function checkUrl(option: string, text: string): string {
   try {
     url = new URL(text);
   } catch {
-    fail(option, `'${redactUrl(text)}' is not a URL. ${HOW_TO}`);
+    checks.fail(option, `'${redactUrl(text)}' is not a URL. ${HOW_TO}`);
   }
   if (url!.protocol !== 'postgres:' && url!.protocol !== 'postgresql:') {
-    fail(option, `the connection string must start with postgres:// or postgresql://, got '${url!.protocol}//'.`);
+    checks.fail(option, `the connection string must start with postgres:// or postgresql://, got '${url!.protocol}//'.`);
   }
   return text;
 }
@@ -190,19 +170,12 @@ function checkUrl(option: string, text: string): string {
 function checkClientConfig(option: string, config: Record<string, unknown>): void {
   const { host, port, connectionString } = config;
   if (connectionString !== undefined) {
-    if (typeof connectionString !== 'string') fail(option, `'connectionString' must be a string, got ${show(connectionString)}.`);
+    if (typeof connectionString !== 'string') checks.fail(option, `'connectionString' must be a string, got ${show(connectionString)}.`);
     checkUrl(option, connectionString);
   }
   if (host !== undefined && (typeof host !== 'string' || host === ''))
-    fail(option, `'host' must be a non-empty string, got ${show(host)}.`);
+    checks.fail(option, `'host' must be a non-empty string, got ${show(host)}.`);
   if (port !== undefined && !(Number.isInteger(port) && (port as number) > 0 && (port as number) < 65_536)) {
-    fail(option, `'port' must be an integer from 1 to 65535, got ${show(port)}.`);
+    checks.fail(option, `'port' must be an integer from 1 to 65535, got ${show(port)}.`);
   }
-}
-
-function show(value: unknown): string {
-  if (typeof value === 'string') return `'${value}'`;
-  if (Array.isArray(value)) return 'an array';
-  if (typeof value === 'object' && value !== null) return 'an object';
-  return String(value);
 }

@@ -23,6 +23,8 @@ export class RedisConnection {
   private stopped = false;
   /** The last connection error of a client we created, to say why an operation failed. */
   private lastError: Error | undefined;
+  /** Pending reconnections of clients of ours that ioredis gave up on: see keepConnecting(). */
+  private readonly reconnections = new Set<NodeJS.Timeout>();
 
   constructor(
     private readonly connection: CheckedConnection,
@@ -83,6 +85,7 @@ export class RedisConnection {
       : (client as Redis).duplicate({ keyPrefix: '' });
     // Its failures show as failed subscriptions (the waiter then polls), not as unhandled events.
     subscriber.on('error', () => undefined);
+    if (!subscriber.isCluster) this.keepConnecting(subscriber as Redis);
     watchOver(subscriber);
     if (this.stopped) subscriber.disconnect();
     return subscriber;
@@ -92,6 +95,8 @@ export class RedisConnection {
   stop(): boolean {
     if (this.stopped) return false;
     this.stopped = true;
+    for (const timer of this.reconnections) clearTimeout(timer);
+    this.reconnections.clear();
     return true;
   }
 
@@ -142,12 +147,40 @@ export class RedisConnection {
       if (down) logger.log('Redis connection is back.');
       down = false;
     });
+    if (!client.isCluster) this.keepConnecting(client as Redis);
     if (this.stopped) {
       client.disconnect();
       throw this.closedError('connect', []);
     }
     this.client = client;
     return client;
+  }
+
+  /**
+   * ioredis gives up on a Sentinel client for good (status 'end', every command "Connection is
+   * closed.") when its failover detector closes the connector while a reconnection is still asking
+   * a sentinel where the master is: the +switch-master of the very failover it reconnects after
+   * cancels that attempt, and ioredis retries a connection that closed, not one that never opened.
+   * The window is the sentinel's answer time, wide on a loaded machine. So a client of ours whose
+   * attempt to connect ends so, while the backend is open, tries again after its retryStrategy's
+   * delay. An end that follows a close is ioredis's own choice (its retryStrategy said stop): kept.
+   */
+  private keepConnecting(client: Redis): void {
+    let attempting = false;
+    let attempts = 0;
+    client.on('connecting', () => (attempting = true));
+    client.on('close', () => (attempting = false));
+    client.on('ready', () => (attempts = 0));
+    client.on('end', () => {
+      if (this.stopped || !attempting) return;
+      const delay = client.options.retryStrategy?.(++attempts);
+      if (typeof delay !== 'number') return;
+      const timer = setTimeout(() => {
+        this.reconnections.delete(timer);
+        if (!this.stopped && client.status === 'end') client.connect().catch(() => undefined);
+      }, delay);
+      this.reconnections.add(timer);
+    });
   }
 }
 

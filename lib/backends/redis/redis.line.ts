@@ -57,8 +57,8 @@ export class RedisWaiterLine {
   private listening = false;
   /**
    * Holders of this process that did not take a free key of the usual case (a hand-over, or a key
-   * with a line): others are likely waiting, so their release is sent behind a PING (see
-   * RedisLockBackend.release).
+   * with a line): others are likely waiting, so their release is sent whole at once, and outside
+   * Cluster behind a PING (see RedisLockBackend.release).
    */
   private readonly contended = new Set<string>();
   /** Releases of this process in flight, by key, while a waiter of this process waits for it. */
@@ -107,7 +107,7 @@ export class RedisWaiterLine {
     return entry;
   }
 
-  /** The attempt won; `hadLine`: others were waiting for a key (its release goes behind a PING). */
+  /** The attempt won; `hadLine`: others were waiting for a key (see `releasing`). */
   acquired(owner: string, hadLine: boolean): void {
     this.entries.delete(owner);
     if (hadLine) this.holdsContended(owner);
@@ -169,17 +169,21 @@ export class RedisWaiterLine {
     this.turnOf(owner, handover);
   }
 
-  /** The owner releases, or gives up: it no longer waits. */
-  leave(owner: string): void {
-    this.entries.delete(owner);
-  }
-
   /**
-   * Whether the owner's release goes behind a PING: only for a key that had a line, and not when a
-   * waiter of this process is next (see RedisLockBackend.release).
+   * The owner releases, or gives up: it no longer waits. How its release goes out: in the usual
+   * case's short form (see RELEASE) unless something here says that others may wait for its keys:
+   * several keys, the owner itself waited (it gives up, and leaves a line), it took its key with
+   * others in line (the release is then sent behind a PING, outside Cluster; see
+   * RedisLockBackend.release), or a waiter of this process wants the key.
    */
-  releaseBehindPing(owner: string, keys: readonly string[]): boolean {
-    return this.contended.delete(owner) && !this.waitsHere(keys);
+  releasing(owner: string, keys: readonly string[]): { usual: boolean; behindPing: boolean } {
+    const waited = this.entries.delete(owner);
+    const contended = this.contended.delete(owner);
+    const waitsHere = this.entries.size > 0 && this.waitsHere(keys);
+    return {
+      usual: keys.length === 1 && !waited && !contended && !waitsHere,
+      behindPing: contended && !waitsHere && !this.connection.cluster,
+    };
   }
 
   /** Calls `onRelease` when a release names `owner`; resolves once that message cannot be missed. */
@@ -282,7 +286,6 @@ export class RedisWaiterLine {
   }
 
   private holdsContended(owner: string): void {
-    if (this.connection.cluster) return; // no PING there (see RedisLockBackend.release)
     // Bounded for callers of the backend that never release (LockService always does).
     if (this.contended.size >= 10_000) this.contended.clear();
     this.contended.add(owner);

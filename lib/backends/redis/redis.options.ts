@@ -1,6 +1,7 @@
 import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from 'ioredis';
-import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
 import { InvalidLockOptionsError } from '../../lock.errors.js';
+import { BackendOptionChecks } from '../backend-options.checks.js';
+import { redactUrl, show } from '../../option-value.js';
 
 /** Cluster nodes for a Cluster client the backend creates: `{ clusterNodes: [{ host, port }] }`. */
 export interface RedisClusterConnectionOptions {
@@ -68,8 +69,13 @@ export const CREATED_CLIENT_DEFAULTS = {
  * sentinels, lock on the new master: two holders of one lock for all that time. Costs a
  * connection to each sentinel (up to ioredis's `sentinelMaxConnections`) per client.
  * `failoverDetector: false` in the options turns it off.
+ *
+ * And a sentinel must answer where the master is within `sentinelCommandTimeout`, else the client
+ * asks the next one: ioredis waits for that answer without a limit by default, so a request lost
+ * on a connection that stays up (a frozen sentinel, a partition) kept a reconnecting client
+ * 'connecting' for good, never trying another sentinel nor the same one again.
  */
-export const CREATED_SENTINEL_CLIENT_DEFAULTS = { failoverDetector: true } satisfies RedisOptions;
+export const CREATED_SENTINEL_CLIENT_DEFAULTS = { failoverDetector: true, sentinelCommandTimeout: 2_000 } satisfies RedisOptions;
 
 const HOW_TO =
   "Pass an ioredis client (new Redis(...) or new Cluster(...)), a URL ('redis://host:6379'), ioredis options ({ host, port }) or { clusterNodes: [{ host, port }] }.";
@@ -80,13 +86,8 @@ export type CheckedConnection =
   | { kind: 'options'; options: RedisOptions }
   | { kind: 'cluster'; nodes: ClusterNode[]; options: ClusterOptions | undefined };
 
-/**
- * A connection string fit for a message or a log: its password masked, whether it sits in the user
- * info or in a `password` parameter (which ioredis honours), and whether or not the string parses.
- */
-export function redactUrl(text: string): string {
-  return text.replace(/(\/\/[^/@]*?:)[^/@]*@/, '$1***@').replace(/([?&]password=)[^&#]*/gi, '$1***');
-}
+// Typed, so that TypeScript narrows a value after checks.fail(), which never returns.
+const checks: BackendOptionChecks = new BackendOptionChecks('RedisLockBackend');
 
 /** Checks what the constructor got, with a message that says what to pass instead. */
 export function checkConnection(connection: unknown): CheckedConnection {
@@ -112,9 +113,7 @@ export function checkConnection(connection: unknown): CheckedConnection {
     if (candidate.status === 'end') fail('the ioredis client given is closed (quit() or disconnect() was called on it)');
     return { kind: 'client', client: connection as Redis | Cluster };
   }
-  if (Object.getPrototypeOf(connection) !== Object.prototype && Object.getPrototypeOf(connection) !== null) {
-    fail(`got an instance of ${(connection as object).constructor?.name ?? 'an unknown class'}, which is not an ioredis client`);
-  }
+  checks.plainSettings('connection', connection, 'an ioredis client', HOW_TO);
   if ('clusterNodes' in candidate) {
     const nodes = candidate.clusterNodes;
     if (!Array.isArray(nodes) || nodes.length === 0) fail('clusterNodes must be a non-empty array of { host, port } or URLs');
@@ -141,46 +140,15 @@ export function checkConnection(connection: unknown): CheckedConnection {
  */
 export function resolveBackendOptions(options: unknown): ResolvedRedisLockBackendOptions {
   const resolved: ResolvedRedisLockBackendOptions = { commandTimeout: 2_000, waiterTimeout: 3_000, localHandoffs: 0 };
-  if (options === undefined) return resolved;
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
-    throw new InvalidLockOptionsError(
-      '(options)',
-      `RedisLockBackend: options must be an object like { commandTimeout: 2000 }, got ${show(options)}.`,
-    );
-  }
-  for (const [name, value] of Object.entries(options)) {
-    if (!(name in resolved)) {
-      throw new InvalidLockOptionsError(
-        name,
-        `RedisLockBackend: unknown option '${name}'. Accepted options: ${Object.keys(resolved).join(', ')}.`,
-      );
-    }
-    if (value === undefined) continue;
+  for (const [name, value] of checks.given(options, Object.keys(resolved), '{ commandTimeout: 2000 }')) {
     if (name === 'localHandoffs') {
       if (!Number.isInteger(value) || (value as number) < 0 || (value as number) > 1_000) {
-        throw new InvalidLockOptionsError(
-          name,
-          `RedisLockBackend: option 'localHandoffs' must be a whole number from 0 to 1000 (hand-overs in a row), got ${show(value)}.`,
-        );
+        checks.fail(name, `option 'localHandoffs' must be a whole number from 0 to 1000 (hand-overs in a row), got ${show(value)}.`);
       }
       resolved.localHandoffs = value as number;
-      continue;
+    } else {
+      resolved[name as 'commandTimeout' | 'waiterTimeout'] = checks.milliseconds(name, value);
     }
-    if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > MAX_TIMER_MS) {
-      throw new InvalidLockOptionsError(
-        name,
-        `RedisLockBackend: option '${name}' must be a positive finite number of milliseconds, got ${show(value)}. ` +
-          `At most ${MAX_TIMER_MS} (about 24.8 days); fractions are rounded up to whole milliseconds.`,
-      );
-    }
-    resolved[name as keyof ResolvedRedisLockBackendOptions] = Math.ceil(value);
   }
   return resolved;
-}
-
-function show(value: unknown): string {
-  if (typeof value === 'string') return `'${value}'`;
-  if (Array.isArray(value)) return 'an array';
-  if (typeof value === 'object' && value !== null) return 'an object';
-  return String(value);
 }

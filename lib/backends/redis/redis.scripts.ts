@@ -17,7 +17,8 @@ function script(name: string, lua: string): RedisScript {
 
 /**
  * Helpers both line-keeping scripts share; they expect KEYS laid out as n locks, their n fencing
- * counters, n lines and n waiter records (see redis.keys.ts).
+ * counters, n lines and n waiter records (see redis.keys.ts), and the rarer arguments packed in one
+ * ARGV string (see ACQUIRE and RELEASE).
  *
  * - clock(): the server time in µs, read at most once per call.
  * - nextToken(counter): one more than the counter's last token, but never below the server time
@@ -30,10 +31,16 @@ function script(name: string, lua: string): RedisScript {
  *   server that issued them. So the counter needs to outlive only the lease it was written with:
  *   after that the clock alone is above every token of the key, and a key nobody locks anymore
  *   costs no memory (one request per distinct id would otherwise leave a counter per id).
+ *   The clock is written first and the counter read back in the same call (SET ... GET): the
+ *   counter is behind the clock but for a clock set back or a second acquisition within the same
+ *   µs, and only then is it written again, one above the counter.
  * - standing(i, who): if `who` still has its place in line i, its deadline (ms), the ttl it asked
  *   for (0 for a multi-key waiter) and the id of its process's backend.
  * - front(i): the first waiter in line i that still has its place, with the same three values.
  *   Waiters whose place ran out are dropped on the way.
+ *
+ * A token goes to Redis through string.format('%d'): a Lua number given to redis.call is written
+ * with '%.17g', exact too, but the floating-point formatting costs Redis more than the call itself.
  */
 const PRELUDE = `
 local n = #KEYS / 4
@@ -46,8 +53,12 @@ local function clock()
   return now
 end
 local function nextToken(counter, lease)
-  local token = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, clock())
-  redis.call('SET', counter, token, 'PX', lease)
+  local token = clock()
+  local last = tonumber(redis.call('SET', counter, string.format('%d', token), 'PX', lease, 'GET'))
+  if last and last >= token then
+    token = last + 1
+    redis.call('SET', counter, string.format('%d', token), 'PX', lease)
+  end
   return token
 end
 local function standing(i, who)
@@ -71,10 +82,13 @@ end
 
 /**
  * KEYS: n locks, their n fencing counters, n lines, n waiter records.
- * ARGV: owner, ttl ms, waiter timeout ms, 1 if the caller will wait (joins the line when it fails)
- * or 0 (it gives up at once, so it stays out of the line), the id of the caller's backend (its
- * wake-up channel, see RELEASE).
- * Returns {1, fencing token, 1 if a line was kept for a key (others may still wait) else 0}, or
+ * ARGV: owner, ttl ms, and `<waiter timeout ms> <1 or 0> <backend id>`: 1 if the caller will wait
+ * (joins the line when it fails), 0 if it gives up at once (so it stays out of the line); the id of
+ * the caller's backend is its wake-up channel (see RELEASE). The last three travel as one string,
+ * read only when the usual case does not apply: each value sent costs Redis a Lua string and a
+ * slot in ARGV on every call.
+ * Returns the fencing token in the usual case (one key, free, nobody in line); else
+ * {1, fencing token, 1 if a line was kept for a key (others may still wait) else 0}, or
  * {0, ms until a retry may succeed (-1: unknown), the key's last token (single key; -1
  * otherwise)}: a hand-over announced later carries a greater token.
  *
@@ -83,8 +97,8 @@ end
  * still goes to the first waiter in line: the line keeps a process that releases and re-acquires
  * at once from starving the others. Waiters that stopped asking lose their place after the timeout,
  * in all their lines at once.
- * The usual case, one free key and nobody in line, is five calls: EXISTS, SET NX, then GET, TIME
- * and SET for the fencing token.
+ * The usual case is four calls: EXISTS of the line, SET NX of the lock, then TIME and SET ... GET
+ * for the fencing token (nextToken, inlined).
  */
 export const ACQUIRE = script(
   'acquire',
@@ -93,14 +107,19 @@ export const ACQUIRE = script(
   `
 if #KEYS == 4 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local time = redis.call('TIME')
-  local token = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, time[1] * 1000000 + time[2])
-  redis.call('SET', KEYS[2], token, 'PX', ARGV[2])
-  return {1, token, 0}
+  local token = time[1] * 1000000 + time[2]
+  local last = tonumber(redis.call('SET', KEYS[2], string.format('%d', token), 'PX', ARGV[2], 'GET'))
+  if last and last >= token then
+    token = last + 1
+    redis.call('SET', KEYS[2], string.format('%d', token), 'PX', ARGV[2])
+  end
+  return token
 end
 ` +
     PRELUDE +
     `
-local owner, ttl, waiterTimeout, willWait, backendId = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local owner, ttl = ARGV[1], ARGV[2]
+local waiterTimeout, willWait, backendId = string.match(ARGV[3], '^(%d+) ([01]) (%S+)$')
 local wait, mine, lined = nil, {}, 0
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
@@ -156,7 +175,8 @@ else
   for i = n + 1, 2 * n do
     token = math.max(token, (tonumber(redis.call('GET', KEYS[i])) or 0) + 1)
   end
-  for i = n + 1, 2 * n do redis.call('SET', KEYS[i], token, 'PX', ttl) end
+  local written = string.format('%d', token)
+  for i = n + 1, 2 * n do redis.call('SET', KEYS[i], written, 'PX', ttl) end
 end
 for i = 1, n do
   redis.call('SET', KEYS[i], owner, 'PX', ttl)
@@ -185,13 +205,18 @@ return 1
 );
 
 /**
- * KEYS: n locks, their n fencing counters, n lines, n waiter records. ARGV: owner, 'PUBLISH' or
- * 'SPUBLISH' (sharded, on Cluster), the longest lease to hand over (ms), the id of the releasing
- * backend, and 1 if a waiter of that backend may go before waiters of other processes (see below),
- * else 0. Returns how many locks the owner still held; each is deleted, or handed to the first
- * waiter in its line. When it goes to a waiter of the releasing backend itself, no message is
- * sent: the answer is `{released, waiter, token, lease ms, 1 if it went before others else 0}`,
- * and the releasing process hands it over in memory.
+ * KEYS: n locks, their n fencing counters, n lines, n waiter records. ARGV: owner, and
+ * `<PUBLISH or SPUBLISH> <longest lease to hand over, ms> <id of the releasing backend> <1 or 0>`
+ * in one string (as in ACQUIRE): SPUBLISH is sharded, on Cluster; 1 if a waiter of that backend may
+ * go before waiters of other processes (see below), else 0. Returns how many locks the owner still
+ * held; each is deleted, or handed to the first waiter in its line. When it goes to a waiter of the
+ * releasing backend itself, no message is sent: the answer is `{released, waiter, token, lease ms,
+ * 1 if it went before others else 0}`, and the releasing process hands it over in memory.
+ *
+ * The usual case, one key with nobody in line, may be sent with two KEYS, the lock and its line,
+ * and the owner alone: it is three calls (EXISTS, GET, DEL) and returns 1 or 0 as above, or -1 if
+ * someone is in line after all (they joined while the lock was held): then nothing was done, and
+ * the caller sends the whole call. Each key sent costs Redis as each argument does.
  *
  * Compare-and-delete, so a late release never frees another owner's lock. A waiter that gives up
  * calls it too, to leave the line. Either way, if someone is in line, the first waiter's process
@@ -212,15 +237,19 @@ export const RELEASE = script(
   'release',
   // The usual case first, as in ACQUIRE: one key and nobody in line, so nobody to hand it to.
   `
-if #KEYS == 4 and redis.call('EXISTS', KEYS[3]) == 0 then
+local oneLine = #KEYS == 2 and KEYS[2] or #KEYS == 4 and KEYS[3]
+if oneLine and redis.call('EXISTS', oneLine) == 0 then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
   redis.call('DEL', KEYS[1])
   return 1
 end
+if #KEYS == 2 then return -1 end
 ` +
     PRELUDE +
     `
-local owner, publish, maxLease, releaser, mayPass = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5] == '1'
+local owner = ARGV[1]
+local publish, maxLease, releaser, mayPass = string.match(ARGV[2], '^(%u+) (%d+) (%S+) ([01])$')
+maxLease, mayPass = tonumber(maxLease), mayPass == '1'
 local released = 0
 -- The first waiter of the releasing backend among the first few in line, behind others.
 local function nextOfOurs(i)

@@ -30,8 +30,8 @@ const logger = new Logger('DistributedLock');
  * Locks on several independent Redis masters (the Redlock algorithm); the `redlock` package runs
  * each script on each master, the quorum count is ours. A lock exists while a quorum of masters
  * holds it, so it survives the loss of a minority of masters; it relies on bounded clock drift and
- * process pauses, and it hands out no fencing tokens (`fencing = false`): see the README's
- * Redlock section.
+ * process pauses, and it hands out no fencing tokens (`fencing = false`): see
+ * docs/redlock.md.
  *
  * ```ts
  * new RedlockLockBackend(['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', 'redis://10.0.0.3:6379'])

@@ -1,6 +1,6 @@
 import { Logger } from '@nestjs/common';
 import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
-import { InvalidLockOptionsError } from '../../lock.errors.js';
+import { BackendOptionChecks } from '../backend-options.checks.js';
 import type { RedlockMasterClient } from './redlock-master.js';
 
 /** Options of `new RedlockLockBackend(...)`; every field but `clients` has a default. */
@@ -51,12 +51,10 @@ export interface ResolvedRedlockOptions {
 const logger = new Logger('DistributedLock');
 
 const where = 'RedlockLockBackend';
+// Typed, so that TypeScript narrows a value after checks.fail(), which never returns.
+const checks: BackendOptionChecks = new BackendOptionChecks(where);
 
 const KNOWN = ['clients', 'quorum', 'driftFactor', 'masterTimeout', 'subscribeTimeout', 'channelPrefix'];
-
-function fail(option: string, message: string): never {
-  throw new InvalidLockOptionsError(option, `${where}: ${message}`);
-}
 
 function isClient(value: unknown): value is RedlockMasterClient {
   return (
@@ -83,28 +81,26 @@ export function resolveRedlockOptions(
 ): ResolvedRedlockOptions {
   const options: RedlockLockBackendOptions = Array.isArray(input) ? { clients: input } : (input as RedlockLockBackendOptions);
   if (typeof options !== 'object' || options === null) {
-    fail(
+    checks.fail(
       '(options)',
       `pass an array of ioredis clients (one per master) or { clients, quorum?, driftFactor?, ... }, got ${String(input)}.`,
     );
   }
-  for (const name of Object.keys(options)) {
-    if (!KNOWN.includes(name)) fail(name, `unknown option '${name}'. Accepted options: ${KNOWN.join(', ')}.`);
-  }
+  for (const name of Object.keys(options)) checks.known(name, KNOWN);
 
   const entries = options.clients;
   if (!Array.isArray(entries))
-    fail('clients', 'option `clients` must be an array of ioredis clients or redis:// URLs, one per independent Redis master.');
+    checks.fail('clients', 'option `clients` must be an array of ioredis clients or redis:// URLs, one per independent Redis master.');
   entries.forEach((entry, i) => {
     if (typeof entry === 'string' ? !/^rediss?:\/\//.test(entry) : !isClient(entry)) {
-      fail(
+      checks.fail(
         'clients',
         `clients[${i}] is neither an ioredis client (it needs evalsha, eval and duplicate) nor a redis:// URL. Pass \`new Redis(url)\` or the URL for each master.`,
       );
     }
   });
   if (entries.length < 3) {
-    fail(
+    checks.fail(
       'clients',
       `Redlock needs at least 3 independent masters, got ${entries.length}. With fewer, losing one master stops every lock ` +
         `(2 masters need both) or loses them all (1 master), and a single Redis gains nothing from a quorum: ` +
@@ -122,11 +118,11 @@ export function resolveRedlockOptions(
   const addresses = new Map<string, number>();
   clients.forEach((client, i) => {
     if (seen.has(client))
-      fail('clients', `clients[${i}] is the same client object as clients[${seen.get(client)}]: each master must be counted once.`);
+      checks.fail('clients', `clients[${i}] is the same client object as clients[${seen.get(client)}]: each master must be counted once.`);
     seen.set(client, i);
     const address = describeMaster(client);
     if (addresses.has(address)) {
-      fail(
+      checks.fail(
         'clients',
         `clients[${i}] and clients[${addresses.get(address)}] both point at ${address}: one server would vote twice, and a quorum would not mean a majority of servers.`,
       );
@@ -138,7 +134,7 @@ export function resolveRedlockOptions(
   const majority = Math.floor(n / 2) + 1;
   const quorum = options.quorum ?? majority;
   if (!Number.isInteger(quorum) || quorum < majority || quorum > n) {
-    fail(
+    checks.fail(
       'quorum',
       `option 'quorum' must be an integer from ${majority} (a majority of ${n} masters) to ${n}, got ${String(quorum)}. A minority quorum lets two owners hold the same lock.`,
     );
@@ -152,7 +148,7 @@ export function resolveRedlockOptions(
 
   const driftFactor = options.driftFactor ?? 0.01;
   if (typeof driftFactor !== 'number' || !Number.isFinite(driftFactor) || driftFactor < 0 || driftFactor >= 0.5) {
-    fail(
+    checks.fail(
       'driftFactor',
       `option 'driftFactor' must be a number from 0 to below 0.5 (a fraction of the ttl; 0.01 is usual), got ${String(driftFactor)}.`,
     );
@@ -160,7 +156,7 @@ export function resolveRedlockOptions(
   const masterTimeout = options.masterTimeout ?? 250;
   // Both are timers only; a lock's ttl is what reaches Redis, and the backend rounds it up.
   if (typeof masterTimeout !== 'number' || !Number.isFinite(masterTimeout) || masterTimeout <= 0 || masterTimeout > MAX_TIMER_MS) {
-    fail(
+    checks.fail(
       'masterTimeout',
       `option 'masterTimeout' must be a positive number of milliseconds, got ${String(masterTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`,
     );
@@ -172,13 +168,14 @@ export function resolveRedlockOptions(
     subscribeTimeout <= 0 ||
     subscribeTimeout > MAX_TIMER_MS
   ) {
-    fail(
+    checks.fail(
       'subscribeTimeout',
       `option 'subscribeTimeout' must be a positive number of milliseconds, got ${String(subscribeTimeout)}. At most ${MAX_TIMER_MS} (about 24.8 days).`,
     );
   }
   const channelPrefix = options.channelPrefix ?? 'lock-released:';
-  if (typeof channelPrefix !== 'string') fail('channelPrefix', `option 'channelPrefix' must be a string, got ${String(channelPrefix)}.`);
+  if (typeof channelPrefix !== 'string')
+    checks.fail('channelPrefix', `option 'channelPrefix' must be a string, got ${String(channelPrefix)}.`);
 
   return { clients, owned, quorum, driftFactor, masterTimeout, subscribeTimeout, channelPrefix };
 }

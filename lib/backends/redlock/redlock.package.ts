@@ -1,6 +1,6 @@
 import { InvalidLockOptionsError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
-import { redactUrl } from '../redis/redis.options.js';
+import { redactUrl } from '../../option-value.js';
 import type { RedlockMaster, RedlockMasterClient } from './redlock-master.js';
 
 export interface LoadedScript {

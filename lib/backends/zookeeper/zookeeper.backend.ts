@@ -69,6 +69,8 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     const willWait = options?.willWait ?? true;
+    if (this.closed) throw this.session.error('acquire', keys, 'the backend is closed (the application shut down).');
+    this.paths.checkSize(keys, owner);
     const sentAt = performance.now();
     const request = this.request(keys, owner);
     this.parents.inUse(keys.map((key) => this.paths.parent(key)));
@@ -77,14 +79,23 @@ export class ZooKeeperLockBackend implements LockBackend {
     try {
       const acquired = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait));
       if (!acquired) return { acquired: false };
+      const certifiedAt = await this.certify(current, sentAt, ttlMs);
+      if (certifiedAt === undefined) return { acquired: false };
       this.armExpiry(current, sentAt + ttlMs);
-      return { acquired: true, fencingToken: current.czxid, validityMs: this.validity(ttlMs) };
+      // Counted from this request: the time to the last write, then what that write certifies.
+      return { acquired: true, fencingToken: current.czxid, validityMs: Math.min(ttlMs, certifiedAt - sentAt + this.validity(ttlMs)) };
     } catch (error) {
       if (this.requests.get(owner) === current) {
-        if (!willWait) this.requests.delete(owner);
         // Whether the nodes were made is unknown; the next attempt looks for them.
         current.uncertain = current.nodes === undefined;
         current.woken = true;
+        if (!willWait) {
+          // No next attempt, and no release, will come for them: they go now, or as soon as
+          // ZooKeeper answers. A create applied whose answer was lost would otherwise stand first
+          // in line for as long as the session lives, the key held by nobody.
+          this.forget(current);
+          this.removeLater(current);
+        }
       }
       throw error;
     }
@@ -95,18 +106,11 @@ export class ZooKeeperLockBackend implements LockBackend {
     const request = this.requests.get(owner);
     if (!request?.held || !request.nodes) return { extended: false };
     const nodes = request.nodes;
-    const ok = await this.session
-      .run('extend', keys, async (session) => {
-        if (session.generation !== request.generation) return false;
-        // A write, so the leader itself says the session is alive: a follower cut off from it
-        // could still answer a read for a session the leader already ended.
-        await session.client.multi(nodes.map((path) => ({ op: 'check', path }) as const)).catch((error: unknown) => {
-          if (isNoNode(error)) return Promise.reject(NOT_HELD);
-          throw error;
-        });
-        return true;
-      })
-      .catch((error: unknown) => (error === NOT_HELD ? false : Promise.reject(error)));
+    // A write, so the leader itself says the session is alive: a follower cut off from it could
+    // still answer a read for a session the leader already ended. A node gone is 'taken'.
+    const ok = await this.session.run('extend', keys, (session) =>
+      session.generation === request.generation ? this.stillThere(session, nodes) : Promise.resolve(false),
+    );
     if (!ok || this.requests.get(owner) !== request) {
       this.forget(request);
       return { extended: false };
@@ -129,6 +133,7 @@ export class ZooKeeperLockBackend implements LockBackend {
   }
 
   async inspect(key: string): Promise<LockState | undefined> {
+    this.paths.checkSize([key], '');
     return this.session.run('inspect', [key], async ({ client }) => {
       const parent = this.paths.parent(key);
       const children = await client.getChildren(parent).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)));
@@ -167,6 +172,40 @@ export class ZooKeeperLockBackend implements LockBackend {
     return !this.closed;
   }
 
+  /**
+   * When the lock is certain from, as a performance.now() time: `sentAt`, or the moment a later
+   * check of the nodes was sent. An answer that comes after the lease it certifies ran out (an
+   * event loop stalled, an ensemble slow under load) is useless to the caller, who takes it as
+   * lost, while the nodes stay first in line, waking nobody, until the ttl ends them: so the
+   * session is certified again with a write (the check) before the lock is reported. (Once the
+   * ttl itself ran out there is nothing to certify: the expiry deletes the nodes at once.)
+   * Undefined, and the nodes given up, when the lock could not be certified (gone, or every check
+   * late too).
+   */
+  private async certify(request: LineRequest, sentAt: number, ttlMs: number): Promise<number | undefined> {
+    let certifiedAt = sentAt;
+    for (let check = 0; ; check++) {
+      const now = performance.now();
+      if (now < certifiedAt + this.validity(ttlMs) || now >= sentAt + ttlMs) return certifiedAt;
+      const nodes = request.nodes;
+      if (check >= 3 || !nodes || this.requests.get(request.owner) !== request) {
+        await this.release(request.keys, request.owner).catch(() => undefined);
+        return undefined;
+      }
+      certifiedAt = performance.now();
+      const generation = request.generation;
+      const still = await this.session.run('acquire', request.keys, (session) =>
+        session.generation === generation ? this.stillThere(session, nodes) : Promise.resolve(false),
+      );
+      if (!still) {
+        request.held = false;
+        request.nodes = undefined;
+        request.czxid = undefined;
+        return undefined;
+      }
+    }
+  }
+
   /** Ends the session: ZooKeeper deletes its nodes (locks and places in line) at once. */
   async close(): Promise<void> {
     if (this.closed) return;
@@ -174,7 +213,8 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.stopListening();
     for (const timer of this.expiries.values()) clearTimeout(timer);
     this.expiries.clear();
-    this.parents.close();
+    // Before the session ends: the parents this process emptied would otherwise stay, one per key.
+    await this.parents.close();
     clearTimeout(this.leftoverTimer);
     this.leftovers.clear();
     this.requests.clear();
@@ -226,6 +266,9 @@ export class ZooKeeperLockBackend implements LockBackend {
   /** Makes (or finds) the request's nodes, then looks where they stand; true when first everywhere. */
   private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
     for (let round = 0; ; round++) {
+      // Given up (released, or a caller that would not wait): what is left of this attempt, which
+      // its caller stopped waiting for, must not make nodes again.
+      if (this.requests.get(request.owner) !== request) return false;
       if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
       if (!request.nodes && request.uncertain) {
         const found = await findNodes(session.client, this.paths, request);
@@ -291,13 +334,22 @@ export class ZooKeeperLockBackend implements LockBackend {
    */
   private async watchPredecessors(session: LiveSession, request: LineRequest, predecessors: string[]): Promise<boolean> {
     const stats = await Promise.all(
-      predecessors.map((path) => {
+      predecessors.map(async (path) => {
         if (request.watched.has(path)) return session.client.exists(path);
         request.watched.add(path);
-        return session.client.exists(path, () => {
-          request.watched.delete(path);
-          this.wake(request);
-        });
+        // Counted as watched only once ZooKeeper set the watch: a request that failed (a dropped
+        // connection) set none, and the next attempt asks again instead of waiting for nothing.
+        const stat = await session.client
+          .exists(path, () => {
+            request.watched.delete(path);
+            this.wake(request);
+          })
+          .catch((error: unknown) => {
+            request.watched.delete(path);
+            throw error;
+          });
+        if (!stat) request.watched.delete(path);
+        return stat;
       }),
     );
     return stats.some((stat) => stat === undefined);
@@ -364,5 +416,3 @@ export class ZooKeeperLockBackend implements LockBackend {
     request.waker = undefined;
   }
 }
-
-const NOT_HELD = Symbol('not held');

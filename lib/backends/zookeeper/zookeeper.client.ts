@@ -15,7 +15,11 @@ export interface ZooKeeperClient {
   multi(ops: readonly ZooKeeperOp[]): Promise<string[]>;
   create(path: string, mode: 'persistent'): Promise<void>;
   remove(path: string): Promise<void>;
-  /** The node's stat, or undefined when there is none; `watcher` is called once when it changes or goes. */
+  /**
+   * The node's stat, or undefined when there is none. `watcher` is called once when the node
+   * changes or goes, and is set only on a node that exists: a watch on a missing node would wait
+   * for its creation, which never comes for a line entry, and stay on the server for good.
+   */
   exists(path: string, watcher?: () => void): Promise<ZooKeeperStat | undefined>;
   getChildren(path: string): Promise<string[]>;
   /** Drops the connection (not the session): the client connects again, to the next server. */
@@ -59,6 +63,7 @@ interface NzkClient {
   create(path: string, data: Buffer | null, mode: number, callback: (error: NzkError | null, path: string) => void): void;
   remove(path: string, version: number, callback: (error: NzkError | null) => void): void;
   exists(path: string, watcher: (() => void) | undefined, callback: (error: NzkError | null, stat: NzkStat | null) => void): void;
+  getData(path: string, watcher: () => void, callback: (error: NzkError | null, data: Buffer | null, stat: NzkStat) => void): void;
   getChildren(path: string, callback: (error: NzkError | null, children: string[]) => void): void;
   connectionManager: { socket?: { destroy(): void } };
 }
@@ -136,10 +141,21 @@ class NodeZooKeeperClient implements ZooKeeperClient {
   }
 
   exists(path: string, watcher?: () => void): Promise<ZooKeeperStat | undefined> {
+    if (watcher) {
+      // getData, as Curator does: it sets no watch on a missing node, where exists() would leave
+      // one for good (on the server, and in every reconnection's SetWatches of this client).
+      return new Promise((resolve, reject) =>
+        this.client.getData(path, watcher, (error, _data, stat) => {
+          if (error?.getName?.() === 'NO_NODE') resolve(undefined);
+          else if (error) reject(toError(error));
+          else resolve(toStat(stat));
+        }),
+      );
+    }
     return new Promise((resolve, reject) =>
-      this.client.exists(path, watcher, (error, stat) => {
+      this.client.exists(path, undefined, (error, stat) => {
         if (error) reject(toError(error));
-        else resolve(stat ? { czxid: Number(stat.czxid.readBigInt64BE(0)) } : undefined);
+        else resolve(stat ? toStat(stat) : undefined);
       }),
     );
   }
@@ -159,6 +175,10 @@ class NodeZooKeeperClient implements ZooKeeperClient {
   close(): void {
     this.client.close();
   }
+}
+
+function toStat(stat: NzkStat): ZooKeeperStat {
+  return { czxid: Number(stat.czxid.readBigInt64BE(0)) };
 }
 
 function toError(error: NzkError): ZooKeeperError {

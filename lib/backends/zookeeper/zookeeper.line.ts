@@ -1,3 +1,4 @@
+import { InvalidLockKeyError } from '../../lock.errors.js';
 import { ZooKeeperError, type ZooKeeperClient } from './zookeeper.client.js';
 import type { LiveSession } from './zookeeper.session.js';
 
@@ -25,9 +26,33 @@ export interface LineRequest {
   waker: (() => void) | undefined;
 }
 
+/**
+ * The largest request sent, in bytes: a ZooKeeper server closes the connection of a client that
+ * sends a packet over its `jute.maxbuffer` (0xfffff, 1 MiB less a byte, by default), which would
+ * cut every lock of this process off with it, attempt after attempt. A margin is left for the
+ * rest of the packet.
+ */
+export const MAX_REQUEST_BYTES = 1_000_000;
+/** What a create in a multi() carries besides its path: headers, no data, the open ACL, flags. */
+const CREATE_OP_BYTES = 64;
+
 /** Path and name rules: keys and owners are escaped, so `/`, `.` and `..` cannot make paths. */
 export class LinePaths {
   constructor(readonly root: string) {}
+
+  /** Refuses keys whose create request would be over MAX_REQUEST_BYTES, before anything is sent. */
+  checkSize(keys: readonly string[], owner: string): void {
+    let bytes = CREATE_OP_BYTES;
+    // Escaped, a path is ASCII: one byte a character.
+    for (const key of keys) bytes += this.prefix(key, owner).length + 10 + CREATE_OP_BYTES;
+    if (bytes <= MAX_REQUEST_BYTES) return;
+    const shown = keys.length === 1 ? `Key '${keys[0].slice(0, 60)}…'` : `${keys.length} keys ('${keys[0].slice(0, 60)}…', …)`;
+    throw new InvalidLockKeyError(
+      `${shown} would make a ZooKeeper request of about ${bytes} bytes (keys are percent-encoded in node names), over the ` +
+        `${MAX_REQUEST_BYTES} that a server accepts with its default jute.maxbuffer (1 MB); it would close this process's ` +
+        `connection. Lock fewer or shorter keys: an identifier rather than a payload.`,
+    );
+  }
 
   parent(key: string): string {
     return `${this.root}/${escape(key)}`;
@@ -64,7 +89,12 @@ export type Position = { first: true } | { first: false; predecessors: string[] 
  */
 export async function position(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<Position> {
   const nodes = request.nodes!;
-  const lines = await Promise.all(request.keys.map((key) => client.getChildren(paths.parent(key))));
+  // A parent gone (an operator deleted the whole line) took our node with it: gone, not an error.
+  const lines = await Promise.all(
+    request.keys.map((key) =>
+      client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error))),
+    ),
+  );
   const predecessors: string[] = [];
   for (let i = 0; i < nodes.length; i++) {
     const parent = paths.parent(request.keys[i]);

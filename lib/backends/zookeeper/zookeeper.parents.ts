@@ -32,9 +32,18 @@ export class ParentNodes {
     this.sweeper = setInterval(() => this.sweep(), PARENT_IDLE_MS).unref();
   }
 
-  close(): void {
+  /**
+   * Stops the clean-up, and deletes now the parents this process left empty, however recently:
+   * it will not use them again. Resolves once ZooKeeper answered (bounded by the command timeout).
+   */
+  async close(): Promise<void> {
     this.closed = true;
     clearInterval(this.sweeper);
+    const parents = [...this.idle.keys()];
+    this.idle.clear();
+    // Not worth a new session, or a wait for one: without a live one the parents stay.
+    if (this.session.state !== 'connected') return;
+    await Promise.all(parents.map((parent) => this.remove(parent)));
   }
 
   private sweep(): void {
@@ -42,12 +51,17 @@ export class ParentNodes {
     for (const [parent, since] of this.idle) {
       if (now - since < PARENT_IDLE_MS) continue;
       this.idle.delete(parent);
-      this.known.delete(parent);
-      this.session.run('clean-up', [], ({ client }) => client.remove(parent)).catch(() => undefined);
+      void this.remove(parent);
     }
     if (this.idle.size === 0) {
       clearInterval(this.sweeper);
       this.sweeper = undefined;
     }
+  }
+
+  /** Fails harmlessly (NOT_EMPTY) when someone stands in the line again, or when ZooKeeper is away. */
+  private remove(parent: string): Promise<void> {
+    this.known.delete(parent);
+    return this.session.run('clean-up', [], ({ client }) => client.remove(parent)).catch(() => undefined);
   }
 }

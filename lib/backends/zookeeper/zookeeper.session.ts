@@ -1,6 +1,6 @@
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
-import { LockBackendError } from '../../lock.errors.js';
+import { DistributedLockError, LockBackendError } from '../../lock.errors.js';
 import { ZooKeeperError, type ZooKeeperClient, type ZooKeeperClientState } from './zookeeper.client.js';
 
 const logger = new Logger('DistributedLock');
@@ -77,7 +77,8 @@ export class ZooKeeperSession {
       return result;
     } catch (error) {
       if (error instanceof ZooKeeperError && error.code !== 'CONNECTION_LOSS' && error.code !== 'SESSION_EXPIRED') this.heard();
-      throw error instanceof LockBackendError || error instanceof ZooKeeperError ? error : this.error(what, keys, String(error), error);
+      // ZooKeeper's own errors stay inside the backend: callers (and LockService.inspect's) get a LockBackendError.
+      throw error instanceof DistributedLockError ? error : this.error(what, keys, String(error), error);
     } finally {
       clearTimeout(timer);
     }

@@ -1,0 +1,669 @@
+import { describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Etcd3 } from 'etcd3';
+import {
+  DistributedLockError,
+  DistributedLockModule,
+  EtcdLockBackend,
+  InvalidLockKeyError,
+  LockBackendError,
+  LockLostError,
+  LockService,
+  type LockHandle,
+} from '../../lib/index.js';
+import { useEtcdCluster } from '../support/etcd-fixture.js';
+import { EtcdRequestGate, isFirstAttempt, isLeaseMove, isPromotion, names } from '../support/etcd-request-gate.js';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { fencedRead, fencedWrite } from '../fixtures/etcd-fenced-store.mjs';
+import { activeTimers, eventually, until } from '../support/wait.js';
+
+/**
+ * Attempts to break what the etcd backend promises (docs/etcd.md, the LockBackend contract):
+ * requests that reach etcd after the client gave up on them, aborts and shutdowns in the middle
+ * of a step, stalls, odd keys, and hands other than ours on the keys and leases.
+ */
+const fixture = useEtcdCluster({ members: 3 });
+
+const PREFIX = 'nest-distributed-lock/';
+
+const write = fencedWrite as (etcd: Etcd3, name: string, token: number, value: string) => Promise<boolean>;
+const read = fencedRead as (etcd: Etcd3, name: string) => Promise<{ value: string | null; token: number }>;
+
+type ServiceOptions = ConstructorParameters<typeof LockService>[1];
+
+function service(options: ServiceOptions = {}, backend: EtcdLockBackend = new EtcdLockBackend(fixture.endpoints)): LockService {
+  const locks = new LockService(backend, { keyPrefix: 'adv:', ...options });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+/** A service over a client whose requests the test can hold back (see EtcdRequestGate). */
+function gated(
+  options: ServiceOptions = {},
+  backendOptions?: ConstructorParameters<typeof EtcdLockBackend>[1],
+): { locks: LockService; gate: EtcdRequestGate } {
+  const client = new Etcd3({ hosts: fixture.endpoints });
+  fixture.cleanup(() => client.close());
+  const gate = new EtcdRequestGate(client);
+  const locks = service(options, new EtcdLockBackend(client, backendOptions));
+  // Shutdown waits for what the service sent: nothing may stay held once the test is over.
+  fixture.cleanup(() => gate.open());
+  return { locks, gate };
+}
+
+/** Every key the backend wrote in etcd, with what it says and the lease it is on. */
+async function keys(): Promise<{ key: string; value: string; lease: string }[]> {
+  const { kvs } = await fixture.admin.getAll().prefix(PREFIX).exec();
+  return kvs.map((kv) => ({ key: kv.key.toString(), value: kv.value.toString(), lease: kv.lease }));
+}
+
+/** The entries of the lines (not the anchors of waiters' first attempts). */
+async function entries(): Promise<{ key: string; value: string; lease: string }[]> {
+  return (await keys()).filter((kv) => !kv.key.startsWith(`${PREFIX}%anchor/`));
+}
+
+/** The leases etcd has now. */
+async function leases(): Promise<string[]> {
+  return (await fixture.admin.leaseClient.leaseLeases({})).leases.map((lease) => String(lease.ID));
+}
+
+/** Watches open on the members (etcd's own count). */
+async function watchers(): Promise<number> {
+  let total = 0;
+  for (const member of fixture.cluster.members.filter((m) => m.running)) {
+    const metrics = await (await fetch(`${member.endpoint}/metrics`)).text();
+    total += Number(/^etcd_debugging_mvcc_watcher_total (\d+)/m.exec(metrics)?.[1] ?? 0);
+  }
+  return total;
+}
+
+/** Resolves once nothing of what the test started is left in etcd: no entry, no watch, no lease but `kept` ones. */
+async function nothingLeft(kept: readonly string[], what: string): Promise<void> {
+  const left = async () => {
+    const extra = (await leases()).filter((lease) => !kept.includes(lease));
+    return { keys: await keys(), leases: extra, watchers: await watchers() };
+  };
+  try {
+    await until(
+      async () => {
+        const now = await left();
+        return now.keys.length === 0 && now.leases.length === 0 && now.watchers === 0;
+      },
+      10_000,
+      what,
+    );
+  } catch (error) {
+    throw new Error(`${(error as Error).message}; left: ${JSON.stringify(await left())}`);
+  }
+}
+
+function quietLogs(): void {
+  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  fixture.cleanup(() => warn.mockRestore());
+}
+
+describe('etcd backend, attacked', () => {
+  describe('late and repeated requests', () => {
+    it("a waiting first attempt that lands after the caller's retry won leaves the holder's entry held, and a release frees the key", async () => {
+      const { locks, gate } = gated({ pollInterval: 100 });
+      const late = gate.lateTxn(isFirstAttempt);
+      const acquiring = locks.acquire('late-first', { wait: 10_000 });
+      await late.caught;
+      // The retry finds nothing of the first attempt, starts over, and wins the free key.
+      const handle = await acquiring;
+      // Now etcd gets the first attempt: the key is taken (by its own owner), so it would stand in
+      // line, if etcd took it at all.
+      await late.send().catch(() => undefined);
+      expect((await locks.inspect('late-first'))?.heldHere).toBe(true);
+      expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
+      await handle.release();
+      const other = service();
+      const next = await other.tryAcquire('late-first');
+      expect(next).toBeDefined();
+      await next!.release();
+    });
+
+    it('an extension to another ttl that lands after the next extension read where the keys are never frees them under a holder that believes it holds', async () => {
+      const { locks, gate } = gated();
+      const handle = await locks.acquire('late-move', { ttl: 3_000 });
+      const late = gate.lateTxn(isLeaseMove);
+      await expect(handle.extend(20_000)).rejects.toThrow(LockBackendError);
+      const to = (await late.caught).success![0].request_put!.lease!;
+      // The next extension finds the keys still on the first lease and lets the new one go; the
+      // move reaches etcd just before that revoke does.
+      const revoke = gate.slow<{ ID: string }>('leaseClient', 'leaseRevoke', (r) => String(r.ID) === String(to));
+      const extending = handle.extend(3_000).then(
+        () => 'extended',
+        (error: unknown) => error,
+      );
+      await revoke.caught;
+      await late.send();
+      await revoke.send().catch(() => undefined);
+      const outcome = await extending;
+      const kept = (await entries()).length > 0;
+      // Whatever happened, the holder knows it: it holds exactly when its keys are in etcd.
+      expect({ outcome: outcome === 'extended' ? outcome : (outcome as Error).name, isHeld: handle.isHeld }).toEqual(
+        kept ? { outcome: 'extended', isHeld: true } : { outcome: 'LockLostError', isHeld: false },
+      );
+    });
+
+    it("a waiter's attempt to take its keys that lands after it took them and moved them to another lease does not bring them back to the lease it revokes", async () => {
+      const holder = service();
+      const held = await holder.acquire('late-turn');
+      const { locks, gate } = gated({ pollInterval: 100 });
+      const waiting = locks.acquire('late-turn', { wait: 10_000 });
+      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the waiter to stand in line');
+      const late = gate.lateTxn(isPromotion);
+      await held.release();
+      const from = (await late.caught).success![0].request_put!.lease!;
+      // Its retry finds it still waiting, and takes the keys.
+      const handle = await waiting;
+      // An extension to another ttl moves them to a new lease and revokes this one; the late
+      // attempt reaches etcd between the two.
+      const revoke = gate.slow<{ ID: string }>('leaseClient', 'leaseRevoke', (r) => String(r.ID) === String(from));
+      await handle.extend(20_000);
+      await revoke.caught;
+      await late.send().catch(() => undefined);
+      await revoke.send().catch(() => undefined);
+      expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
+      expect((await holder.inspect('late-turn'))?.fencingToken).toBe(handle.fencingToken);
+    });
+
+    it('a release while an extension to another ttl is out frees the key, whichever reaches etcd first', async () => {
+      quietLogs();
+      const { locks, gate } = gated();
+      const handle = await locks.acquire('release-while-moving', { ttl: 3_000, autoExtend: false });
+      const [entry] = await entries();
+      // The extension's new lease is granted only once the release is out; then its move reaches
+      // etcd before the release's revoke.
+      const grant = gate.slow('leaseClient', 'leaseGrant', () => true);
+      const revoke = gate.slow<{ ID: string }>('leaseClient', 'leaseRevoke', (r) => String(r.ID) === entry.lease);
+      const extending = handle.extend(20_000).catch((e: unknown) => e);
+      await grant.caught;
+      const releasing = handle.release();
+      await revoke.caught;
+      await grant.send();
+      await extending;
+      await revoke.send().catch(() => undefined);
+      await releasing;
+      const next = await service().tryAcquire('release-while-moving');
+      expect(next).toBeDefined();
+      await next!.release();
+    });
+
+    it('an acquire that does not wait and timed out: what its request won when it lands is freed', async () => {
+      const kept = await leases();
+      const { locks, gate } = gated();
+      const late = gate.lateTxn(isFirstAttempt);
+      // Its lease's revoke reaches etcd after the request does.
+      const revoke = gate.slow('leaseClient', 'leaseRevoke', () => true);
+      await expect(locks.tryAcquire('late-try')).rejects.toThrow(LockBackendError);
+      await revoke.caught;
+      expect(((await late.send()) as { succeeded: boolean }).succeeded).toBe(true);
+      expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
+      await revoke.send();
+      await nothingLeft(kept, 'the lock its late request won to be freed');
+    });
+
+    it('a waiter that gave up after its first attempt timed out leaves no place in line when that attempt lands late', async () => {
+      const holder = service();
+      const held = await holder.acquire(['late-gave-up', 'late-other']);
+      const kept = await leases();
+      // (A waiter lease that outlives a loaded machine's slow keepalives: no place is lost and taken again.)
+      const { locks, gate } = gated({ pollInterval: 2_000 }, { waiterTimeout: 30_000 });
+      // A waiter of the same process keeps the process's waiter lease alive meanwhile.
+      const other = locks.acquire('late-other', { wait: 25_000 });
+      other.catch(() => undefined);
+      await until(async () => (await entries()).length === 3, 10_000, 'the other waiter to stand in line');
+      const late = gate.lateTxn((r) => isFirstAttempt(r) && names(r, 'adv:late-gave-up'));
+      // Before it starts over (a last attempt) or once it gave up (its release), it revokes the lease
+      // of that attempt, then deletes what landed. The attempt lands in between.
+      let hold: string | undefined;
+      void late.caught.then((request) => (hold = String(request.success![0].request_put!.lease)));
+      const revoke = gate.slow<{ ID: string }>('leaseClient', 'leaseRevoke', (r) => String(r.ID) === hold);
+      const acquiring = locks.acquire('late-gave-up', { wait: 300 }).catch((e: unknown) => e);
+      await revoke.caught;
+      await late.send().catch(() => undefined);
+      await revoke.send();
+      expect(await acquiring).toBeInstanceOf(DistributedLockError);
+      const line = async () => (await entries()).filter((e) => e.key.startsWith(`${PREFIX}adv:late-gave-up/`));
+      await until(async () => (await line()).length === 1, 10_000, 'only the holder to be left in the line');
+      await held.release();
+      await (await other).release();
+      // The process's waiter lease outlives its last place (the next one may use it) unless it stops.
+      await locks.onApplicationShutdown();
+      await nothingLeft(kept, 'every entry and lease to go');
+    });
+
+    it('a first attempt applied twice (a client that retries a request whose answer it lost) still takes the free key', async () => {
+      const { locks, gate } = gated({ pollInterval: 100 });
+      gate.twiceTxn(isFirstAttempt);
+      const handle = await locks.acquire('twice-first', { wait: 10_000 });
+      expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
+      expect((await locks.inspect('twice-first'))?.fencingToken).toBe(handle.fencingToken);
+      await handle.release();
+      expect(await entries()).toEqual([]);
+    });
+
+    it("a waiter's attempt to take its keys applied twice takes them once", async () => {
+      const holder = service();
+      const held = await holder.acquire('twice-turn');
+      const { locks, gate } = gated({ pollInterval: 100 });
+      const waiting = locks.acquire('twice-turn', { wait: 10_000 });
+      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the waiter to stand in line');
+      gate.twiceTxn(isPromotion);
+      await held.release();
+      const handle = await waiting;
+      expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+      expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
+      await handle.release();
+      expect(await entries()).toEqual([]);
+    });
+
+    it('an extension to another ttl applied twice keeps the lock', async () => {
+      quietLogs();
+      const { locks, gate } = gated();
+      const handle = await locks.acquire('twice-move', { ttl: 3_000 });
+      gate.twiceTxn(isLeaseMove);
+      await handle.extend(20_000);
+      expect(handle.isHeld).toBe(true);
+      expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
+      await handle.release();
+    });
+  });
+
+  describe('real timeouts', () => {
+    it('callers whose every call may time out while etcd still applies it: never two inside, and nothing left once they stop', async () => {
+      quietLogs();
+      const kept = await leases();
+      // Most calls of this one time out on the client (15 ms) and are applied by etcd afterwards.
+      const hasty = service({ pollInterval: 50 }, new EtcdLockBackend(fixture.endpoints, { commandTimeout: 15 }));
+      const steady = service({ pollInterval: 200 });
+      let inside: (() => boolean) | undefined;
+      const overlaps: string[] = [];
+      const done = { hasty: 0, steady: 0 };
+      let stop = false;
+      const callers = [hasty, hasty, hasty, steady, steady].map((locks, i) =>
+        (async () => {
+          const who = i < 3 ? 'hasty' : 'steady';
+          while (!stop) {
+            await locks
+              .using(
+                'hasty',
+                async (lock) => {
+                  if (inside?.()) overlaps.push(`${who} ${lock.fencingToken} entered while another holder was inside`);
+                  const me = () => !lock.signal.aborted;
+                  inside = me;
+                  await new Promise((resolve) => setTimeout(resolve, 3));
+                  if (inside === me) inside = undefined;
+                  done[who] += 1;
+                },
+                { wait: 2_000, ttl: 3_000 },
+              )
+              .catch(() => undefined);
+          }
+        })(),
+      );
+      await until(() => done.steady >= 30, 20_000, 'the steady callers to get the lock 30 times');
+      stop = true;
+      await Promise.all(callers);
+      expect(overlaps).toEqual([]);
+      await hasty.onApplicationShutdown();
+      await steady.onApplicationShutdown();
+      await nothingLeft(kept, 'nothing of the timed-out calls to be left');
+    });
+  });
+
+  describe('aborts, stalls and shutdown', () => {
+    it('an abort while the first attempt is out leaves nothing: no entry, lease or watch', async () => {
+      const holder = service();
+      const held = await holder.acquire('abort-first');
+      const kept = await leases();
+      const { locks, gate } = gated();
+      const slow = gate.slow('kv', 'txn', isFirstAttempt);
+      const controller = new AbortController();
+      const acquiring = locks.acquire('abort-first', { wait: 10_000, signal: controller.signal }).catch((e: unknown) => e);
+      await slow.caught;
+      controller.abort(new Error('the caller went away'));
+      await slow.send();
+      expect(await acquiring).toMatchObject({ message: 'the caller went away' });
+      await held.release();
+      await nothingLeft(kept, 'the aborted waiter to leave nothing');
+    });
+
+    it('an abort while waiting in line leaves nothing, no timer either, and the next waiter is not held up', async () => {
+      const timers = activeTimers();
+      const holder = service();
+      const held = await holder.acquire('abort-wait');
+      const kept = await leases();
+      const aborting = service();
+      const controller = new AbortController();
+      const acquiring = aborting.acquire('abort-wait', { wait: 20_000, signal: controller.signal }).catch((e: unknown) => e);
+      await until(async () => (await entries()).length === 2 && (await watchers()) === 1, 10_000, 'the first waiter to watch');
+      // Behind it, a waiter of another process, which watches it.
+      const nextService = service({ pollInterval: 2_000 });
+      const next = nextService.acquire('abort-wait', { wait: 20_000 });
+      await until(async () => (await entries()).length === 3 && (await watchers()) === 2, 10_000, 'the second waiter to watch');
+      controller.abort(new Error('gone'));
+      expect(await acquiring).toMatchObject({ message: 'gone' });
+      await until(async () => (await entries()).length === 2, 10_000, 'the aborted place to go');
+      await held.release();
+      const handle = await next;
+      await handle.release();
+      await nothingLeft(kept, 'every place to go');
+      await Promise.all([holder, aborting, nextService].map((locks) => locks.onApplicationShutdown()));
+      await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(timers), 10_000);
+    });
+
+    it('an event loop stalled past the lease: the holder knows at once, and its fenced write is refused', async () => {
+      quietLogs();
+      const locks = service();
+      const handle = await locks.acquire('stall', { ttl: 2_000 });
+      expect(await write(fixture.admin, 'adv-fenced', handle.fencingToken!, 'first')).toBe(true);
+      // A stall (a long GC, a blocking call): this thread does nothing for 5 s.
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5_000);
+      expect(handle.isHeld).toBe(false);
+      expect(handle.signal.aborted).toBe(true);
+      const next = await service().acquire('stall', { wait: 10_000 });
+      expect(next.fencingToken).toBeGreaterThan(handle.fencingToken!);
+      expect(await write(fixture.admin, 'adv-fenced', next.fencingToken!, 'second')).toBe(true);
+      expect(await write(fixture.admin, 'adv-fenced', handle.fencingToken!, 'stale')).toBe(false);
+      expect(await read(fixture.admin, 'adv-fenced')).toEqual({ value: 'second', token: next.fencingToken });
+      await fixture.admin.delete().prefix('adv-fenced/');
+    });
+  });
+
+  describe('shutdown', () => {
+    it('app.close() while callers wait and one holds: every call settles, nothing is left in etcd, and the client it made is closed', async () => {
+      quietLogs();
+      const other = service();
+      const elsewhere = await other.acquire('sd-busy');
+      const kept = await leases();
+      const sockets = () => process.getActiveResourcesInfo().filter((r) => r === 'TCPSocketWrap').length;
+      const socketsBefore = sockets();
+      const app = await Test.createTestingModule({
+        imports: [DistributedLockModule.forRoot({ backend: new EtcdLockBackend(fixture.endpoints), keyPrefix: 'adv:' })],
+      }).compile();
+      await app.init();
+      const locks = app.get(LockService);
+      const holding = await locks.acquire('sd-held');
+      const waiting = [
+        locks.acquire('sd-busy', { wait: 25_000 }),
+        locks.acquire('sd-busy', { wait: 25_000 }),
+        locks.acquire(['sd-busy', 'sd-held'], { wait: 25_000 }),
+        locks.acquire('sd-held', { wait: 25_000 }),
+      ].map((p) =>
+        p.then(
+          () => 'acquired',
+          (error: unknown) => (error as Error).name,
+        ),
+      );
+      await until(async () => (await entries()).length === 7, 10_000, 'the waiters to stand in line');
+      await app.close();
+      expect(await Promise.all(waiting)).toEqual(Array(4).fill('LockBackendError'));
+      expect(holding.signal.reason).toMatchObject({ reason: 'shutdown' });
+      await until(async () => (await entries()).length === 1, 10_000, "only the other process's lock to be left");
+      await elsewhere.release();
+      await nothingLeft(kept, 'nothing of the closed application to be left');
+      await until(() => sockets() <= socketsBefore, 10_000, 'the connections of the closed client to close');
+    });
+
+    it('app.close() while a first attempt is out: nothing is left once it answers', async () => {
+      quietLogs();
+      const held = await service().acquire('sd-first');
+      const kept = await leases();
+      const { locks, gate } = gated();
+      const first = gate.slow('kv', 'txn', isFirstAttempt);
+      const waiting = locks.acquire('sd-first', { wait: 25_000 }).catch((e: unknown) => e);
+      await first.caught;
+      const closing = locks.onApplicationShutdown();
+      await first.send();
+      await closing;
+      expect(await waiting).toBeInstanceOf(LockBackendError);
+      await held.release();
+      await nothingLeft(kept, 'nothing of the closed service to be left');
+    });
+
+    it('app.close() in the middle of a hand-over: the waiter gets an error or a lock it is told it lost, and nothing is left', async () => {
+      quietLogs();
+      const other = service();
+      const held = await other.acquire('sd-handover');
+      const kept = await leases();
+      const client = new Etcd3({ hosts: fixture.endpoints });
+      fixture.cleanup(() => client.close());
+      const gate = new EtcdRequestGate(client);
+      fixture.cleanup(() => gate.open());
+      const locks = new LockService(new EtcdLockBackend(client), { keyPrefix: 'adv:' });
+      const waiting = locks.acquire('sd-handover', { wait: 25_000 }).then(
+        (handle) => handle,
+        (error: unknown) => error as Error,
+      );
+      await until(async () => (await entries()).length === 2, 10_000, 'the waiter to stand in line');
+      const turn = gate.slow('kv', 'txn', isPromotion);
+      await held.release();
+      await turn.caught;
+      const closing = locks.onApplicationShutdown();
+      await turn.send();
+      await closing;
+      const outcome = await waiting;
+      if (outcome instanceof Error) expect(outcome).toBeInstanceOf(LockBackendError);
+      else expect((outcome as LockHandle).isHeld).toBe(false);
+      await nothingLeft(kept, 'nothing of the hand-over to be left');
+    });
+  });
+
+  describe('odd keys and odd ttls', () => {
+    it("keys with '/', '%', a key and another one's line prefix are separate locks, each with its own line", async () => {
+      const names = ['a', 'a/', 'a/b', 'a0', 'a.', '/', '//', '%', '%2F', 'a%2Fb', '%anchor', 'é', '😀'];
+      const mine = service({ keyPrefix: '' });
+      const handles = await Promise.all(names.map((name) => mine.tryAcquire(name)));
+      expect(handles.map((h) => h !== undefined)).toEqual(names.map(() => true));
+      const theirs = service({ keyPrefix: '' });
+      for (const [i, name] of names.entries()) {
+        expect((await theirs.inspect(name))?.fencingToken).toBe(handles[i]!.fencingToken);
+        expect(await theirs.tryAcquire(name)).toBeUndefined();
+      }
+      // Freeing one frees only that one.
+      await handles[0]!.release();
+      const a = await theirs.tryAcquire('a');
+      expect(a).toBeDefined();
+      for (const name of names.slice(1)) expect(await theirs.isLocked(name)).toBe(true);
+      await Promise.all([a!.release(), ...handles.slice(1).map((h) => h!.release())]);
+      expect(await keys()).toEqual([]);
+    });
+
+    it('a key of 100 000 characters is locked, waited for and released; one too long for etcd is refused at once, with a short message, leaving nothing', async () => {
+      const kept = await leases();
+      const long = 'k'.repeat(100_000);
+      const locks = service({ maxKeyLength: 3_000_000 });
+      const held = await locks.acquire(long);
+      const waiting = service({ maxKeyLength: 3_000_000 }).acquire(long, { wait: 20_000 });
+      await until(async () => (await entries()).length === 2, 10_000, 'the waiter to stand in line');
+      await held.release();
+      await (await waiting).release();
+      // etcd takes requests of at most 1.5 MiB; an acquisition names each key several times.
+      // Not retried for the whole wait (a LockBackendError would be): no retry can make it fit.
+      const error = await locks.acquire('k'.repeat(400_000), { wait: 10_000 }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(InvalidLockKeyError);
+      expect((error as Error).message).toMatch(/larger than etcd takes/);
+      expect((error as Error).message.length).toBeLessThan(1_000);
+      await nothingLeft(kept, 'nothing of the refused acquisition to be left');
+    });
+
+    it('a ttl of 1 ms never gives a lock that is not already lost, and leaves nothing', async () => {
+      quietLogs();
+      const kept = await leases();
+      const locks = service();
+      const handle = await locks.tryAcquire('tiny-ttl', { ttl: 1 }).catch((e: unknown) => e);
+      expect(handle === undefined || handle instanceof Error || !(handle as LockHandle).isHeld).toBe(true);
+      await nothingLeft(kept, 'nothing of the 1 ms lock to be left');
+    });
+
+    it('the longest ttl (about 24.8 days) is granted in whole seconds, and released', async () => {
+      const kept = await leases();
+      const locks = service();
+      const handle = await locks.acquire('huge-ttl', { ttl: 2_147_483_647 });
+      const [entry] = await entries();
+      expect(Number((await fixture.admin.leaseClient.leaseTimeToLive({ ID: entry.lease })).grantedTTL)).toBe(2_147_484);
+      await handle.extend();
+      await handle.release();
+      await nothingLeft(kept, 'the lease to go');
+    });
+  });
+
+  describe('lines', () => {
+    it('eight waiters of eight processes on one key: served in order, and each release wakes only the next one', async () => {
+      const holder = service();
+      const first = await holder.acquire('herd');
+      const txns: number[] = [];
+      const waiters: Promise<LockHandle>[] = [];
+      for (let i = 0; i < 8; i++) {
+        const client = new Etcd3({ hosts: fixture.endpoints });
+        fixture.cleanup(() => client.close());
+        txns.push(0);
+        const txn = client.kv.txn.bind(client.kv);
+        client.kv.txn = (...args) => ((txns[i] += 1), txn(...args));
+        // No poll within the test: only a wake-up moves a waiter.
+        const locks = service({ pollInterval: 25_000 }, new EtcdLockBackend(client, { waiterTimeout: 30_000 }));
+        waiters.push(locks.acquire('herd', { wait: 28_000 }));
+        await until(async () => (await entries()).length === i + 2, 10_000, `waiter ${i} to stand in line`);
+      }
+      await until(async () => (await watchers()) === 8, 10_000, 'each waiter to watch the one ahead');
+      const before = [...txns];
+      await first.release();
+      const tokens = [first.fencingToken!];
+      for (let i = 0; i < 8; i++) {
+        const handle = await waiters[i];
+        tokens.push(handle.fencingToken!);
+        // Those behind it have not asked etcd anything since the line formed.
+        expect(txns.slice(i + 1)).toEqual(before.slice(i + 1));
+        await handle.release();
+      }
+      for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
+    });
+
+    it('callers of overlapping key sets across processes: no deadlock, never two inside one key, tokens increasing per key', async () => {
+      const services = [service(), service(), service()];
+      let seed = 7;
+      const random = () => (seed = (seed * 1_103_515_245 + 12_345) % 2_147_483_648) / 2_147_483_648;
+      const names = ['m0', 'm1', 'm2', 'm3', 'm4'];
+      const inside = new Map<string, number>();
+      const tokens = new Map<string, number[]>();
+      const overlaps: string[] = [];
+      const calls = Array.from({ length: 24 }, (_, i) => {
+        const set = names.filter(() => random() < 0.45);
+        const keySet = set.length > 0 ? set : [names[i % names.length]];
+        return services[i % services.length].using(
+          keySet,
+          async (lock) => {
+            for (const key of keySet) {
+              if (inside.has(key)) overlaps.push(`${key}: ${inside.get(key)} and ${i}`);
+              inside.set(key, i);
+              tokens.set(key, [...(tokens.get(key) ?? []), lock.fencingToken!]);
+            }
+            await new Promise((resolve) => setTimeout(resolve, 5));
+            for (const key of keySet) inside.delete(key);
+          },
+          { wait: 25_000 },
+        );
+      });
+      await Promise.all(calls);
+      expect(overlaps).toEqual([]);
+      for (const list of tokens.values()) for (let i = 1; i < list.length; i++) expect(list[i]).toBeGreaterThan(list[i - 1]);
+    });
+
+    it('a waiter whose member dies watches again through another one, and takes its turn', async () => {
+      quietLogs();
+      const held = await service().acquire('member-dies', { ttl: 3_000 });
+      const locks = service({ pollInterval: 2_000 }, new EtcdLockBackend(fixture.endpoints, { waiterTimeout: 30_000 }));
+      const waiting = locks.acquire('member-dies', { wait: 25_000 });
+      await until(async () => (await watchers()) === 1, 10_000, 'the waiter to watch');
+      // The member its watch runs on.
+      const counts = await Promise.all(
+        fixture.cluster.members.map(async (m) =>
+          Number(/^etcd_debugging_mvcc_watcher_total (\d+)/m.exec(await (await fetch(`${m.endpoint}/metrics`)).text())?.[1]),
+        ),
+      );
+      const index = counts.indexOf(1);
+      await fixture.cluster.members[index].kill();
+      fixture.cleanup(() => fixture.cluster.restart(index));
+      await until(async () => (await watchers()) === 1, 15_000, 'the watch to come back on another member');
+      // A release sent to the dead member fails: the lease then runs out, which deletes the entry as well.
+      await held.release().catch(() => undefined);
+      const handle = await waiting;
+      expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+      await handle.release();
+    });
+  });
+
+  describe('hands other than ours', () => {
+    it("a waiter's place deleted by hand (its waiter lease revoked): it stands in line again and gets the lock", async () => {
+      const held = await service().acquire('place-revoked');
+      const locks = service();
+      const waiting = locks.acquire('place-revoked', { wait: 20_000 });
+      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the waiter to stand in line');
+      const place = (await entries()).find((e) => e.value === 'waiting')!;
+      await fixture.admin.leaseClient.leaseRevoke({ ID: place.lease });
+      // It notices (its keeper's next round) and takes a new place, behind the holder still.
+      await until(
+        async () => (await entries()).some((e) => e.value === 'waiting' && e.lease !== place.lease),
+        10_000,
+        'the waiter to stand in line again',
+      );
+      await held.release();
+      const handle = await waiting;
+      expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+      await handle.release();
+    });
+
+    it('the lease a waiter would hold its keys on, revoked by hand: it takes its turn on a new one', async () => {
+      const held = await service().acquire('hold-revoked');
+      const locks = service();
+      const waiting = locks.acquire('hold-revoked', { wait: 20_000 });
+      await until(async () => (await keys()).some((e) => e.key.includes('%anchor/')), 10_000, 'the waiter to stand in line');
+      const anchor = (await keys()).find((e) => e.key.includes('%anchor/'))!;
+      await fixture.admin.leaseClient.leaseRevoke({ ID: anchor.lease });
+      await held.release();
+      const handle = await waiting;
+      expect(handle.isHeld).toBe(true);
+      expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+      expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
+      await handle.release();
+      expect(await keys()).toEqual([]);
+    });
+
+    it("an entry deleted by hand is noticed at the holder's next extension", async () => {
+      quietLogs();
+      const locks = service();
+      const handle = await locks.acquire('by-hand', { ttl: 3_000 });
+      await fixture.admin.delete().prefix(`${PREFIX}adv:by-hand/`);
+      // Its next extension is due a third of the ttl after the last one.
+      await until(() => handle.signal.aborted, 10_000, 'the holder to be told');
+      const reason: unknown = handle.signal.reason;
+      expect(reason).toBeInstanceOf(LockLostError);
+      expect(reason).toMatchObject({ reason: 'taken' });
+    });
+
+    it("a holder's lease revoked by hand: the holder is told at its next extension, and its release leaves the next holder's lock alone", async () => {
+      quietLogs();
+      const locks = service();
+      const handle = await locks.acquire('revoked', { ttl: 3_000 });
+      const [entry] = await entries();
+      const rival = service();
+      const next = rival.acquire('revoked', { wait: 10_000 });
+      await fixture.admin.leaseClient.leaseRevoke({ ID: entry.lease });
+      const taken = await next;
+      expect(taken.fencingToken).toBeGreaterThan(handle.fencingToken!);
+      const reason = await new Promise<unknown>((resolve) =>
+        handle.signal.aborted
+          ? resolve(handle.signal.reason)
+          : handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)),
+      );
+      expect(reason).toMatchObject({ reason: 'taken' });
+      await handle.release().catch(() => undefined);
+      expect(taken.isHeld).toBe(true);
+      expect((await rival.inspect('revoked'))?.fencingToken).toBe(taken.fencingToken);
+    });
+  });
+});

@@ -1,0 +1,584 @@
+import { describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+// @ts-expect-error: node-zookeeper-client ships no types; the tests only pass it to the fixture.
+import zookeeper from 'node-zookeeper-client';
+import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import { ZooKeeperError } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
+import { InvalidLockKeyError, LockBackendError, LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
+import type { LockHandle } from '../../lib/lock.handle.js';
+import { LockService } from '../../lib/lock.service.js';
+import type { DistributedLockModuleOptions } from '../../lib/distributed-lock.options.js';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { connectedClient, fencedWrite } from '../fixtures/zookeeper-fenced-store.mjs';
+import { TcpProxy } from '../support/tcp-proxy.js';
+import { eventually, until } from '../support/wait.js';
+import { tappedClients, type ZooKeeperTaps } from '../support/zookeeper-client-tap.js';
+import { useZooKeeper } from '../support/zookeeper-fixture.js';
+import { fourLetterWord } from '../support/zookeeper-server.js';
+
+type Callback<T> = (error: (Error & { getName?(): string }) | null, value: T) => void;
+/** The part of node-zookeeper-client this file uses to look at (and break) lines as an operator would. */
+interface RawClient {
+  getChildren(path: string, callback: Callback<string[]>): void;
+  exists(path: string, callback: Callback<unknown>): void;
+  remove(path: string, version: number, callback: Callback<void>): void;
+  transaction(): { remove(path: string, version: number): unknown; commit(callback: Callback<unknown>): void };
+  close(): void;
+}
+
+const write = fencedWrite as (client: RawClient, path: string, token: number, value: string) => Promise<boolean>;
+
+// One server for the file; each test has a root of its own (fixture.root).
+const fixture = useZooKeeper();
+
+function backend(options: ZooKeeperLockBackendOptions & { connectionString?: string } = {}, taps?: ZooKeeperTaps): ZooKeeperLockBackend {
+  const { connectionString = fixture.connectionString, ...rest } = options;
+  const resolved = { root: fixture.root, sessionTimeout: 4_000, commandTimeout: 1_000, ...rest };
+  const created = new ZooKeeperLockBackend(
+    connectionString,
+    resolved,
+    taps && tappedClients(connectionString, resolved.sessionTimeout, taps),
+  );
+  fixture.cleanup(() => created.close());
+  return created;
+}
+
+function service(lockBackend: ZooKeeperLockBackend = backend(), options: Omit<DistributedLockModuleOptions, 'backend'> = {}): LockService {
+  const locks = new LockService(lockBackend, { keyPrefix: '', ...options });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+function quietWarnings(): void {
+  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  fixture.cleanup(() => warn.mockRestore());
+}
+
+async function proxy(): Promise<TcpProxy> {
+  const started = await TcpProxy.start(fixture.server.ports[0]);
+  fixture.cleanup(() => started.close());
+  return started;
+}
+
+let rawClient: Promise<RawClient> | undefined;
+/** A session of the test's own, as an operator's zkCli. */
+function raw(): Promise<RawClient> {
+  if (!rawClient) {
+    rawClient = connectedClient(zookeeper, fixture.connectionString) as Promise<RawClient>;
+    const opened = rawClient;
+    fixture.cleanup(async () => {
+      rawClient = undefined;
+      (await opened).close();
+    });
+  }
+  return rawClient;
+}
+
+function call<T>(send: (callback: Callback<T>) => void): Promise<T> {
+  return new Promise((resolve, reject) => send((error, value) => (error ? reject(error) : resolve(value))));
+}
+
+/** A node's children (a key's line, or the root's lines); none when it does not exist. */
+async function children(path: string): Promise<string[]> {
+  const client = await raw();
+  return call<string[]>((cb) => client.getChildren(path, cb)).catch((error: Error & { getName?(): string }) =>
+    error.getName?.() === 'NO_NODE' ? [] : Promise.reject(error),
+  );
+}
+
+/** Watches the server holds: path -> sessions watching it (`wchp`). */
+async function watches(): Promise<Map<string, string[]>> {
+  const answer = await fourLetterWord(fixture.server.ports[0], 'wchp');
+  const byPath = new Map<string, string[]>();
+  let path: string | undefined;
+  for (const line of answer.split('\n')) {
+    if (line.startsWith('/')) byPath.set((path = line.trim()), []);
+    else if (path && line.trim()) byPath.get(path)!.push(line.trim());
+  }
+  return byPath;
+}
+
+/** Watches the server holds under this test's root. */
+async function watchesHere(): Promise<Map<string, string[]>> {
+  return new Map([...(await watches())].filter(([path]) => path.startsWith(`${fixture.root}/`)));
+}
+
+/** A promise that stays pending until `open()`: a request held back on the network. */
+function gate(): { wait: Promise<void>; open: () => void } {
+  let open: () => void = () => undefined;
+  const wait = new Promise<void>((resolve) => (open = resolve));
+  return { wait, open };
+}
+
+function lostReason(handle: LockHandle): Promise<string> {
+  return new Promise((resolve) =>
+    handle.signal.addEventListener('abort', () => resolve((handle.signal.reason as LockLostError).reason), { once: true }),
+  );
+}
+
+describe('ZooKeeper backend under attack', () => {
+  describe('late and lost answers', () => {
+    it('a tryAcquire whose create ZooKeeper applied, but whose answer was lost with the connection, leaves no node: the key stays free', async () => {
+      quietWarnings();
+      const line = await proxy();
+      const cutBackend = backend({ connectionString: `127.0.0.1:${line.port}`, commandTimeout: 500 });
+      const cut = service(cutBackend);
+      // The key's parent exists and is known: the next request is the create itself.
+      await (await cut.acquire('job')).release();
+
+      line.set({ kind: 'blackhole-down' }); // requests reach ZooKeeper, answers are lost
+      await expect(cut.tryAcquire('job')).rejects.toBeInstanceOf(LockBackendError);
+      // The connection breaks and comes back within the session: the session, and every node it made, live on.
+      line.set({ kind: 'drop' });
+      await until(() => cutBackend.state === 'suspended', 10_000, 'the cut client to notice');
+      line.set({ kind: 'pass' });
+      await until(() => cutBackend.state === 'connected', 10_000, 'the cut client to reconnect');
+
+      // Nobody holds the key: another process takes it.
+      const handle = await service().acquire('job', { wait: 5_000 });
+      await handle.release();
+      await eventually(async () => expect(await children(`${fixture.root}/job`)).toEqual([]), 5_000);
+    }, 30_000);
+
+    it('a tryAcquire whose create was answered but whose look at the line came after the command timeout leaves no node', async () => {
+      const slowRead = gate();
+      let reads = 0;
+      const slow = backend(
+        { commandTimeout: 500 },
+        {
+          // The first look at the line after the create: answered after the caller gave up.
+          getChildren: async (path, send) => (++reads === 1 ? slowRead.wait.then(send) : send()),
+        },
+      );
+      const locks = service(slow);
+      await expect(locks.tryAcquire('cron')).rejects.toBeInstanceOf(LockBackendError);
+      slowRead.open(); // ...and says the node is first in line
+      const other = service();
+      const handle = await other.acquire('cron', { wait: 5_000 });
+      await handle.release();
+      await eventually(async () => expect(await children(`${fixture.root}/cron`)).toEqual([]), 5_000);
+    });
+
+    it('an acquisition answered after the lease it won ran out is confirmed again, not left first in line with nobody to use it', async () => {
+      // The look at the line after the create is answered after the lease it would certify ran
+      // out (two thirds of the 2 s session): a stalled event loop, or a slow ensemble under load.
+      let createdAt: number | undefined;
+      const slow = backend(
+        { sessionTimeout: 2_000, commandTimeout: 10_000 },
+        {
+          multi: (ops, send) => send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now())),
+          getChildren: async (path, send) => {
+            if (createdAt !== undefined && performance.now() - createdAt < 2_000) {
+              await until(() => performance.now() - createdAt! >= 2_000, 10_000, 'the answer to be late');
+            }
+            return send();
+          },
+        },
+      );
+      let attempts = 0;
+      const tryAcquire = slow.tryAcquire.bind(slow);
+      slow.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      // No polling: a caller whose win came too late, taken as lost, would not ask again before
+      // its wait ends, and its node would stay first in line meanwhile.
+      const handle = await service(slow, { pollInterval: 60_000 }).acquire('late-win', { wait: 20_000 });
+      expect(attempts).toBe(1);
+      expect(handle.isHeld).toBe(true);
+      await handle.release();
+    }, 30_000);
+
+    it('a release whose delete never reached ZooKeeper: the handle says so, and the node is deleted once ZooKeeper is reachable again', async () => {
+      quietWarnings();
+      const line = await proxy();
+      const cutBackend = backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 8_000, commandTimeout: 500 });
+      const handle = await service(cutBackend).acquire('release-late', { ttl: 60_000 });
+      line.set({ kind: 'blackhole-up' }); // the delete is lost on the way
+      await expect(handle.release()).rejects.toBeInstanceOf(LockBackendError);
+      expect(await children(`${fixture.root}/release-late`)).toHaveLength(1);
+      const next = service().acquire('release-late', { wait: 20_000 });
+      line.set({ kind: 'pass' });
+      const taken = await next;
+      expect(taken.fencingToken).toBeGreaterThan(handle.fencingToken!);
+      // It was the delete sent again, not the session's end, that freed the key.
+      expect(cutBackend.state).not.toBe('lost');
+      await taken.release();
+    }, 30_000);
+
+    it('inspect() during a connection loss fails with LockBackendError, the error every other call gives', async () => {
+      let failNext = false;
+      const flaky = backend(
+        {},
+        {
+          getChildren: (path, send) =>
+            failNext
+              ? ((failNext = false), Promise.reject(new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]')))
+              : send(),
+        },
+      );
+      const locks = service(flaky);
+      expect(await locks.inspect('seen')).toBeUndefined();
+      failNext = true;
+      await expect(locks.inspect('seen')).rejects.toBeInstanceOf(LockBackendError);
+    });
+  });
+
+  describe('watches', () => {
+    it('a predecessor that goes before its watch is set leaves no watch behind on the server', async () => {
+      const held = await service().acquire('race', { ttl: 60_000 });
+      const watchSent = gate();
+      const watchAsked = gate();
+      const waiter = service(
+        backend(
+          {},
+          {
+            // The watch on the holder's node goes out only after the holder released.
+            exists: async (path, watcher, send) => {
+              if (watcher) {
+                watchAsked.open();
+                await watchSent.wait;
+              }
+              return send();
+            },
+          },
+        ),
+      );
+      const waiting = waiter.acquire('race', { wait: 10_000 });
+      await watchAsked.wait;
+      await held.release();
+      watchSent.open();
+      await (await waiting).release();
+      await eventually(async () => expect(await children(`${fixture.root}/race`)).toEqual([]), 5_000);
+      expect([...(await watchesHere()).keys()]).toEqual([]);
+    });
+
+    it('a watch whose request failed is asked for again: the waiter is woken by the release, not by polling', async () => {
+      let failures = 0;
+      let attempts = 0;
+      let wakes = 0;
+      const flaky = backend(
+        {},
+        {
+          exists: (path, watcher, send) =>
+            watcher && failures++ === 0 ? Promise.reject(new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]')) : send(),
+        },
+      );
+      const [tryAcquire, watch] = [flaky.tryAcquire.bind(flaky), flaky.watch.bind(flaky)];
+      flaky.tryAcquire = (...args) => tryAcquire(...args).finally(() => attempts++);
+      flaky.watch = (keys, onRelease, owner) => watch(keys, () => (wakes++, onRelease()), owner);
+      const held = await service().acquire('rewatch', { ttl: 60_000 });
+      // No polling: only a wake-up can move the waiter before its wait ends.
+      const waiting = service(flaky, { pollInterval: 60_000 }).acquire('rewatch', { wait: 25_000 });
+      // The first attempt failed on the watch; the second stands in line.
+      await until(() => attempts >= 2, 10_000, 'the waiter to stand in line');
+      const before = wakes;
+      await held.release();
+      await until(() => wakes > before, 10_000, 'the release to wake the waiter');
+      await (await waiting).release();
+    }, 30_000);
+
+    it('many waiters on one key: each watches only the node just before its own', async () => {
+      const held = await service().acquire('herd', { ttl: 60_000 });
+      const waiters: Promise<LockHandle>[] = [];
+      for (let i = 0; i < 6; i++) {
+        waiters.push(service().acquire('herd', { wait: 20_000 }));
+        await until(async () => (await children(`${fixture.root}/herd`)).length === i + 2, 10_000, `waiter ${i} in line`);
+      }
+      const line = (await children(`${fixture.root}/herd`)).sort((a, b) => Number(a.slice(-10)) - Number(b.slice(-10)));
+      await eventually(async () => {
+        const watched = await watchesHere();
+        // Every node but the last is watched, each by one session, and no session watches two.
+        expect([...watched.keys()].sort()).toEqual(
+          line
+            .slice(0, -1)
+            .map((name) => `${fixture.root}/herd/${name}`)
+            .sort(),
+        );
+        for (const sessions of watched.values()) expect(sessions).toHaveLength(1);
+        expect(new Set([...watched.values()].flat()).size).toBe(line.length - 1);
+      }, 5_000);
+      await held.release();
+      for (const waiting of waiters) await (await waiting).release();
+    }, 30_000);
+  });
+
+  describe('giving up and shutting down', () => {
+    it('an AbortSignal that fires while the create is on its way: the caller gets the abort, and no node or watch is left', async () => {
+      const held = await service().acquire('abort', { ttl: 60_000 });
+      const [holderNode] = await children(`${fixture.root}/abort`);
+      const createSent = gate();
+      const createAsked = gate();
+      let created: Promise<string[]> | undefined;
+      const waiters = service(
+        backend(
+          { commandTimeout: 500 },
+          {
+            multi: async (ops, send) => {
+              if (ops[0]?.op !== 'create' || created) return send();
+              createAsked.open();
+              await createSent.wait;
+              return (created = send());
+            },
+          },
+        ),
+      );
+      const controller = new AbortController();
+      const waiting = waiters.acquire('abort', { signal: controller.signal, wait: 20_000 });
+      await createAsked.wait;
+      controller.abort(new Error('the caller left'));
+      await expect(waiting).rejects.toThrow('the caller left');
+      createSent.open(); // the create reaches ZooKeeper after the caller left
+      await until(() => created !== undefined, 5_000, 'the create to go out');
+      await created!.catch(() => undefined);
+      await eventually(async () => expect(await children(`${fixture.root}/abort`)).toEqual([holderNode]), 5_000);
+      await held.release();
+      await eventually(async () => expect([...(await watchesHere()).keys()]).toEqual([]), 5_000);
+      expect(waiters.footprint()).toEqual({ leases: 0, requests: 0, keySets: 0, countedKeys: 0, scheduled: expect.any(Number) });
+    });
+
+    it('shutdown during a hand-over with waiters in three processes: every caller settles, no node or connection is left', async () => {
+      quietWarnings();
+      const sockets = () => process.getActiveResourcesInfo().filter((r) => r === 'TCPSocketWrap').length;
+      await raw();
+      const before = sockets();
+      const services = [service(), service(), service()];
+      const held = await services[0].acquire('handover', { ttl: 60_000 });
+      const callers = services.flatMap((locks) =>
+        [0, 1].map(() =>
+          locks.using(
+            'handover',
+            async (lock) => {
+              await new Promise<void>((resolve) => lock.signal.addEventListener('abort', () => resolve(), { once: true }));
+            },
+            { wait: 20_000 },
+          ),
+        ),
+      );
+      await until(async () => (await children(`${fixture.root}/handover`)).length >= 4, 10_000, 'a waiter of each process in line');
+      const releasing = held.release();
+      await Promise.all([releasing, ...services.map((locks) => locks.onApplicationShutdown())]);
+      const outcomes = await Promise.allSettled(callers);
+      for (const outcome of outcomes) {
+        if (outcome.status === 'rejected') expect(outcome.reason).toBeInstanceOf(LockBackendError);
+      }
+      expect(await children(`${fixture.root}/handover`)).toEqual([]);
+      await until(() => sockets() <= before, 5_000, 'the sessions’ sockets to close');
+    });
+
+    it('a graceful shutdown deletes the parent nodes of the keys it released, instead of leaving one per key', async () => {
+      const locks = service();
+      for (const id of [1, 2, 3]) await (await locks.acquire(`order:${id}`)).release();
+      expect(await children(fixture.root)).toHaveLength(3);
+      await locks.onApplicationShutdown();
+      expect(await children(fixture.root)).toEqual([]);
+    });
+  });
+
+  describe('sessions', () => {
+    it('the lease is min(ttl, two thirds of the session timeout ZooKeeper granted), not of the one asked for', async () => {
+      // The server grants 2 to 20 ticks of 500 ms: 60 s asked is 10 s granted, 300 ms asked is 1 s.
+      const long = backend({ sessionTimeout: 60_000 });
+      expect(await long.tryAcquire(['lease-long'], 'owner-a', 60_000)).toMatchObject({ acquired: true, validityMs: 6_666 });
+      expect(await long.tryAcquire(['lease-short-ttl'], 'owner-b', 1_000)).toMatchObject({ acquired: true, validityMs: 1_000 });
+      const short = backend({ sessionTimeout: 300 });
+      expect(await short.tryAcquire(['lease-short'], 'owner-c', 60_000)).toMatchObject({ acquired: true, validityMs: 666 });
+      const handle = await service(backend({ sessionTimeout: 60_000 })).acquire('lease-huge', { ttl: 2_147_483_647 });
+      expect(handle.expiresAt.getTime() - Date.now()).toBeLessThanOrEqual(6_666);
+      await handle.release();
+    });
+
+    it('a ttl of 1 ms runs out before any answer: never held, nothing left behind, the key free for others', async () => {
+      const impatient = service();
+      await expect(impatient.acquire('ttl-1', { ttl: 1, wait: 300 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+      await eventually(async () => expect(await children(`${fixture.root}/ttl-1`)).toEqual([]), 5_000);
+      await (await service().acquire('ttl-1', { wait: 0 })).release();
+      expect(impatient.footprint()).toMatchObject({ leases: 0, keySets: 0, countedKeys: 0 });
+    });
+
+    it('a connection broken and restored within the session keeps the lock and the waiter’s watch', async () => {
+      quietWarnings();
+      const line = await proxy();
+      const viaProxy = () => backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 8_000 });
+      const [holderBackend, waiterBackend] = [viaProxy(), viaProxy()];
+      const held = await service(holderBackend).acquire('blip', { ttl: 60_000 });
+      const waiting = service(waiterBackend, { pollInterval: 60_000 }).acquire('blip', { wait: 20_000 });
+      await until(async () => (await children(`${fixture.root}/blip`)).length === 2, 10_000, 'the waiter in line');
+      await eventually(async () => expect((await watchesHere()).size).toBe(1), 5_000);
+      line.set({ kind: 'drop' });
+      await until(() => holderBackend.state === 'suspended' && waiterBackend.state === 'suspended', 10_000, 'both to notice');
+      line.set({ kind: 'pass' });
+      await until(() => holderBackend.state === 'connected' && waiterBackend.state === 'connected', 10_000, 'both to reconnect');
+      await held.extend();
+      expect(held.isHeld).toBe(true);
+      expect((await service().inspect('blip'))?.fencingToken).toBe(held.fencingToken);
+      await held.release();
+      const next = await waiting;
+      expect(next.fencingToken).toBeGreaterThan(held.fencingToken!);
+      await next.release();
+    }, 30_000);
+
+    it('a holder cut off in silence is told it lost the lock before anyone else takes it, and its fenced write is refused', async () => {
+      quietWarnings();
+      const line = await proxy();
+      const cutBackend = backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 2_000, commandTimeout: 500 });
+      const stale = await service(cutBackend).acquire('silent', { ttl: 60_000 });
+      const events: string[] = [];
+      void lostReason(stale).then((reason) => events.push(`told (${reason})`));
+      line.set({ kind: 'blackhole-up' }); // nothing reaches ZooKeeper, nothing comes back: no error to see
+      const next = await service().acquire('silent', { wait: 20_000 });
+      events.push('taken by another');
+      expect(events).toEqual([expect.stringMatching(/^told \((backend-error|expired)\)$/), 'taken by another']);
+      expect(next.fencingToken).toBeGreaterThan(stale.fencingToken!);
+      const register = await raw();
+      const path = `${fixture.root}-register`;
+      expect(await write(register, path, next.fencingToken!, 'new holder')).toBe(true);
+      fixture.cleanup(() => call<void>((cb) => register.remove(path, -1, cb)));
+      expect(await write(register, path, stale.fencingToken!, 'stale holder')).toBe(false);
+      await next.release();
+    }, 30_000);
+  });
+
+  describe('operators and the parent-node clean-up', () => {
+    it('a holder whose node an operator deleted is told at its next extension that the lock was taken', async () => {
+      quietWarnings();
+      const held = await service().acquire('deleted', { ttl: 60_000 });
+      const reason = lostReason(held);
+      const client = await raw();
+      const [node] = await children(`${fixture.root}/deleted`);
+      await call<void>((cb) => client.remove(`${fixture.root}/deleted/${node}`, -1, cb));
+      const next = await service().acquire('deleted', { wait: 5_000 });
+      // Not 'backend-error' at the lease's end: the extension sees the node gone.
+      expect(await reason).toBe('taken');
+      await next.release();
+    });
+
+    it('a waiter whose whole line an operator deleted (deleteall) takes the lock, which is free', async () => {
+      quietWarnings();
+      const held = await service().acquire('wiped', { ttl: 60_000 });
+      const waiting = service().acquire('wiped', { wait: 10_000 });
+      const parent = `${fixture.root}/wiped`;
+      await until(async () => (await children(parent)).length === 2, 10_000, 'the waiter in line');
+      const client = await raw();
+      const transaction = client.transaction();
+      for (const name of await children(parent)) transaction.remove(`${parent}/${name}`, -1);
+      transaction.remove(parent, -1);
+      await call((cb) => transaction.commit(cb));
+      const handle = await waiting;
+      expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+      await handle.release();
+    }, 30_000);
+
+    it('a parent node deleted by another process’s clean-up while a create is on its way: the create is sent again, the lock is taken', async () => {
+      const parent = `${fixture.root}/swept`;
+      const client = await raw();
+      let holdCreates = false;
+      const racing = backend(
+        { commandTimeout: 20_000 },
+        {
+          // Holds the create back until the other process's clean-up deleted the parent this one knows.
+          multi: (ops, send) => {
+            if (ops[0]?.op !== 'create' || !holdCreates) return send();
+            holdCreates = false;
+            return until(async () => !(await call<unknown>((cb) => client.exists(parent, cb))), 20_000, 'the clean-up').then(send);
+          },
+        },
+      );
+      const cleaner = backend();
+      expect(await cleaner.tryAcquire(['swept'], 'owner-a', 60_000)).toMatchObject({ acquired: true });
+      // The racing process learns the parent exists, and never releases here: it has nothing to clean.
+      expect(await racing.tryAcquire(['swept'], 'owner-b', 60_000, { willWait: false })).toEqual({ acquired: false });
+      await cleaner.release(['swept'], 'owner-a');
+      holdCreates = true;
+      // The clean-up deletes the empty parent 5 to 10 s after the release.
+      expect(await racing.tryAcquire(['swept'], 'owner-c', 60_000)).toMatchObject({ acquired: true });
+      expect(await children(parent)).toHaveLength(1);
+      await racing.release(['swept'], 'owner-c');
+    }, 30_000);
+  });
+
+  describe('keys and requests of every shape', () => {
+    it('keys with /, ., .., %2E, zookeeper and unicode each get a line of their own', async () => {
+      const keys = ['a/b', 'a%2Fb', '.', '..', '%2E', 'zookeeper', '/zookeeper/quota', 'ключ', '😀', '中'.repeat(512)];
+      const holder = service();
+      const other = service();
+      const handles = [];
+      for (const key of keys) handles.push(await holder.acquire(key, { wait: 0 }));
+      for (const key of keys) expect(await other.tryAcquire(key)).toBeUndefined();
+      const lines = await children(fixture.root);
+      expect(lines).toHaveLength(keys.length);
+      for (const name of lines) expect(name).toMatch(/^[A-Za-z0-9%_!~*'()-]+$/);
+      for (const handle of handles) await handle.release();
+      for (const key of keys) await (await other.acquire(key, { wait: 5_000 })).release();
+    });
+
+    it('a request larger than ZooKeeper accepts is refused at once with InvalidLockKeyError, and the connection is not dropped', async () => {
+      quietWarnings();
+      const shared = backend();
+      const locks = service(shared, { maxKeyLength: 2_000_000 });
+      const held = await locks.acquire('small', { ttl: 60_000 });
+      const states = [shared.state];
+      const watcher = setInterval(() => states.at(-1) !== shared.state && states.push(shared.state), 2);
+      fixture.cleanup(() => clearInterval(watcher));
+      const huge = ['x'.repeat(1_100_000)];
+      const many = Array.from({ length: 300 }, (_, i) => `${'中'.repeat(500)}${i}`);
+      for (const keys of [huge, many]) {
+        const error = await locks.acquire(keys, { wait: 5_000 }).catch((e: unknown) => e);
+        expect(error).toBeInstanceOf(InvalidLockKeyError);
+        expect((error as Error).message).toContain('jute.maxbuffer');
+      }
+      await held.extend();
+      expect(states).toEqual(['connected']);
+      expect(held.isHeld).toBe(true);
+      await held.release();
+    });
+  });
+
+  describe('multi-key lines', () => {
+    it('overlapping multi-key callers in three processes never deadlock and never share a key', async () => {
+      const services = [service(), service(), service()];
+      const sets = [
+        ['a', 'b'],
+        ['b', 'c'],
+        ['c', 'a'],
+      ];
+      const inside = new Map<string, number>();
+      let overlaps = 0;
+      let sections = 0;
+      await Promise.all(
+        services.flatMap((locks, i) =>
+          [0, 1].map(async () => {
+            for (let n = 0; n < 8; n++) {
+              await locks.using(
+                sets[i],
+                async () => {
+                  for (const key of sets[i]) if ((inside.get(key) ?? 0) > 0) overlaps++;
+                  for (const key of sets[i]) inside.set(key, (inside.get(key) ?? 0) + 1);
+                  await new Promise((resolve) => setTimeout(resolve, 2));
+                  for (const key of sets[i]) inside.set(key, inside.get(key)! - 1);
+                  sections++;
+                },
+                { wait: 25_000 },
+              );
+            }
+          }),
+        ),
+      );
+      expect(sections).toBe(48);
+      expect(overlaps).toBe(0);
+    }, 30_000);
+
+    it('a multi-key waiter keeps its place: a single-key caller that came after it does not overtake it', async () => {
+      const [first, multi, single] = [service(), service(), service()];
+      const held = await first.acquire('m1', { ttl: 60_000 });
+      const order: string[] = [];
+      const both = multi.acquire(['m1', 'm2'], { wait: 20_000 }).then((h) => (order.push('m1+m2'), h));
+      await until(async () => (await children(`${fixture.root}/m2`)).length === 1, 10_000, 'the multi-key waiter in line');
+      const alone = single.acquire('m2', { wait: 20_000 }).then((h) => (order.push('m2'), h));
+      await until(async () => (await children(`${fixture.root}/m2`)).length === 2, 10_000, 'the single-key waiter in line');
+      expect(order).toEqual([]);
+      await held.release();
+      await (await both).release();
+      await (await alone).release();
+      expect(order).toEqual(['m1+m2', 'm2']);
+    });
+  });
+});
