@@ -13,7 +13,7 @@ import {
   type LockHandle,
 } from '../../lib/index.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
-import { EtcdRequestGate, isFirstAttempt, isLeaseMove, isPromotion, names } from '../support/etcd-request-gate.js';
+import { EtcdRequestGate, isDeletion, isFirstAttempt, isLeaseMove, isPromotion, names } from '../support/etcd-request-gate.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedRead, fencedWrite } from '../fixtures/etcd-fenced-store.mjs';
 import { activeTimers, eventually, until } from '../support/wait.js';
@@ -236,6 +236,28 @@ describe('etcd backend, attacked', () => {
       await nothingLeft(kept, 'every entry and lease to go');
     });
 
+    it('a waiter whose release was lost leaves no place in line while another caller of its process waits on', async () => {
+      quietLogs();
+      const holder = service();
+      const held = await holder.acquire('lost-release');
+      const busy = await holder.acquire('lost-release-other');
+      const { locks, gate } = gated({}, { waiterTimeout: 3_000 });
+      // This caller waits all along: the process's waiter lease, which the entries sit on, stays alive.
+      const waitingOn = locks.acquire('lost-release-other', { wait: 30_000 });
+      waitingOn.catch(() => undefined);
+      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the first waiter to stand in line');
+      const lost = gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:lost-release'));
+      await expect(locks.acquire('lost-release', { wait: 300 })).rejects.toBeInstanceOf(DistributedLockError);
+      await lost.caught;
+      await held.release();
+      // Not after the other caller's 30 s: its entry is deleted again once etcd answers.
+      const next = await service().acquire('lost-release', { wait: 10_000 });
+      expect(next.fencingToken).toBeGreaterThan(held.fencingToken!);
+      await next.release();
+      await busy.release();
+      await (await waitingOn).release();
+    }, 30_000);
+
     it('a first attempt applied twice (a client that retries a request whose answer it lost) still takes the free key', async () => {
       const { locks, gate } = gated({ pollInterval: 100 });
       gate.twiceTxn(isFirstAttempt);
@@ -301,13 +323,17 @@ describe('etcd backend, attacked', () => {
                 },
                 { wait: 2_000, ttl: 3_000 },
               )
-              .catch(() => undefined);
+              // A call that fails at once (the service shutting down) must not spin without timers.
+              .catch(() => new Promise((resolve) => setImmediate(resolve)));
           }
         })(),
       );
-      await until(() => done.steady >= 30, 20_000, 'the steady callers to get the lock 30 times');
-      stop = true;
-      await Promise.all(callers);
+      try {
+        await until(() => done.steady >= 30, 20_000, 'the steady callers to get the lock 30 times');
+      } finally {
+        stop = true;
+        await Promise.all(callers);
+      }
       expect(overlaps).toEqual([]);
       await hasty.onApplicationShutdown();
       await steady.onApplicationShutdown();

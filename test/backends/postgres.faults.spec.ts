@@ -88,6 +88,8 @@ describe('PostgreSQL backend under faults, with real processes', () => {
             failures.push(error);
             // Never hangs: at most one commandTimeout (2 s) past the wait.
             expect(Date.now() - started).toBeLessThan(1_000 + 2_000 + 1_000);
+            // A call that fails at once (the service shut down after a failed step) must not spin without timers.
+            await new Promise((resolve) => setImmediate(resolve));
           }
         }
       })(),

@@ -187,6 +187,68 @@ describe('ZooKeeper backend under attack', () => {
       await handle.release();
     }, 30_000);
 
+    /**
+     * The client queues requests while it has no connection and sends them once it has one again
+     * (a leader election): a create can reach ZooKeeper long after the attempt that sent it timed
+     * out, and its answer can then be lost with the connection. The held-back create below is sent
+     * when the test says, and its answer replaced by CONNECTION_LOSS.
+     */
+    function heldBackCreate(): { taps: ZooKeeperTaps; send: () => void; sent: Promise<void> } {
+      const release = gate();
+      let sent: () => void = () => undefined;
+      const done = new Promise<void>((resolve) => (sent = resolve));
+      let creates = 0;
+      const taps: ZooKeeperTaps = {
+        multi: async (ops, send) => {
+          if (ops[0]?.op !== 'create' || ++creates !== 2) return send();
+          await release.wait;
+          await send().finally(sent);
+          throw new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]');
+        },
+      };
+      return { taps, send: release.open, sent: done };
+    }
+
+    it('a create sent after its waiting caller gave up, whose answer was lost, leaves no node in line', async () => {
+      quietWarnings();
+      const held = heldBackCreate();
+      const locks = service(backend({ commandTimeout: 300 }, held.taps));
+      const holder = await service().acquire('late-create');
+      // The first create makes the key's parent known; the second is held back.
+      await (await locks.acquire('other')).release();
+      await expect(locks.acquire('late-create', { wait: 1_000 })).rejects.toBeInstanceOf(Error);
+      held.send();
+      await held.sent;
+      await holder.release();
+      const next = await service().acquire('late-create', { wait: 5_000 });
+      await next.release();
+      await eventually(async () => expect(await children(`${fixture.root}/late-create`)).toEqual([]), 5_000);
+    }, 30_000);
+
+    it('a create applied after its attempt timed out, whose answer was lost, is the waiter’s one place in line: its release frees the key', async () => {
+      quietWarnings();
+      const held = heldBackCreate();
+      const waiterBackend = backend({ commandTimeout: 300 }, held.taps);
+      let attempts = 0;
+      const tryAcquire = waiterBackend.tryAcquire.bind(waiterBackend);
+      waiterBackend.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      const locks = service(waiterBackend);
+      const holder = await service().acquire('late-place');
+      await (await locks.acquire('other')).release();
+      const waiting = locks.acquire('late-place', { wait: 20_000 });
+      // The waiter tries again meanwhile, its attempts timing out: it must not stand in line twice.
+      await until(() => attempts >= 4, 10_000, 'the waiter to try again');
+      held.send();
+      await held.sent;
+      await holder.release();
+      const handle = await waiting;
+      await handle.release();
+      const next = await service().acquire('late-place', { wait: 5_000 });
+      expect(next.fencingToken).toBeGreaterThan(handle.fencingToken!);
+      await next.release();
+      await eventually(async () => expect(await children(`${fixture.root}/late-place`)).toEqual([]), 5_000);
+    }, 30_000);
+
     it('a release whose delete never reached ZooKeeper: the handle says so, and the node is deleted once ZooKeeper is reachable again', async () => {
       quietWarnings();
       const line = await proxy();

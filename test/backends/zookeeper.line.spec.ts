@@ -96,7 +96,7 @@ describe('ZooKeeper lines', () => {
     await handle.release();
   });
 
-  it('a create whose answer came too late: the next attempt finds its nodes by name, and the late answer does not delete them', async () => {
+  it('a create whose answer came after the command timeout: the next attempt waits for that answer and holds those nodes, made once', async () => {
     // The first multi() of the session is applied at once, but its answer is held back past the
     // command timeout, as on a slow network.
     let held: Promise<unknown> | undefined;
@@ -119,11 +119,12 @@ describe('ZooKeeper lines', () => {
     fixture.cleanup(() => backend.close());
     await expect(backend.tryAcquire(['late'], 'owner-a', 60_000)).rejects.toThrow('did not answer within 300 ms');
     await held;
-    // Its node is there; the next attempt of the same owner finds it (owner in the name) and holds.
-    const won = await backend.tryAcquire(['late'], 'owner-a', 60_000);
-    expect(won).toMatchObject({ acquired: true });
+    // Its node is there. ZooKeeper answers a connection's requests in order, so nothing the next
+    // attempt asked could be answered before it: the attempt waits for that answer, then holds.
+    const next = backend.tryAcquire(['late'], 'owner-a', 60_000);
     late();
-    await new Promise((resolve) => setTimeout(resolve, 200));
+    const won = await next;
+    expect(won).toMatchObject({ acquired: true });
     const other = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root });
     fixture.cleanup(() => other.close());
     // The very node it holds (a node made again would have another czxid: the lock was free between).

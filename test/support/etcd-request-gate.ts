@@ -121,7 +121,8 @@ export function isFirstAttempt(request: ITxnRequest): boolean {
 /** Whether a transaction is about the lock key `key` (as the backend writes it, under any prefix). */
 export function names(request: ITxnRequest, key: string): boolean {
   const needle = `/${key.replace(/%/g, '%25').replace(/\//g, '%2F')}/`;
-  return [...(request.compare ?? []), ...(request.success ?? []).map((op) => op.request_put ?? op.request_range ?? {})].some(
+  const ops = (request.success ?? []).map((op) => op.request_put ?? op.request_range ?? op.request_delete_range ?? {});
+  return [...(request.compare ?? []), ...ops].some(
     (part) => 'key' in part && part.key !== undefined && Buffer.from(part.key).toString().includes(needle),
   );
 }
@@ -134,4 +135,9 @@ export function isPromotion(request: ITxnRequest): boolean {
 /** An extension with another ttl: the entries move to another lease if still on the old one. */
 export function isLeaseMove(request: ITxnRequest): boolean {
   return request.compare?.some((c) => c.target === 'Lease') === true;
+}
+
+/** A release's deletion of its owner's entries. */
+export function isDeletion(request: ITxnRequest): boolean {
+  return !request.compare?.length && (request.success?.length ?? 0) > 0 && request.success!.every((op) => op.request_delete_range);
 }

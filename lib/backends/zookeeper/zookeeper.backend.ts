@@ -1,7 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
+import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient } from './zookeeper.client.js';
 import { createNodes, findNodes, inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
 import { checkConnectionString, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
@@ -163,7 +163,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     }
     return () => {
       if (request.waker === onRelease) request.waker = undefined;
-      if (!request.nodes && !request.uncertain && this.requests.get(owner) === request) this.requests.delete(owner);
+      if (!request.nodes && !request.uncertain && !request.creating && this.requests.get(owner) === request) this.requests.delete(owner);
     };
   }
 
@@ -232,7 +232,11 @@ export class ZooKeeperLockBackend implements LockBackend {
   private remove(request: LineRequest): Promise<void> {
     return this.session.run('release', request.keys, async (session) => {
       const found = request.uncertain ? await findNodes(session.client, this.paths, request) : request.nodes;
-      const nodes = found?.filter((node) => node !== undefined);
+      // Nodes found by the owner's name may be those of a later request of the same owner (its
+      // acquisition goes on after this request was given up): those stay.
+      const current = this.requests.get(request.owner);
+      const theirs = current === request ? undefined : current?.nodes;
+      const nodes = found?.filter((node): node is string => node !== undefined && !theirs?.includes(node));
       if (nodes?.length) await removeNodes(session.client, nodes);
     });
   }
@@ -256,8 +260,8 @@ export class ZooKeeperLockBackend implements LockBackend {
   private request(keys: readonly string[], owner: string): LineRequest {
     let request = this.requests.get(owner);
     if (!request) {
-      const fields = { nodes: undefined, generation: 0, uncertain: false, czxid: undefined, held: false, woken: false, waker: undefined };
-      request = { owner, keys, watched: new Set(), ...fields };
+      const fields = { nodes: undefined, generation: 0, uncertain: false, creating: undefined, czxid: undefined, held: false };
+      request = { owner, keys, watched: new Set(), woken: false, waker: undefined, ...fields };
       this.requests.set(owner, request);
     }
     return request;
@@ -266,6 +270,8 @@ export class ZooKeeperLockBackend implements LockBackend {
   /** Makes (or finds) the request's nodes, then looks where they stand; true when first everywhere. */
   private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
     for (let round = 0; ; round++) {
+      // An earlier create still in flight decides whether there are nodes: it is settled first.
+      if (request.creating) await request.creating;
       // Given up (released, or a caller that would not wait): what is left of this attempt, which
       // its caller stopped waiting for, must not make nodes again.
       if (this.requests.get(request.owner) !== request) return false;
@@ -283,15 +289,17 @@ export class ZooKeeperLockBackend implements LockBackend {
       const created = !request.nodes;
       if (created) {
         const creating = createNodes(session, this.paths, request, this.parents.known);
-        // An answer that comes after the caller gave up on it still tells where the nodes are.
-        creating.then(
-          (nodes) => {
-            if (this.requests.get(request.owner) === request && !request.nodes) this.adopt(request, session, nodes);
-            // Another set of ours, unless these are the ones already found by name after a lost answer.
-            else if (request.nodes?.join('\n') !== nodes.join('\n')) removeNodes(session.client, nodes).catch(() => undefined);
-          },
-          () => undefined,
-        );
+        // Runs before the await below resumes: an answer that comes after the caller gave up on
+        // it still tells where the nodes are.
+        const settled: Promise<void> = creating
+          .then(
+            (nodes) => this.created(request, session, nodes),
+            (error: unknown) => this.createFailed(request, error),
+          )
+          .finally(() => {
+            if (request.creating === settled) request.creating = undefined;
+          });
+        request.creating = settled;
         await creating;
         // The caller gave up meanwhile (its wait ended): the nodes went again.
         if (!request.nodes) return false;
@@ -366,6 +374,30 @@ export class ZooKeeperLockBackend implements LockBackend {
     }
   }
 
+  /** A create answered: its nodes are the request's place, or go when the request has one, or was given up. */
+  private created(request: LineRequest, session: LiveSession, nodes: string[]): void {
+    if (this.requests.get(request.owner) === request && !request.nodes) {
+      this.adopt(request, session, nodes);
+      request.uncertain = false;
+    } else if (request.nodes?.join('\n') !== nodes.join('\n')) {
+      // Not the ones already found by name after a lost answer: they would stand in line for
+      // nobody, for as long as the session lives.
+      const leftover = { ...request, nodes, uncertain: false };
+      removeNodes(session.client, nodes).catch(() => this.removeLater(leftover));
+    }
+  }
+
+  /**
+   * A create that failed without an answer (a dropped connection) may have been applied: the
+   * request's next attempt looks for its nodes by name; a request given up meanwhile has no next
+   * attempt, so they are looked for and deleted as soon as ZooKeeper answers.
+   */
+  private createFailed(request: LineRequest, error: unknown): void {
+    if (request.nodes || !outcomeUnknown(error)) return;
+    request.uncertain = true;
+    if (this.requests.get(request.owner) !== request) this.removeLater(request);
+  }
+
   private adopt(request: LineRequest, session: LiveSession, nodes: string[]): void {
     request.nodes = nodes;
     request.generation = session.generation;
@@ -415,4 +447,9 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.expiries.delete(request.owner);
     request.waker = undefined;
   }
+}
+
+/** Whether a failed request may still have been applied: it was sent, and no answer came. */
+function outcomeUnknown(error: unknown): boolean {
+  return !(error instanceof ZooKeeperError) || error.code === 'CONNECTION_LOSS' || error.code === 'OPERATION_TIMEOUT';
 }

@@ -16,6 +16,12 @@ export interface LineRequest {
   generation: number;
   /** A create whose answer never came: the nodes may exist, and are found by the owner in their name. */
   uncertain: boolean;
+  /**
+   * The create in flight, until its outcome is known. The client queues requests while it has no
+   * connection and sends them once it reconnects, so a create can be applied long after the
+   * attempt that sent it gave up: nothing may look for its nodes, or make others, before then.
+   */
+  creating: Promise<void> | undefined;
   /** The nodes' czxid: the fencing token. */
   czxid: number | undefined;
   held: boolean;
