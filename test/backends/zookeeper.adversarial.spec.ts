@@ -249,6 +249,24 @@ describe('ZooKeeper backend under attack', () => {
       await eventually(async () => expect(await children(`${fixture.root}/late-place`)).toEqual([]), 5_000);
     }, 30_000);
 
+    it('a create queued while the connection was down, in a session then lost, does not hold up the waiter in the next session', async () => {
+      quietWarnings();
+      const line = await proxy();
+      const cutBackend = backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 2_000, commandTimeout: 500 });
+      const locks = service(cutBackend);
+      // The key's parent is known: the waiter's first request is the create, queued by the client.
+      await (await locks.acquire('queued')).release();
+      line.set({ kind: 'drop' });
+      await until(() => cutBackend.state === 'suspended', 10_000, 'the client to lose its connection');
+      const acquiring = locks.acquire('queued', { wait: 20_000 });
+      await until(() => cutBackend.state === 'lost', 10_000, 'the session to be lost');
+      line.set({ kind: 'pass' });
+      const handle = await acquiring;
+      expect(handle.isHeld).toBe(true);
+      await handle.release();
+      await eventually(async () => expect(await children(`${fixture.root}/queued`)).toEqual([]), 5_000);
+    }, 30_000);
+
     it('a release whose delete never reached ZooKeeper: the handle says so, and the node is deleted once ZooKeeper is reachable again', async () => {
       quietWarnings();
       const line = await proxy();

@@ -271,7 +271,7 @@ export class ZooKeeperLockBackend implements LockBackend {
   private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
     for (let round = 0; ; round++) {
       // An earlier create still in flight decides whether there are nodes: it is settled first.
-      if (request.creating) await request.creating;
+      if (request.creating?.generation === session.generation) await request.creating.settled;
       // Given up (released, or a caller that would not wait): what is left of this attempt, which
       // its caller stopped waiting for, must not make nodes again.
       if (this.requests.get(request.owner) !== request) return false;
@@ -291,15 +291,18 @@ export class ZooKeeperLockBackend implements LockBackend {
         const creating = createNodes(session, this.paths, request, this.parents.known);
         // Runs before the await below resumes: an answer that comes after the caller gave up on
         // it still tells where the nodes are.
-        const settled: Promise<void> = creating
-          .then(
-            (nodes) => this.created(request, session, nodes),
-            (error: unknown) => this.createFailed(request, error),
-          )
-          .finally(() => {
-            if (request.creating === settled) request.creating = undefined;
-          });
-        request.creating = settled;
+        const inFlight = {
+          generation: session.generation,
+          settled: creating
+            .then(
+              (nodes) => this.created(request, session, nodes),
+              (error: unknown) => this.createFailed(request, error),
+            )
+            .finally(() => {
+              if (request.creating === inFlight) request.creating = undefined;
+            }),
+        };
+        request.creating = inFlight;
         await creating;
         // The caller gave up meanwhile (its wait ended): the nodes went again.
         if (!request.nodes) return false;

@@ -17,11 +17,13 @@ export interface LineRequest {
   /** A create whose answer never came: the nodes may exist, and are found by the owner in their name. */
   uncertain: boolean;
   /**
-   * The create in flight, until its outcome is known. The client queues requests while it has no
-   * connection and sends them once it reconnects, so a create can be applied long after the
-   * attempt that sent it gave up: nothing may look for its nodes, or make others, before then.
+   * The create in flight, until its outcome is known, and the session it was sent in. The client
+   * queues requests while it has no connection and sends them once it reconnects, so a create can
+   * be applied long after the attempt that sent it gave up: nothing may look for its nodes, or make
+   * others, before then. (A client closed without a connection never answers what it queued: a
+   * create of an earlier session is not waited for, its nodes went with that session.)
    */
-  creating: Promise<void> | undefined;
+  creating: { settled: Promise<void>; generation: number } | undefined;
   /** The nodes' czxid: the fencing token. */
   czxid: number | undefined;
   held: boolean;
