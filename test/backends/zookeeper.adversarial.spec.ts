@@ -267,6 +267,44 @@ describe('ZooKeeper backend under attack', () => {
       await eventually(async () => expect(await children(`${fixture.root}/queued`)).toEqual([]), 5_000);
     }, 30_000);
 
+    it('attempts that timed out behind one create, resumed together when it failed, make one place in line between them, not one each', async () => {
+      quietWarnings();
+      const queued = gate();
+      let creates = 0;
+      const waiterBackend = backend(
+        { commandTimeout: 300 },
+        {
+          multi: async (ops, send) => {
+            if (ops[0]?.op !== 'create') return send();
+            const n = ++creates;
+            const lost = () => Promise.reject(new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]'));
+            // The first makes the key's parent known; the second never reaches ZooKeeper; the
+            // next two are sent as the connection breaks: applied, their answers lost.
+            if (n === 1) return send();
+            if (n === 2) return queued.wait.then(lost);
+            return n <= 4 ? send().then(lost) : send();
+          },
+        },
+      );
+      let attempts = 0;
+      const tryAcquire = waiterBackend.tryAcquire.bind(waiterBackend);
+      waiterBackend.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      const locks = service(waiterBackend);
+      const holder = await service().acquire('one-place');
+      await (await locks.acquire('other')).release();
+      const waiting = locks.acquire('one-place', { wait: 15_000 });
+      // Several attempts time out while the create is held back: each goes on, waiting for it.
+      await until(() => attempts >= 4, 10_000, 'the waiter to try again');
+      queued.open();
+      await until(() => creates >= 3, 10_000, 'the attempts to go on');
+      await holder.release();
+      const handle = await waiting;
+      await handle.release();
+      const next = await service().acquire('one-place', { wait: 5_000 });
+      await next.release();
+      await eventually(async () => expect(await children(`${fixture.root}/one-place`)).toEqual([]), 5_000);
+    }, 40_000);
+
     it('a release whose delete never reached ZooKeeper: the handle says so, and the node is deleted once ZooKeeper is reachable again', async () => {
       quietWarnings();
       const line = await proxy();

@@ -270,14 +270,25 @@ export class ZooKeeperLockBackend implements LockBackend {
   /** Makes (or finds) the request's nodes, then looks where they stand; true when first everywhere. */
   private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
     for (let round = 0; ; round++) {
-      // An earlier create still in flight decides whether there are nodes: it is settled first.
-      if (request.creating?.generation === session.generation) await request.creating.settled;
-      // Given up (released, or a caller that would not wait): what is left of this attempt, which
-      // its caller stopped waiting for, must not make nodes again.
-      if (this.requests.get(request.owner) !== request) return false;
-      if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
-      if (!request.nodes && request.uncertain) {
+      // One create at a time per request, settled before anything looks for its nodes. Attempts
+      // that timed out go on: woken together when a create fails, each would otherwise make nodes
+      // of its own, and those whose answers were lost too would stand in line for nobody (the
+      // request itself waiting behind one of them). So this is looked at again, up to the create,
+      // after every wait.
+      for (;;) {
+        const inFlight = request.creating;
+        if (inFlight?.generation === session.generation) {
+          await inFlight.settled;
+          continue;
+        }
+        // Given up (released, or a caller that would not wait): what is left of this attempt, which
+        // its caller stopped waiting for, must not make nodes again.
+        if (this.requests.get(request.owner) !== request) return false;
+        if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
+        if (request.nodes || !request.uncertain) break;
         const found = await findNodes(session.client, this.paths, request);
+        // Another attempt sent a create, or found them, meanwhile.
+        if (request.creating?.generation === session.generation || !request.uncertain) continue;
         request.uncertain = false;
         if (found.every((n) => n !== undefined)) this.adopt(request, session, found as string[]);
         else if (found.some((n) => n !== undefined))
