@@ -12,7 +12,7 @@ import type { DistributedLockModuleOptions } from '../../lib/distributed-lock.op
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { connectedClient, fencedWrite } from '../fixtures/zookeeper-fenced-store.mjs';
 import { TcpProxy } from '../support/tcp-proxy.js';
-import { eventually, until } from '../support/wait.js';
+import { activeTimers, eventually, until } from '../support/wait.js';
 import { tappedClients, type ZooKeeperTaps } from '../support/zookeeper-client-tap.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 import { fourLetterWord } from '../support/zookeeper-server.js';
@@ -481,6 +481,62 @@ describe('ZooKeeper backend under attack', () => {
       expect(await children(`${fixture.root}/handover`)).toEqual([]);
       await until(() => sockets() <= before, 5_000, 'the sessions’ sockets to close');
     });
+
+    it('a multi-key create queued while the connection is down, its caller aborted: sent once the connection is back, its nodes go', async () => {
+      quietWarnings();
+      const line = await proxy();
+      let creates = 0;
+      const cutBackend = backend(
+        { connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 8_000, commandTimeout: 500 },
+        { multi: (ops, send) => (ops[0]?.op === 'create' && creates++, send()) },
+      );
+      const locks = service(cutBackend);
+      // The parents are known: the caller's first request is the create, queued by the client.
+      await (await locks.acquire(['queued-a', 'queued-b'])).release();
+      line.set({ kind: 'drop' });
+      await until(() => cutBackend.state === 'suspended', 10_000, 'the client to lose its connection');
+      const controller = new AbortController();
+      const waiting = locks.acquire(['queued-a', 'queued-b'], { signal: controller.signal, wait: 20_000 });
+      await until(() => creates === 2, 5_000, 'the create to be queued');
+      controller.abort(new Error('the caller left'));
+      await expect(waiting).rejects.toThrow('the caller left');
+      line.set({ kind: 'pass' });
+      await until(() => cutBackend.state === 'connected', 10_000, 'the client to reconnect in its session');
+      const handle = await service().acquire(['queued-a', 'queued-b'], { wait: 5_000 });
+      await handle.release();
+      expect(cutBackend.state).toBe('connected');
+      await eventually(async () => {
+        for (const key of ['queued-a', 'queued-b']) expect(await children(`${fixture.root}/${key}`)).toEqual([]);
+      }, 5_000);
+    }, 30_000);
+
+    it('shutdown while ZooKeeper is unreachable, with a create queued and releases left to retry: every timer goes, and the nodes with the session', async () => {
+      quietWarnings();
+      const line = await proxy();
+      await raw();
+      const before = activeTimers();
+      const cutBackend = backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 4_000, commandTimeout: 500 });
+      let attempts = 0;
+      const tryAcquire = cutBackend.tryAcquire.bind(cutBackend);
+      cutBackend.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      const locks = service(cutBackend);
+      await (await locks.acquire('down-warm')).release();
+      const held = await locks.acquire('down-held', { ttl: 60_000 });
+      line.set({ kind: 'drop' });
+      await until(() => cutBackend.state === 'suspended', 10_000, 'the client to lose its connection');
+      const waiting = locks.acquire('down-wait', { wait: 20_000 }).catch((error: unknown) => error);
+      const noWait = locks.tryAcquire('down-try').catch((error: unknown) => error);
+      await until(() => attempts >= 5, 10_000, 'the waiter to try again');
+      await locks.onApplicationShutdown();
+      expect(await waiting).toBeInstanceOf(LockBackendError);
+      expect(await noWait).toBeInstanceOf(LockBackendError);
+      expect(held.isHeld).toBe(false);
+      line.set({ kind: 'pass' });
+      await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(before), 10_000);
+      await eventually(async () => {
+        for (const key of ['down-held', 'down-wait', 'down-try']) expect(await children(`${fixture.root}/${key}`)).toEqual([]);
+      }, 15_000);
+    }, 40_000);
 
     it('a graceful shutdown deletes the parent nodes of the keys it released, instead of leaving one per key', async () => {
       const locks = service();
