@@ -187,6 +187,42 @@ describe('ZooKeeper backend under attack', () => {
       await handle.release();
     }, 30_000);
 
+    it('an acquisition whose every confirmation came too late gives its nodes up, and its caller takes the free key at once, not at its next poll', async () => {
+      // As above, and each check of the session is answered after the lease it would certify ran out too.
+      let createdAt: number | undefined;
+      let lateChecks = 0;
+      const afterLease = (since: number) => until(() => performance.now() - since >= 2_000, 10_000, 'the answer to be late');
+      const slow = backend(
+        { sessionTimeout: 2_000, commandTimeout: 10_000 },
+        {
+          multi: async (ops, send) => {
+            if (ops[0]?.op === 'check' && lateChecks < 3) {
+              lateChecks++;
+              const sentAt = performance.now();
+              const answer = await send();
+              await afterLease(sentAt);
+              return answer;
+            }
+            return send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+          },
+          getChildren: async (path, send) => {
+            if (createdAt !== undefined && performance.now() - createdAt < 2_000) await afterLease(createdAt);
+            return send();
+          },
+        },
+      );
+      let attempts = 0;
+      const tryAcquire = slow.tryAcquire.bind(slow);
+      slow.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      // No polling within the test: only the backend's answer can send the caller back at once.
+      const acquiring = service(slow, { pollInterval: 60_000 }).acquire('late-thrice', { wait: 60_000, ttl: 60_000 });
+      await until(() => lateChecks === 3, 20_000, 'the third late check');
+      await until(() => attempts === 2, 10_000, 'the caller to try again');
+      const handle = await acquiring;
+      expect(handle.isHeld).toBe(true);
+      await handle.release();
+    }, 40_000);
+
     /**
      * The client queues requests while it has no connection and sends them once it has one again
      * (a leader election): a create can reach ZooKeeper long after the attempt that sent it timed

@@ -80,7 +80,9 @@ export class ZooKeeperLockBackend implements LockBackend {
       const acquired = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait));
       if (!acquired) return { acquired: false };
       const certifiedAt = await this.certify(current, sentAt, ttlMs);
-      if (certifiedAt === undefined) return { acquired: false };
+      // Its nodes are given up (or gone): the key may be free, and nothing would wake the caller,
+      // whose place in line this was, before its next poll. It tries again at once.
+      if (certifiedAt === undefined) return { acquired: false, retryAfterMs: 0 };
       this.armExpiry(current, sentAt + ttlMs);
       // Counted from this request: the time to the last write, then what that write certifies.
       return { acquired: true, fencingToken: current.czxid, validityMs: Math.min(ttlMs, certifiedAt - sentAt + this.validity(ttlMs)) };
