@@ -258,6 +258,23 @@ describe('etcd backend, attacked', () => {
       await (await waitingOn).release();
     }, 30_000);
 
+    it('shutdown while a lost release waits to be deleted again: no timer, entry or lease is left', async () => {
+      quietLogs();
+      const timers = activeTimers();
+      const holder = service();
+      const held = await holder.acquire('leftover-shutdown');
+      const kept = await leases();
+      const { locks, gate } = gated({}, { waiterTimeout: 30_000 });
+      gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:leftover-shutdown'));
+      await expect(locks.acquire('leftover-shutdown', { wait: 300 })).rejects.toBeInstanceOf(DistributedLockError);
+      expect((await entries()).map((e) => e.value)).toEqual(['held', 'waiting']);
+      await locks.onApplicationShutdown();
+      await held.release();
+      await nothingLeft(kept, 'the waiter’s entry and lease to go with the shutdown');
+      await holder.onApplicationShutdown();
+      await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(timers), 10_000);
+    });
+
     it('a lost release deleted again while its owner asks again: the deletion does not take the lock that owner won meanwhile', async () => {
       quietLogs();
       const holder = service();
