@@ -3,7 +3,7 @@ import { Logger } from '@nestjs/common';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only pass it to the fixture.
 import zookeeper from 'node-zookeeper-client';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
-import { ZooKeeperError } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
 import { InvalidLockKeyError, LockBackendError, LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
@@ -339,6 +339,53 @@ describe('ZooKeeper backend under attack', () => {
       const next = await service().acquire('one-place', { wait: 5_000 });
       await next.release();
       await eventually(async () => expect(await children(`${fixture.root}/one-place`)).toEqual([]), 5_000);
+    }, 40_000);
+
+    it('a create whose answer was lost in a session given up as lost: the next session does not take its node, which ends with the old session, for its own', async () => {
+      quietWarnings();
+      const line = await proxy();
+      // The first session goes through the proxy; the next ones straight to ZooKeeper. The first's
+      // close never reaches ZooKeeper (its connection is cut first): it lives on there until it expires.
+      const viaProxy = nodeZooKeeperClients(`127.0.0.1:${line.port}`, 4_000);
+      const direct = nodeZooKeeperClients(fixture.connectionString, 4_000);
+      const made: ZooKeeperClient[] = [];
+      const newClient = (): ZooKeeperClient => {
+        const client = made.length === 0 ? viaProxy() : direct();
+        const first = made.length === 0;
+        made.push(client);
+        if (!first) return client;
+        const cut: ZooKeeperClient = Object.create(client);
+        cut.close = () => (line.set({ kind: 'drop' }), client.close());
+        return cut;
+      };
+      const waiterBackend = new ZooKeeperLockBackend(
+        fixture.connectionString,
+        { root: fixture.root, sessionTimeout: 4_000, commandTimeout: 500 },
+        newClient,
+      );
+      fixture.cleanup(() => waiterBackend.close());
+      const locks = service(waiterBackend);
+      const holder = await service().acquire('old-session', { ttl: 60_000 });
+      // The key's parent is known: the waiter's first request is the create.
+      expect(await locks.tryAcquire('old-session')).toBeUndefined();
+      // Requests reach ZooKeeper, answers are lost: the create is applied, and the session kept alive there.
+      line.set({ kind: 'blackhole-down' });
+      const waiting = locks.acquire('old-session', { wait: 30_000 });
+      await until(() => waiterBackend.state === 'lost', 15_000, 'the waiter to give its session up');
+      await until(() => made.length === 2 && waiterBackend.state === 'connected', 10_000, 'the waiter’s next session');
+      await holder.release();
+      const handle = await waiting;
+      // Every node of the line is the live session's: the lock ends with the session it is certified for.
+      const sessionId = (made[1] as unknown as { client: { getSessionId(): Buffer } }).client.getSessionId();
+      const client = await raw();
+      for (const name of await children(`${fixture.root}/old-session`)) {
+        const stat = await call<{ ephemeralOwner: Buffer }>((cb) =>
+          client.exists(`${fixture.root}/old-session/${name}`, cb as Callback<unknown>),
+        );
+        expect(stat.ephemeralOwner.equals(sessionId)).toBe(true);
+      }
+      await handle.release();
+      await eventually(async () => expect(await children(`${fixture.root}/old-session`)).toEqual([]), 10_000);
     }, 40_000);
 
     it('a release whose delete never reached ZooKeeper: the handle says so, and the node is deleted once ZooKeeper is reachable again', async () => {

@@ -262,7 +262,15 @@ export class ZooKeeperLockBackend implements LockBackend {
   private request(keys: readonly string[], owner: string): LineRequest {
     let request = this.requests.get(owner);
     if (!request) {
-      const fields = { nodes: undefined, generation: 0, uncertain: false, creating: undefined, czxid: undefined, held: false };
+      const fields = {
+        nodes: undefined,
+        generation: 0,
+        uncertain: false,
+        createdIn: 0,
+        creating: undefined,
+        czxid: undefined,
+        held: false,
+      };
       request = { owner, keys, watched: new Set(), woken: false, waker: undefined, ...fields };
       this.requests.set(owner, request);
     }
@@ -292,7 +300,10 @@ export class ZooKeeperLockBackend implements LockBackend {
         // Another attempt sent a create, or found them, meanwhile.
         if (request.creating?.generation === session.generation || !request.uncertain) continue;
         request.uncertain = false;
-        if (found.every((n) => n !== undefined)) this.adopt(request, session, found as string[]);
+        // Made in an earlier session (see LineRequest.createdIn), they go: they would stand in line
+        // for nobody until the server ends that session.
+        const ours = request.createdIn === session.generation;
+        if (ours && found.every((n) => n !== undefined)) this.adopt(request, session, found as string[]);
         else if (found.some((n) => n !== undefined))
           await removeNodes(
             session.client,
@@ -301,6 +312,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       }
       const created = !request.nodes;
       if (created) {
+        request.createdIn = session.generation;
         const creating = createNodes(session, this.paths, request, this.parents.known);
         // Runs before the await below resumes: an answer that comes after the caller gave up on
         // it still tells where the nodes are.
