@@ -285,6 +285,37 @@ describe('ZooKeeper backend under attack', () => {
       await eventually(async () => expect(await children(`${fixture.root}/late-place`)).toEqual([]), 5_000);
     }, 30_000);
 
+    it('a multi-key create applied whose answer was lost: the waiter finds its nodes in both lines, holds both keys, and its release frees both', async () => {
+      quietWarnings();
+      let creates = 0;
+      const waiterBackend = backend(
+        { commandTimeout: 300 },
+        {
+          multi: async (ops, send) => {
+            if (ops[0]?.op !== 'create' || ++creates !== 2) return send();
+            await send();
+            throw new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]');
+          },
+        },
+      );
+      const locks = service(waiterBackend);
+      // The first create makes the keys' parents known; the second is applied, its answer lost.
+      await (await locks.acquire(['lost-a', 'lost-b'])).release();
+      const blocker = await service().acquire('lost-b');
+      const waiting = locks.acquire(['lost-a', 'lost-b'], { wait: 20_000 });
+      await until(() => creates >= 2, 10_000, 'the lost create');
+      await blocker.release();
+      const handle = await waiting;
+      for (const key of ['lost-a', 'lost-b']) expect(await children(`${fixture.root}/${key}`)).toHaveLength(1);
+      await handle.release();
+      const next = await service().acquire(['lost-a', 'lost-b'], { wait: 5_000 });
+      expect(next.fencingToken).toBeGreaterThan(handle.fencingToken!);
+      await next.release();
+      await eventually(async () => {
+        for (const key of ['lost-a', 'lost-b']) expect(await children(`${fixture.root}/${key}`)).toEqual([]);
+      }, 5_000);
+    }, 30_000);
+
     it('a create queued while the connection was down, in a session then lost, does not hold up the waiter in the next session', async () => {
       quietWarnings();
       const line = await proxy();
