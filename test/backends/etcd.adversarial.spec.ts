@@ -1,7 +1,7 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { Etcd3 } from 'etcd3';
+import { Etcd3, type ITxnRequest } from 'etcd3';
 import {
   DistributedLockError,
   DistributedLockModule,
@@ -256,6 +256,51 @@ describe('etcd backend, attacked', () => {
       await next.release();
       await busy.release();
       await (await waitingOn).release();
+    }, 30_000);
+
+    it('shutdown while a lost release waits to be deleted again: no timer, entry or lease is left', async () => {
+      quietLogs();
+      const timers = activeTimers();
+      const holder = service();
+      const held = await holder.acquire('leftover-shutdown');
+      const kept = await leases();
+      const { locks, gate } = gated({}, { waiterTimeout: 30_000 });
+      gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:leftover-shutdown'));
+      await expect(locks.acquire('leftover-shutdown', { wait: 300 })).rejects.toBeInstanceOf(DistributedLockError);
+      expect((await entries()).map((e) => e.value)).toEqual(['held', 'waiting']);
+      await locks.onApplicationShutdown();
+      await held.release();
+      await nothingLeft(kept, 'the waiter’s entry and lease to go with the shutdown');
+      await holder.onApplicationShutdown();
+      await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(timers), 10_000);
+    });
+
+    it('a lost release deleted again while its owner asks again: the deletion does not take the lock that owner won meanwhile', async () => {
+      quietLogs();
+      const holder = service();
+      const held = await holder.acquire('leftover-owner');
+      const client = new Etcd3({ hosts: fixture.endpoints });
+      fixture.cleanup(() => client.close());
+      const gate = new EtcdRequestGate(client);
+      fixture.cleanup(() => gate.open());
+      const backend = new EtcdLockBackend(client, { waiterTimeout: 3_000 });
+      fixture.cleanup(() => backend.close());
+      const keys = ['adv:leftover-owner'];
+      expect(await backend.tryAcquire(keys, 'owner-1', 10_000)).toMatchObject({ acquired: false });
+      gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:leftover-owner'));
+      await expect(backend.release(keys, 'owner-1')).rejects.toBeInstanceOf(LockBackendError);
+      // The deletion sent again is on its way when the same owner asks again, and wins the key.
+      const deletes = (r: ITxnRequest) => (r.success ?? []).every((op) => op.request_delete_range) && names(r, 'adv:leftover-owner');
+      const again = gate.slow<ITxnRequest>('kv', 'txn', deletes);
+      await again.caught;
+      await held.release();
+      // Its old entry, still there, is its place again: first in line, so the next attempt wins.
+      expect(await backend.tryAcquire(keys, 'owner-1', 10_000)).toMatchObject({ acquired: false });
+      expect(await backend.tryAcquire(keys, 'owner-1', 10_000)).toMatchObject({ acquired: true });
+      await again.send().catch(() => undefined);
+      expect(await service().tryAcquire('leftover-owner')).toBeUndefined();
+      expect(await backend.extend(keys, 'owner-1', 10_000)).toMatchObject({ extended: true });
+      expect(await backend.release(keys, 'owner-1')).toBe(true);
     }, 30_000);
 
     it('a first attempt applied twice (a client that retries a request whose answer it lost) still takes the free key', async () => {

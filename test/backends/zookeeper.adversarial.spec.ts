@@ -3,7 +3,7 @@ import { Logger } from '@nestjs/common';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only pass it to the fixture.
 import zookeeper from 'node-zookeeper-client';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
-import { ZooKeeperError } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
 import { InvalidLockKeyError, LockBackendError, LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
@@ -12,7 +12,7 @@ import type { DistributedLockModuleOptions } from '../../lib/distributed-lock.op
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { connectedClient, fencedWrite } from '../fixtures/zookeeper-fenced-store.mjs';
 import { TcpProxy } from '../support/tcp-proxy.js';
-import { eventually, until } from '../support/wait.js';
+import { activeTimers, eventually, until } from '../support/wait.js';
 import { tappedClients, type ZooKeeperTaps } from '../support/zookeeper-client-tap.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 import { fourLetterWord } from '../support/zookeeper-server.js';
@@ -187,6 +187,42 @@ describe('ZooKeeper backend under attack', () => {
       await handle.release();
     }, 30_000);
 
+    it('an acquisition whose every confirmation came too late gives its nodes up, and its caller takes the free key at once, not at its next poll', async () => {
+      // As above, and each check of the session is answered after the lease it would certify ran out too.
+      let createdAt: number | undefined;
+      let lateChecks = 0;
+      const afterLease = (since: number) => until(() => performance.now() - since >= 2_000, 10_000, 'the answer to be late');
+      const slow = backend(
+        { sessionTimeout: 2_000, commandTimeout: 10_000 },
+        {
+          multi: async (ops, send) => {
+            if (ops[0]?.op === 'check' && lateChecks < 3) {
+              lateChecks++;
+              const sentAt = performance.now();
+              const answer = await send();
+              await afterLease(sentAt);
+              return answer;
+            }
+            return send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+          },
+          getChildren: async (path, send) => {
+            if (createdAt !== undefined && performance.now() - createdAt < 2_000) await afterLease(createdAt);
+            return send();
+          },
+        },
+      );
+      let attempts = 0;
+      const tryAcquire = slow.tryAcquire.bind(slow);
+      slow.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      // No polling within the test: only the backend's answer can send the caller back at once.
+      const acquiring = service(slow, { pollInterval: 60_000 }).acquire('late-thrice', { wait: 60_000, ttl: 60_000 });
+      await until(() => lateChecks === 3, 20_000, 'the third late check');
+      await until(() => attempts === 2, 10_000, 'the caller to try again');
+      const handle = await acquiring;
+      expect(handle.isHeld).toBe(true);
+      await handle.release();
+    }, 40_000);
+
     /**
      * The client queues requests while it has no connection and sends them once it has one again
      * (a leader election): a create can reach ZooKeeper long after the attempt that sent it timed
@@ -249,6 +285,37 @@ describe('ZooKeeper backend under attack', () => {
       await eventually(async () => expect(await children(`${fixture.root}/late-place`)).toEqual([]), 5_000);
     }, 30_000);
 
+    it('a multi-key create applied whose answer was lost: the waiter finds its nodes in both lines, holds both keys, and its release frees both', async () => {
+      quietWarnings();
+      let creates = 0;
+      const waiterBackend = backend(
+        { commandTimeout: 300 },
+        {
+          multi: async (ops, send) => {
+            if (ops[0]?.op !== 'create' || ++creates !== 2) return send();
+            await send();
+            throw new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]');
+          },
+        },
+      );
+      const locks = service(waiterBackend);
+      // The first create makes the keys' parents known; the second is applied, its answer lost.
+      await (await locks.acquire(['lost-a', 'lost-b'])).release();
+      const blocker = await service().acquire('lost-b');
+      const waiting = locks.acquire(['lost-a', 'lost-b'], { wait: 20_000 });
+      await until(() => creates >= 2, 10_000, 'the lost create');
+      await blocker.release();
+      const handle = await waiting;
+      for (const key of ['lost-a', 'lost-b']) expect(await children(`${fixture.root}/${key}`)).toHaveLength(1);
+      await handle.release();
+      const next = await service().acquire(['lost-a', 'lost-b'], { wait: 5_000 });
+      expect(next.fencingToken).toBeGreaterThan(handle.fencingToken!);
+      await next.release();
+      await eventually(async () => {
+        for (const key of ['lost-a', 'lost-b']) expect(await children(`${fixture.root}/${key}`)).toEqual([]);
+      }, 5_000);
+    }, 30_000);
+
     it('a create queued while the connection was down, in a session then lost, does not hold up the waiter in the next session', async () => {
       quietWarnings();
       const line = await proxy();
@@ -266,6 +333,91 @@ describe('ZooKeeper backend under attack', () => {
       await handle.release();
       await eventually(async () => expect(await children(`${fixture.root}/queued`)).toEqual([]), 5_000);
     }, 30_000);
+
+    it('attempts that timed out behind one create, resumed together when it failed, make one place in line between them, not one each', async () => {
+      quietWarnings();
+      const queued = gate();
+      let creates = 0;
+      const waiterBackend = backend(
+        { commandTimeout: 300 },
+        {
+          multi: async (ops, send) => {
+            if (ops[0]?.op !== 'create') return send();
+            const n = ++creates;
+            const lost = () => Promise.reject(new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]'));
+            // The first makes the key's parent known; the second never reaches ZooKeeper; the
+            // next two are sent as the connection breaks: applied, their answers lost.
+            if (n === 1) return send();
+            if (n === 2) return queued.wait.then(lost);
+            return n <= 4 ? send().then(lost) : send();
+          },
+        },
+      );
+      let attempts = 0;
+      const tryAcquire = waiterBackend.tryAcquire.bind(waiterBackend);
+      waiterBackend.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      const locks = service(waiterBackend);
+      const holder = await service().acquire('one-place');
+      await (await locks.acquire('other')).release();
+      const waiting = locks.acquire('one-place', { wait: 15_000 });
+      // Several attempts time out while the create is held back: each goes on, waiting for it.
+      await until(() => attempts >= 4, 10_000, 'the waiter to try again');
+      queued.open();
+      await until(() => creates >= 3, 10_000, 'the attempts to go on');
+      await holder.release();
+      const handle = await waiting;
+      await handle.release();
+      const next = await service().acquire('one-place', { wait: 5_000 });
+      await next.release();
+      await eventually(async () => expect(await children(`${fixture.root}/one-place`)).toEqual([]), 5_000);
+    }, 40_000);
+
+    it('a create whose answer was lost in a session given up as lost: the next session does not take its node, which ends with the old session, for its own', async () => {
+      quietWarnings();
+      const line = await proxy();
+      // The first session goes through the proxy; the next ones straight to ZooKeeper. The first's
+      // close never reaches ZooKeeper (its connection is cut first): it lives on there until it expires.
+      const viaProxy = nodeZooKeeperClients(`127.0.0.1:${line.port}`, 4_000);
+      const direct = nodeZooKeeperClients(fixture.connectionString, 4_000);
+      const made: ZooKeeperClient[] = [];
+      const newClient = (): ZooKeeperClient => {
+        const client = made.length === 0 ? viaProxy() : direct();
+        const first = made.length === 0;
+        made.push(client);
+        if (!first) return client;
+        const cut: ZooKeeperClient = Object.create(client);
+        cut.close = () => (line.set({ kind: 'drop' }), client.close());
+        return cut;
+      };
+      const waiterBackend = new ZooKeeperLockBackend(
+        fixture.connectionString,
+        { root: fixture.root, sessionTimeout: 4_000, commandTimeout: 500 },
+        newClient,
+      );
+      fixture.cleanup(() => waiterBackend.close());
+      const locks = service(waiterBackend);
+      const holder = await service().acquire('old-session', { ttl: 60_000 });
+      // The key's parent is known: the waiter's first request is the create.
+      expect(await locks.tryAcquire('old-session')).toBeUndefined();
+      // Requests reach ZooKeeper, answers are lost: the create is applied, and the session kept alive there.
+      line.set({ kind: 'blackhole-down' });
+      const waiting = locks.acquire('old-session', { wait: 30_000 });
+      await until(() => waiterBackend.state === 'lost', 15_000, 'the waiter to give its session up');
+      await until(() => made.length === 2 && waiterBackend.state === 'connected', 10_000, 'the waiter’s next session');
+      await holder.release();
+      const handle = await waiting;
+      // Every node of the line is the live session's: the lock ends with the session it is certified for.
+      const sessionId = (made[1] as unknown as { client: { getSessionId(): Buffer } }).client.getSessionId();
+      const client = await raw();
+      for (const name of await children(`${fixture.root}/old-session`)) {
+        const stat = await call<{ ephemeralOwner: Buffer }>((cb) =>
+          client.exists(`${fixture.root}/old-session/${name}`, cb as Callback<unknown>),
+        );
+        expect(stat.ephemeralOwner.equals(sessionId)).toBe(true);
+      }
+      await handle.release();
+      await eventually(async () => expect(await children(`${fixture.root}/old-session`)).toEqual([]), 10_000);
+    }, 40_000);
 
     it('a release whose delete never reached ZooKeeper: the handle says so, and the node is deleted once ZooKeeper is reachable again', async () => {
       quietWarnings();
@@ -443,6 +595,62 @@ describe('ZooKeeper backend under attack', () => {
       expect(await children(`${fixture.root}/handover`)).toEqual([]);
       await until(() => sockets() <= before, 5_000, 'the sessions’ sockets to close');
     });
+
+    it('a multi-key create queued while the connection is down, its caller aborted: sent once the connection is back, its nodes go', async () => {
+      quietWarnings();
+      const line = await proxy();
+      let creates = 0;
+      const cutBackend = backend(
+        { connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 8_000, commandTimeout: 500 },
+        { multi: (ops, send) => (ops[0]?.op === 'create' && creates++, send()) },
+      );
+      const locks = service(cutBackend);
+      // The parents are known: the caller's first request is the create, queued by the client.
+      await (await locks.acquire(['queued-a', 'queued-b'])).release();
+      line.set({ kind: 'drop' });
+      await until(() => cutBackend.state === 'suspended', 10_000, 'the client to lose its connection');
+      const controller = new AbortController();
+      const waiting = locks.acquire(['queued-a', 'queued-b'], { signal: controller.signal, wait: 20_000 });
+      await until(() => creates === 2, 5_000, 'the create to be queued');
+      controller.abort(new Error('the caller left'));
+      await expect(waiting).rejects.toThrow('the caller left');
+      line.set({ kind: 'pass' });
+      await until(() => cutBackend.state === 'connected', 10_000, 'the client to reconnect in its session');
+      const handle = await service().acquire(['queued-a', 'queued-b'], { wait: 5_000 });
+      await handle.release();
+      expect(cutBackend.state).toBe('connected');
+      await eventually(async () => {
+        for (const key of ['queued-a', 'queued-b']) expect(await children(`${fixture.root}/${key}`)).toEqual([]);
+      }, 5_000);
+    }, 30_000);
+
+    it('shutdown while ZooKeeper is unreachable, with a create queued and releases left to retry: every timer goes, and the nodes with the session', async () => {
+      quietWarnings();
+      const line = await proxy();
+      await raw();
+      const before = activeTimers();
+      const cutBackend = backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 4_000, commandTimeout: 500 });
+      let attempts = 0;
+      const tryAcquire = cutBackend.tryAcquire.bind(cutBackend);
+      cutBackend.tryAcquire = (...args) => (attempts++, tryAcquire(...args));
+      const locks = service(cutBackend);
+      await (await locks.acquire('down-warm')).release();
+      const held = await locks.acquire('down-held', { ttl: 60_000 });
+      line.set({ kind: 'drop' });
+      await until(() => cutBackend.state === 'suspended', 10_000, 'the client to lose its connection');
+      const waiting = locks.acquire('down-wait', { wait: 20_000 }).catch((error: unknown) => error);
+      const noWait = locks.tryAcquire('down-try').catch((error: unknown) => error);
+      await until(() => attempts >= 5, 10_000, 'the waiter to try again');
+      await locks.onApplicationShutdown();
+      expect(await waiting).toBeInstanceOf(LockBackendError);
+      expect(await noWait).toBeInstanceOf(LockBackendError);
+      expect(held.isHeld).toBe(false);
+      line.set({ kind: 'pass' });
+      await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(before), 10_000);
+      await eventually(async () => {
+        for (const key of ['down-held', 'down-wait', 'down-try']) expect(await children(`${fixture.root}/${key}`)).toEqual([]);
+      }, 15_000);
+    }, 40_000);
 
     it('a graceful shutdown deletes the parent nodes of the keys it released, instead of leaving one per key', async () => {
       const locks = service();

@@ -59,6 +59,7 @@ export class EtcdLeftovers {
   private async delete({ keys, owner, hold }: Leftover): Promise<void> {
     const what = { op: 'clean-up', keys };
     if (hold !== undefined) await this.connection.revoke(hold, what);
-    await this.connection.txn(this.line.deleteOwn(keys, owner), what);
+    // Its waiting entries only: a lock its owner took since (asking again) is that owner's.
+    await Promise.all(keys.map((key) => this.connection.txn(this.line.deleteWaiting(key, owner), what)));
   }
 }

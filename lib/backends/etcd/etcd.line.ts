@@ -123,6 +123,19 @@ export class EtcdLine {
     return { success: keys.map((key) => ({ request_delete_range: { key: this.keys.entry(key, owner), prev_kv: true } })) };
   }
 
+  /**
+   * Deletes the owner's entry of `key` only while it is a waiter's: a deletion sent again for a
+   * waiter whose release failed (see EtcdLeftovers) may land after its owner asked again and took
+   * the key, and must leave that lock alone.
+   */
+  deleteWaiting(key: string, owner: string): ITxnRequest {
+    const entry = this.keys.entry(key, owner);
+    return {
+      compare: [{ key: entry, target: 'Value', result: 'Equal', value: WAITING }],
+      success: [{ request_delete_range: { key: entry } }],
+    };
+  }
+
   deletedOf(response: ITxnResponse): IKeyValue[] {
     return response.responses.flatMap((r) => r.response_delete_range.prev_kvs);
   }

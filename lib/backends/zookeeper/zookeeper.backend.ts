@@ -80,7 +80,9 @@ export class ZooKeeperLockBackend implements LockBackend {
       const acquired = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait));
       if (!acquired) return { acquired: false };
       const certifiedAt = await this.certify(current, sentAt, ttlMs);
-      if (certifiedAt === undefined) return { acquired: false };
+      // Its nodes are given up (or gone): the key may be free, and nothing would wake the caller,
+      // whose place in line this was, before its next poll. It tries again at once.
+      if (certifiedAt === undefined) return { acquired: false, retryAfterMs: 0 };
       this.armExpiry(current, sentAt + ttlMs);
       // Counted from this request: the time to the last write, then what that write certifies.
       return { acquired: true, fencingToken: current.czxid, validityMs: Math.min(ttlMs, certifiedAt - sentAt + this.validity(ttlMs)) };
@@ -260,7 +262,15 @@ export class ZooKeeperLockBackend implements LockBackend {
   private request(keys: readonly string[], owner: string): LineRequest {
     let request = this.requests.get(owner);
     if (!request) {
-      const fields = { nodes: undefined, generation: 0, uncertain: false, creating: undefined, czxid: undefined, held: false };
+      const fields = {
+        nodes: undefined,
+        generation: 0,
+        uncertain: false,
+        createdIn: 0,
+        creating: undefined,
+        czxid: undefined,
+        held: false,
+      };
       request = { owner, keys, watched: new Set(), woken: false, waker: undefined, ...fields };
       this.requests.set(owner, request);
     }
@@ -270,16 +280,30 @@ export class ZooKeeperLockBackend implements LockBackend {
   /** Makes (or finds) the request's nodes, then looks where they stand; true when first everywhere. */
   private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
     for (let round = 0; ; round++) {
-      // An earlier create still in flight decides whether there are nodes: it is settled first.
-      if (request.creating?.generation === session.generation) await request.creating.settled;
-      // Given up (released, or a caller that would not wait): what is left of this attempt, which
-      // its caller stopped waiting for, must not make nodes again.
-      if (this.requests.get(request.owner) !== request) return false;
-      if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
-      if (!request.nodes && request.uncertain) {
+      // One create at a time per request, settled before anything looks for its nodes. Attempts
+      // that timed out go on: woken together when a create fails, each would otherwise make nodes
+      // of its own, and those whose answers were lost too would stand in line for nobody (the
+      // request itself waiting behind one of them). So this is looked at again, up to the create,
+      // after every wait.
+      for (;;) {
+        const inFlight = request.creating;
+        if (inFlight?.generation === session.generation) {
+          await inFlight.settled;
+          continue;
+        }
+        // Given up (released, or a caller that would not wait): what is left of this attempt, which
+        // its caller stopped waiting for, must not make nodes again.
+        if (this.requests.get(request.owner) !== request) return false;
+        if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
+        if (request.nodes || !request.uncertain) break;
         const found = await findNodes(session.client, this.paths, request);
+        // Another attempt sent a create, or found them, meanwhile.
+        if (request.creating?.generation === session.generation || !request.uncertain) continue;
         request.uncertain = false;
-        if (found.every((n) => n !== undefined)) this.adopt(request, session, found as string[]);
+        // Made in an earlier session (see LineRequest.createdIn), they go: they would stand in line
+        // for nobody until the server ends that session.
+        const ours = request.createdIn === session.generation;
+        if (ours && found.every((n) => n !== undefined)) this.adopt(request, session, found as string[]);
         else if (found.some((n) => n !== undefined))
           await removeNodes(
             session.client,
@@ -288,6 +312,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       }
       const created = !request.nodes;
       if (created) {
+        request.createdIn = session.generation;
         const creating = createNodes(session, this.paths, request, this.parents.known);
         // Runs before the await below resumes: an answer that comes after the caller gave up on
         // it still tells where the nodes are.

@@ -17,6 +17,12 @@ export interface LineRequest {
   /** A create whose answer never came: the nodes may exist, and are found by the owner in their name. */
   uncertain: boolean;
   /**
+   * The session the last create was sent in. Nodes found by name after a lost answer are the
+   * request's place only in that session: those of an earlier one end with it (which the server
+   * may declare well after this process gave it up), not with the session that would hold them.
+   */
+  createdIn: number;
+  /**
    * The create in flight, until its outcome is known, and the session it was sent in. The client
    * queues requests while it has no connection and sends them once it reconnects, so a create can
    * be applied long after the attempt that sent it gave up: nothing may look for its nodes, or make
