@@ -20,7 +20,12 @@ describe('Redis backend: requests applied, answers lost with the connection', ()
     fixture.cleanup(() => proxy.close());
     // No CLIENT SETINFO on connecting: the proxy's drop accepts a connection and closes it at once,
     // and ioredis then throws EPIPE from that command's write, out of any caller's reach.
-    const client = new Redis(proxy.port, '127.0.0.1', { maxRetriesPerRequest: 1, retryStrategy: () => 50, disableClientInfo: true, ...options });
+    const client = new Redis(proxy.port, '127.0.0.1', {
+      maxRetriesPerRequest: 1,
+      retryStrategy: () => 50,
+      disableClientInfo: true,
+      ...options,
+    });
     client.on('error', () => undefined);
     fixture.cleanup(() => client.disconnect());
     const locks = new LockService(new RedisLockBackend(client, { commandTimeout: 300 }), { keyPrefix: '', pollInterval: 100 });

@@ -3,6 +3,7 @@ import { inspect } from 'node:util';
 import type { Cluster, Redis } from 'ioredis';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { RedisConnection } from './redis.connection.js';
+import { RedisFailedReleases } from './redis.failed-releases.js';
 import { lineScriptKeys, lockKeyLayouts, type LockKeyLayout } from './redis.keys.js';
 import { RedisWaiterLine } from './redis.line.js';
 import { checkConnection, resolveBackendOptions, type RedisLockBackendOptions, type RedisLockConnection } from './redis.options.js';
@@ -28,6 +29,7 @@ export class RedisLockBackend implements LockBackend {
   private readonly connection: RedisConnection;
   private readonly scripts: RedisScriptRunner;
   private readonly line: RedisWaiterLine;
+  private readonly failedReleases = new RedisFailedReleases((keys, owner) => this.release(keys, owner));
   /** ACQUIRE's last argument for an owner that will wait, and for one that will not (see ACQUIRE). */
   private readonly waitingArgs: string;
   private readonly tryingArgs: string;
@@ -66,6 +68,7 @@ export class RedisLockBackend implements LockBackend {
     // A release of this process that may hand this owner the lock is out: its answer says.
     const inFlight = this.line.handoffInFlight(owner);
     if (inFlight) await inFlight;
+    this.failedReleases.forget(owner);
     const handedOver = this.line.takeHandover(owner);
     if (handedOver) return { acquired: true, ...handedOver };
     const client = this.connection.open() ?? (await this.connection.connected('acquire', keys));
@@ -118,6 +121,17 @@ export class RedisLockBackend implements LockBackend {
   }
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
+    try {
+      return await this.releaseOnce(keys, owner);
+    } catch (error) {
+      // Sent again once Redis is reachable (see RedisFailedReleases); the caller still hears of it.
+      const client = this.connection.open();
+      if (client) this.failedReleases.add(client, keys, owner);
+      throw error;
+    }
+  }
+
+  private async releaseOnce(keys: readonly string[], owner: string): Promise<boolean> {
     // Sent in the usual case's short form when nothing here says that anyone waits for the key
     // (see RELEASE): two keys and one argument cost Redis less than four keys and two arguments. If
     // someone joined the line meanwhile, Redis says so, and the whole call follows.
@@ -237,6 +251,7 @@ export class RedisLockBackend implements LockBackend {
   /** Closes the subscriber connection, and the client if the backend created it. */
   async close(): Promise<void> {
     if (!this.connection.stop()) return;
+    this.failedReleases.close();
     await this.line.close();
     await this.connection.closeClient();
   }
