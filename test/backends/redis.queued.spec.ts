@@ -66,6 +66,20 @@ describe('Redis backend: requests applied, answers lost with the connection', ()
     expect(await locks.tryAcquire('queued:try')).toBeDefined();
   });
 
+  it('a tryAcquire whose request a client does not resend (autoResendUnfulfilledCommands: false): the lock it won is freed once Redis is back', async () => {
+    // ioredis drops what was on the connection when it reconnects, without settling it: no late answer ever comes.
+    const { proxy, client, locks } = await throughProxy({ autoResendUnfulfilledCommands: false });
+    proxy.set({ kind: 'blackhole-down' });
+    const trying = locks.tryAcquire('queued:not-resent', { ttl: 60_000 });
+    await until(async () => (await fixture.admin.exists('queued:not-resent')) === 1, 5_000, 'the attempt to be applied');
+    const cut = cutUntilFailed(proxy, client);
+    await expect(trying).rejects.toThrow(LockBackendError);
+    await cut;
+    await cutUntilFailed(proxy, client); // whatever the caller sent on failing is failed too
+    await reconnect(proxy, client);
+    await until(async () => (await fixture.admin.exists('queued:not-resent')) === 0, 10_000, 'the lock nobody holds to be freed');
+  });
+
   it('a waiter that gave up while Redis was unreachable: the lock its lost request won is freed once Redis is back', async () => {
     const { proxy, client, locks } = await throughProxy();
     proxy.set({ kind: 'blackhole-down' });
