@@ -1,9 +1,9 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { Cluster, Redis } from 'ioredis';
+import { FailedReleases } from '../failed-releases.js';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { RedisConnection } from './redis.connection.js';
-import { RedisFailedReleases } from './redis.failed-releases.js';
 import { lineScriptKeys, lockKeyLayouts, type LockKeyLayout } from './redis.keys.js';
 import { RedisWaiterLine } from './redis.line.js';
 import { checkConnection, resolveBackendOptions, type RedisLockBackendOptions, type RedisLockConnection } from './redis.options.js';
@@ -29,7 +29,9 @@ export class RedisLockBackend implements LockBackend {
   private readonly connection: RedisConnection;
   private readonly scripts: RedisScriptRunner;
   private readonly line: RedisWaiterLine;
-  private readonly failedReleases = new RedisFailedReleases((keys, owner) => this.release(keys, owner));
+  private readonly failedReleases = new FailedReleases((keys, owner) => this.release(keys, owner));
+  /** The client whose 'ready' sends failed releases again. */
+  private readyClient: Redis | Cluster | undefined;
   /** ACQUIRE's last argument for an owner that will wait, and for one that will not (see ACQUIRE). */
   private readonly waitingArgs: string;
   private readonly tryingArgs: string;
@@ -124,11 +126,27 @@ export class RedisLockBackend implements LockBackend {
     try {
       return await this.releaseOnce(keys, owner);
     } catch (error) {
-      // Sent again once Redis is reachable (see RedisFailedReleases); the caller still hears of it.
+      // Sent again once Redis is reachable (see FailedReleases); the caller still hears of it.
       const client = this.connection.open();
-      if (client) this.failedReleases.add(client, keys, owner);
+      if (client) {
+        this.failedReleases.add(keys, owner);
+        this.sendAgainWhenReady(client);
+      }
       throw error;
     }
+  }
+
+  /**
+   * ioredis fails what it queued while Redis was unreachable (after `maxRetriesPerRequest`
+   * reconnection attempts) but sends again what was on the connection when it broke, whatever
+   * became of its callers: an acquire or extension Redis may then apply again. 'ready' is emitted
+   * after ioredis wrote those, so failed releases go out behind them.
+   */
+  private sendAgainWhenReady(client: Redis | Cluster): void {
+    if (this.readyClient === client) return;
+    this.readyClient?.off('ready', this.failedReleases.sendAgain);
+    this.readyClient = client;
+    client.on('ready', this.failedReleases.sendAgain);
   }
 
   private async releaseOnce(keys: readonly string[], owner: string): Promise<boolean> {
@@ -252,6 +270,7 @@ export class RedisLockBackend implements LockBackend {
   async close(): Promise<void> {
     if (!this.connection.stop()) return;
     this.failedReleases.close();
+    this.readyClient?.off('ready', this.failedReleases.sendAgain);
     await this.line.close();
     await this.connection.closeClient();
   }
