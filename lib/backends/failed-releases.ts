@@ -15,6 +15,10 @@ const MAX_KEPT = 10_000;
 export class FailedReleases {
   /** Keys by owner. */
   private readonly pending = new Map<string, readonly string[]>();
+  /** Releases of the last batch still out: one batch at a time, however often the backend says it is back. */
+  private sending = 0;
+  /** The backend said so again while a batch was out: another goes once it is done. */
+  private askedAgain = false;
 
   constructor(private readonly release: (keys: readonly string[], owner: string) => Promise<unknown>) {}
 
@@ -34,13 +38,24 @@ export class FailedReleases {
 
   close(): void {
     this.pending.clear();
+    this.askedAgain = false;
   }
 
   /** Sends every one again; one that fails again is added again by the release itself. */
   readonly sendAgain = (): void => {
     if (this.pending.size === 0) return;
+    if (this.sending > 0) {
+      this.askedAgain = true;
+      return;
+    }
     const pending = [...this.pending];
     this.pending.clear();
-    for (const [owner, keys] of pending) this.release(keys, owner).catch(() => undefined);
+    this.sending = pending.length;
+    const done = (): void => {
+      if (--this.sending > 0 || !this.askedAgain) return;
+      this.askedAgain = false;
+      this.sendAgain();
+    };
+    for (const [owner, keys] of pending) this.release(keys, owner).then(done, done);
   };
 }
