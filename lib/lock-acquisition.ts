@@ -218,7 +218,9 @@ export class LockAcquisition {
       // A caller's mistake the backend found (keys a Redis Cluster cannot lock together): no
       // retry can fix it, so it is not a backend failure to wait out.
       if (error instanceof DistributedLockError && !(error instanceof LockBackendError)) throw error;
-      this.inLine = this.willWait;
+      // Applied or not, nobody knows, and an answer lost with its connection never comes late:
+      // giving up releases, even without waiting, which frees a lock it may have won.
+      this.inLine = true;
       this.lastError = error;
       return undefined;
     }

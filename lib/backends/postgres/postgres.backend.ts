@@ -1,6 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { FailedReleases } from '../failed-releases.js';
 import { PostgresConnection } from './postgres.connection.js';
 import { PostgresWaiterLine } from './postgres.line.js';
 import {
@@ -31,6 +32,7 @@ export class PostgresLockBackend implements LockBackend {
 
   private readonly connection: PostgresConnection;
   private readonly line: PostgresWaiterLine;
+  private readonly failedReleases = new FailedReleases((keys, owner) => this.release(keys, owner));
   private lastSweep = performance.now();
   private sweeping: Promise<void> | undefined;
 
@@ -46,10 +48,13 @@ export class PostgresLockBackend implements LockBackend {
     this.waiterTimeout = resolved.waiterTimeout;
     this.connection = new PostgresConnection(checked, resolved, this.name);
     this.line = new PostgresWaiterLine(this.connection, resolved.commandTimeout, resolved.listenConnection !== false);
+    // pg never says when a broken connection is back: a statement answered says PostgreSQL is.
+    this.connection.onAnswer = this.failedReleases.sendAgain;
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     const willWait = options?.willWait ?? true;
+    this.failedReleases.forget(owner);
     const handedOver = this.line.takeHandover(owner);
     if (handedOver) return { acquired: true, ...handedOver };
     const entry = this.line.attemptStarting(owner, willWait);
@@ -90,13 +95,20 @@ export class PostgresLockBackend implements LockBackend {
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
     this.line.leave(owner);
-    const [row] = await this.connection.run({
-      op: 'release',
-      keys,
-      text: `SELECT ${this.connection.names.release}($1, $2) AS released`,
-      values: [keys, owner],
-    });
-    return (row.released as number) > 0;
+    let rows;
+    try {
+      rows = await this.connection.run({
+        op: 'release',
+        keys,
+        text: `SELECT ${this.connection.names.release}($1, $2) AS released`,
+        values: [keys, owner],
+      });
+    } catch (error) {
+      // Sent again once a statement is answered (see FailedReleases); the caller still hears of it.
+      if (!this.connection.closed) this.failedReleases.add(keys, owner);
+      throw error;
+    }
+    return (rows[0].released as number) > 0;
   }
 
   async inspect(key: string): Promise<LockState | undefined> {
@@ -131,6 +143,7 @@ export class PostgresLockBackend implements LockBackend {
   /** Closes the LISTEN connection, and the pool if the backend created it. */
   async close(): Promise<void> {
     if (!this.connection.stop()) return;
+    this.failedReleases.close();
     await this.line.close();
     await this.sweeping;
     await this.connection.closePool();

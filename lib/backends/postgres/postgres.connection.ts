@@ -43,6 +43,8 @@ export class PostgresConnection {
   private stopped = false;
   /** The last connection error of a pool we created, to say why an operation failed. */
   private lastError: Error | undefined;
+  /** Called after each statement answered in time: PostgreSQL is reachable (see FailedReleases). */
+  onAnswer: (() => void) | undefined;
 
   constructor(
     private readonly connection: CheckedConnection,
@@ -84,8 +86,10 @@ export class PostgresConnection {
       const sent = this.tablesReady ? this.query(statement) : this.ensureTables().then(() => this.query(statement));
       sent.then(
         (rows) => {
-          if (this.deadlines.answered(command)) resolve(rows);
-          else statement.onLateAnswer?.(rows);
+          if (this.deadlines.answered(command)) {
+            resolve(rows);
+            this.onAnswer?.();
+          } else statement.onLateAnswer?.(rows);
         },
         (error: unknown) => {
           if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));

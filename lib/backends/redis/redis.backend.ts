@@ -1,6 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { Cluster, Redis } from 'ioredis';
+import { FailedReleases } from '../failed-releases.js';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { RedisConnection } from './redis.connection.js';
 import { lineScriptKeys, lockKeyLayouts, type LockKeyLayout } from './redis.keys.js';
@@ -28,6 +29,9 @@ export class RedisLockBackend implements LockBackend {
   private readonly connection: RedisConnection;
   private readonly scripts: RedisScriptRunner;
   private readonly line: RedisWaiterLine;
+  private readonly failedReleases = new FailedReleases((keys, owner) => this.release(keys, owner));
+  /** The client whose 'ready' sends failed releases again. */
+  private readyClient: Redis | Cluster | undefined;
   /** ACQUIRE's last argument for an owner that will wait, and for one that will not (see ACQUIRE). */
   private readonly waitingArgs: string;
   private readonly tryingArgs: string;
@@ -66,6 +70,7 @@ export class RedisLockBackend implements LockBackend {
     // A release of this process that may hand this owner the lock is out: its answer says.
     const inFlight = this.line.handoffInFlight(owner);
     if (inFlight) await inFlight;
+    this.failedReleases.forget(owner);
     const handedOver = this.line.takeHandover(owner);
     if (handedOver) return { acquired: true, ...handedOver };
     const client = this.connection.open() ?? (await this.connection.connected('acquire', keys));
@@ -118,6 +123,33 @@ export class RedisLockBackend implements LockBackend {
   }
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
+    try {
+      return await this.releaseOnce(keys, owner);
+    } catch (error) {
+      // Sent again once Redis is reachable (see FailedReleases); the caller still hears of it.
+      const client = this.connection.open();
+      if (client) {
+        this.failedReleases.add(keys, owner);
+        this.sendAgainWhenReady(client);
+      }
+      throw error;
+    }
+  }
+
+  /**
+   * ioredis fails what it queued while Redis was unreachable (after `maxRetriesPerRequest`
+   * reconnection attempts) but sends again what was on the connection when it broke, whatever
+   * became of its callers: an acquire or extension Redis may then apply again. 'ready' is emitted
+   * after ioredis wrote those, so failed releases go out behind them.
+   */
+  private sendAgainWhenReady(client: Redis | Cluster): void {
+    if (this.readyClient === client) return;
+    this.readyClient?.off('ready', this.failedReleases.sendAgain);
+    this.readyClient = client;
+    client.on('ready', this.failedReleases.sendAgain);
+  }
+
+  private async releaseOnce(keys: readonly string[], owner: string): Promise<boolean> {
     // Sent in the usual case's short form when nothing here says that anyone waits for the key
     // (see RELEASE): two keys and one argument cost Redis less than four keys and two arguments. If
     // someone joined the line meanwhile, Redis says so, and the whole call follows.
@@ -237,6 +269,8 @@ export class RedisLockBackend implements LockBackend {
   /** Closes the subscriber connection, and the client if the backend created it. */
   async close(): Promise<void> {
     if (!this.connection.stop()) return;
+    this.failedReleases.close();
+    this.readyClient?.off('ready', this.failedReleases.sendAgain);
     await this.line.close();
     await this.connection.closeClient();
   }

@@ -24,6 +24,9 @@ export interface RedlockSubscriberClient {
   disconnect(): void;
 }
 
+/** Failed releases kept at most per master: a master down for long under heavy traffic must not grow them for good. */
+const MAX_SENT_AGAIN = 10_000;
+
 /** ioredis states in which a command would sit in the offline queue until a reconnect. */
 const DOWN = new Set(['reconnecting', 'close', 'end']);
 
@@ -47,8 +50,15 @@ export class MasterRequestError extends Error {
  *
  * Scripts in `patient` (release; by hash and by text) are queued even while the master is down: ioredis resends an
  * unanswered acquire after reconnecting, and a release queued behind it then still removes it.
+ * One that ioredis fails (after `maxRetriesPerRequest` reconnection attempts, while the unanswered
+ * acquire or extension it was to follow stays queued, and goes out on reconnecting) is sent again
+ * once the client is ready, behind what ioredis sends again: else the key stays, held by nobody,
+ * until its ttl. They delete by owner, whose token is never used again, so twice does no harm.
  */
 export class RedlockMaster {
+  /** Patient requests ioredis failed, by what they send: sent again at the next 'ready'. */
+  private readonly sendAgain = new Map<string, () => Promise<unknown>>();
+
   constructor(
     readonly client: RedlockMasterClient,
     readonly name: string,
@@ -61,11 +71,11 @@ export class RedlockMaster {
   }
 
   evalsha(sha: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
-    return this.request(this.patient.has(sha), () => this.client.evalsha(sha, numKeys, ...args));
+    return this.request(this.patient.has(sha), () => this.client.evalsha(sha, numKeys, ...args), `${sha} ${args.join(' ')}`);
   }
 
   eval(script: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
-    return this.request(this.patient.has(script), () => this.client.eval(script, numKeys, ...args));
+    return this.request(this.patient.has(script), () => this.client.eval(script, numKeys, ...args), `${script} ${args.join(' ')}`);
   }
 
   info(): Promise<string> {
@@ -92,7 +102,23 @@ export class RedlockMaster {
     if (client.status === 'ready') load();
   }
 
-  private request(patient: boolean, send: () => Promise<unknown>): Promise<unknown> {
+  /** Requests that ioredis failed are sent again when the client is next ready; those that fail again wait for the one after. */
+  private retryWhenReady(what: string, send: () => Promise<unknown>): void {
+    const client = this.client as RedlockMasterClient & { once?: (event: 'ready', listener: () => void) => unknown };
+    if (typeof client.once !== 'function') return;
+    if (this.sendAgain.size >= MAX_SENT_AGAIN) this.sendAgain.delete(this.sendAgain.keys().next().value!);
+    const first = this.sendAgain.size === 0;
+    this.sendAgain.set(what, send);
+    if (!first) return;
+    // 'ready' is emitted after ioredis has written what it sends again on reconnecting.
+    client.once('ready', () => {
+      const pending = [...this.sendAgain];
+      this.sendAgain.clear();
+      for (const [again, resend] of pending) resend().catch(() => this.retryWhenReady(again, resend));
+    });
+  }
+
+  private request(patient: boolean, send: () => Promise<unknown>, what?: string): Promise<unknown> {
     if (!patient && !this.up) {
       return Promise.reject(new MasterRequestError(this.name, `not connected (${this.client.status})`));
     }
@@ -107,6 +133,9 @@ export class RedlockMaster {
         },
         (error: unknown) => {
           clearTimeout(timer);
+          if (patient && what !== undefined && !(error instanceof Error && error.message.startsWith('NOSCRIPT'))) {
+            this.retryWhenReady(what, send);
+          }
           reject(
             error instanceof Error && error.message.startsWith('NOSCRIPT')
               ? error
