@@ -196,10 +196,13 @@ describe('etcd backend, attacked', () => {
       const kept = await leases();
       const { locks, gate } = gated();
       const late = gate.lateTxn(isFirstAttempt);
-      // Its lease's revoke reaches etcd after the request does.
+      // Its lease's revoke reaches etcd after the request does; so does the release that giving up
+      // sends, which finds nothing yet.
       const revoke = gate.slow('leaseClient', 'leaseRevoke', () => true);
+      const deletion = gate.slow('kv', 'txn', isDeletion);
       await expect(locks.tryAcquire('late-try')).rejects.toThrow(LockBackendError);
-      await revoke.caught;
+      await Promise.all([revoke.caught, deletion.caught]);
+      await deletion.send();
       expect(((await late.send()) as { succeeded: boolean }).succeeded).toBe(true);
       expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
       await revoke.send();
@@ -267,7 +270,7 @@ describe('etcd backend, attacked', () => {
       const { locks, gate } = gated({}, { waiterTimeout: 30_000 });
       gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:leftover-shutdown'));
       await expect(locks.acquire('leftover-shutdown', { wait: 300 })).rejects.toBeInstanceOf(DistributedLockError);
-      expect((await entries()).map((e) => e.value)).toEqual(['held', 'waiting']);
+      expect((await entries()).map((e) => e.value).sort()).toEqual(['held', 'waiting']);
       await locks.onApplicationShutdown();
       await held.release();
       await nothingLeft(kept, 'the waiter’s entry and lease to go with the shutdown');
