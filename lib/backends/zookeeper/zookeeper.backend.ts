@@ -233,12 +233,12 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   private remove(request: LineRequest): Promise<void> {
     return this.session.run('release', request.keys, async (session) => {
-      const found = request.uncertain ? await findNodes(session.client, this.paths, request) : request.nodes;
+      const found = request.uncertain ? (await findNodes(session.client, this.paths, request)).flat() : request.nodes;
       // Nodes found by the owner's name may be those of a later request of the same owner (its
       // acquisition goes on after this request was given up): those stay.
       const current = this.requests.get(request.owner);
       const theirs = current === request ? undefined : current?.nodes;
-      const nodes = found?.filter((node): node is string => node !== undefined && !theirs?.includes(node));
+      const nodes = found?.filter((node) => !theirs?.includes(node));
       if (nodes?.length) await removeNodes(session.client, nodes);
     });
   }
@@ -302,13 +302,13 @@ export class ZooKeeperLockBackend implements LockBackend {
         request.uncertain = false;
         // Made in an earlier session (see LineRequest.createdIn), they go: they would stand in line
         // for nobody until the server ends that session.
-        const ours = request.createdIn === session.generation;
-        if (ours && found.every((n) => n !== undefined)) this.adopt(request, session, found as string[]);
-        else if (found.some((n) => n !== undefined))
-          await removeNodes(
-            session.client,
-            found.filter((n) => n !== undefined),
-          );
+        const ours = request.createdIn === session.generation && found.every((nodes) => nodes.length > 0);
+        // The earliest of each line is its place (one create made one node in every line); any
+        // later ones stand behind it for nobody.
+        const earliest = found.map((nodes) => nodes[0]);
+        if (ours) this.adopt(request, session, earliest);
+        const others = ours ? found.flatMap((nodes) => nodes.slice(1)) : found.flat();
+        if (others.length > 0) await removeNodes(session.client, others);
       }
       const created = !request.nodes;
       if (created) {

@@ -146,17 +146,27 @@ export async function createNodes(
   }
 }
 
-/** Finds the request's nodes by the owner in their names (after a create whose answer was lost). */
-export async function findNodes(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<(string | undefined)[]> {
+/**
+ * Finds the request's nodes by the owner in their names (after a create whose answer was lost):
+ * per key, every node of the owner, earliest first (creates whose answers were all lost make one
+ * each). A write goes first: the server this client reconnected to may be a follower that has not
+ * applied the create yet, and it answers a write only once it has applied everything before it.
+ */
+export async function findNodes(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<string[][]> {
+  // Any write will do, even one that fails: it goes through the leader in order. (No parent, no node.)
+  await client.multi([{ op: 'check', path: paths.parent(request.keys[0]) }]).catch((error: unknown) => {
+    if (!isNoNode(error)) throw error;
+  });
   const lines = await Promise.all(
     request.keys.map((key) =>
       client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error))),
     ),
   );
-  return request.keys.map((key, i) => {
-    const name = lines[i].find((child) => LinePaths.owner(child) === request.owner);
-    return name === undefined ? undefined : `${paths.parent(key)}/${name}`;
-  });
+  return request.keys.map((key, i) =>
+    inLineOrder(lines[i])
+      .filter((child) => LinePaths.owner(child) === request.owner)
+      .map((name) => `${paths.parent(key)}/${name}`),
+  );
 }
 
 /** Deletes nodes, all at once when they are all there, else one by one; a missing node is no error. */
