@@ -1,10 +1,9 @@
 import { describe, expect, it } from '@jest/globals';
 import { Redis, type RedisOptions } from 'ioredis';
-import { once } from 'node:events';
 import { LockBackendError, LockService, RedisLockBackend } from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { TcpProxy } from '../support/tcp-proxy.js';
-import { until } from '../support/wait.js';
+import { nextEvent, until } from '../support/wait.js';
 
 /**
  * Requests whose answers are lost with their connection: Redis applied them, but ioredis fails
@@ -44,7 +43,7 @@ describe('Redis backend: requests applied, answers lost with the connection', ()
     proxy.set({ kind: 'drop' });
     let reconnections = 0;
     while (reconnections < 2) {
-      await once(client, 'reconnecting');
+      await nextEvent(client, 'reconnecting');
       reconnections++;
     }
     // The queue is failed right after the event, in the same close handler.
@@ -53,7 +52,7 @@ describe('Redis backend: requests applied, answers lost with the connection', ()
 
   async function reconnect(proxy: TcpProxy, client: Redis): Promise<void> {
     proxy.set({ kind: 'pass' });
-    if (client.status !== 'ready') await once(client, 'ready');
+    if (client.status !== 'ready') await nextEvent(client, 'ready');
   }
 
   it('a tryAcquire whose answer was lost: the lock it won is freed once Redis is reachable again', async () => {
@@ -104,7 +103,7 @@ describe('Redis backend: requests applied, answers lost with the connection', ()
     const { proxy, client, locks } = await throughProxy();
     const handle = await locks.acquire('queued:held', { ttl: 60_000, autoExtend: false });
     proxy.set({ kind: 'drop' });
-    await once(client, 'reconnecting'); // the release waits in the offline queue, not on the old connection
+    await nextEvent(client, 'reconnecting'); // the release waits in the offline queue, not on the old connection
     const releasing = handle.release();
     await cutUntilFailed(proxy, client);
     await expect(releasing).rejects.toThrow(LockBackendError);

@@ -26,3 +26,11 @@ export async function eventually(assertion: () => void | Promise<void>, timeoutM
 export function activeTimers(): number {
   return process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
 }
+
+/**
+ * The emitter's next `event`. Not events.once(), which rejects on an 'error' meanwhile: a client
+ * whose connection a test cuts emits one, and the test waits for what follows it.
+ */
+export function nextEvent(emitter: { once(event: string, listener: () => void): unknown }, event: string): Promise<void> {
+  return new Promise((resolve) => emitter.once(event, () => resolve()));
+}

@@ -1,11 +1,10 @@
 import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
-import { once } from 'node:events';
 import { RedlockLockBackend } from '../../../lib/backends/redlock/redlock.backend.js';
 import { LockBackendError } from '../../../lib/lock.errors.js';
 import { LockService } from '../../../lib/lock.service.js';
 import { TcpProxy } from '../../support/tcp-proxy.js';
-import { until } from '../../support/wait.js';
+import { nextEvent, until } from '../../support/wait.js';
 import { RedlockMasters } from './redlock-masters.js';
 
 /**
@@ -45,7 +44,7 @@ describe('redlock backend: releases failed while the masters were unreachable', 
     for (const proxy of proxies) proxy.set({ kind: 'drop' });
     await Promise.all(
       clients.map(async (client) => {
-        for (let reconnections = 0; reconnections < 2; reconnections++) await once(client, 'reconnecting');
+        for (let reconnections = 0; reconnections < 2; reconnections++) await nextEvent(client, 'reconnecting');
       }),
     );
     await new Promise((resolve) => setImmediate(resolve));
@@ -56,7 +55,7 @@ describe('redlock backend: releases failed while the masters were unreachable', 
     const handle = await service.acquire('queued:redlock', { ttl: 60_000, autoExtend: false });
     expect(await masters.keyCounts()).toEqual([1, 1, 1]);
     for (const proxy of proxies) proxy.set({ kind: 'drop' });
-    await Promise.all(clients.map((client) => once(client, 'reconnecting'))); // the release waits in the offline queues
+    await Promise.all(clients.map((client) => nextEvent(client, 'reconnecting'))); // the release waits in the offline queues
     const releasing = handle.release();
     await cutUntilFailed(clients);
     await expect(releasing).rejects.toThrow(LockBackendError);
