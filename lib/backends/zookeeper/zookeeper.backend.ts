@@ -1,10 +1,12 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient } from './zookeeper.client.js';
-import { createNodes, findNodes, inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
+import { inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
 import { checkConnectionString, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
+import { LinePlaces } from './zookeeper.places.js';
+import { LineRequests } from './zookeeper.requests.js';
 import { ZooKeeperSession, type LiveSession } from './zookeeper.session.js';
 
 /**
@@ -29,12 +31,9 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   private readonly session: ZooKeeperSession;
   private readonly paths: LinePaths;
-  private readonly requests = new Map<string, LineRequest>();
-  /** When a held lock's ttl runs out without an extension: this process deletes its nodes then. */
-  private readonly expiries = new Map<string, NodeJS.Timeout>();
+  private readonly requests: LineRequests;
+  private readonly places: LinePlaces;
   private readonly parents: ParentNodes;
-  private readonly leftovers = new Set<LineRequest>();
-  private leftoverTimer: NodeJS.Timeout | undefined;
   private closed = false;
   private readonly stopListening: () => void;
 
@@ -54,11 +53,13 @@ export class ZooKeeperLockBackend implements LockBackend {
     const create = newClient ?? nodeZooKeeperClients(connectionString, resolved.sessionTimeout);
     this.session = new ZooKeeperSession(create, resolved.commandTimeout, this.name);
     this.parents = new ParentNodes(this.session);
+    this.requests = new LineRequests(this.session, this.paths);
+    this.places = new LinePlaces(this.requests, this.paths, this.parents);
     // A lost session took this process's places in line and their watches: every waiter asks again.
     this.stopListening = this.session.onState((state) => {
       if (state !== 'lost') return;
       this.parents.known.clear();
-      for (const request of this.requests.values()) this.wake(request);
+      for (const request of this.requests.all()) this.requests.wake(request);
     });
   }
 
@@ -72,7 +73,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     if (this.closed) throw this.session.error('acquire', keys, 'the backend is closed (the application shut down).');
     this.paths.checkSize(keys, owner);
     const sentAt = performance.now();
-    const request = this.request(keys, owner);
+    const request = this.requests.open(keys, owner);
     this.parents.inUse(keys.map((key) => this.paths.parent(key)));
     const current = request;
     current.woken = false;
@@ -87,7 +88,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       // Counted from this request: the time to the last write, then what that write certifies.
       return { acquired: true, fencingToken: current.czxid, validityMs: Math.min(ttlMs, certifiedAt - sentAt + this.validity(ttlMs)) };
     } catch (error) {
-      if (this.requests.get(owner) === current) {
+      if (this.requests.isCurrent(current)) {
         // Whether the nodes were made is unknown; the next attempt looks for them.
         current.uncertain = current.nodes === undefined;
         current.woken = true;
@@ -95,8 +96,8 @@ export class ZooKeeperLockBackend implements LockBackend {
           // No next attempt, and no release, will come for them: they go now, or as soon as
           // ZooKeeper answers. A create applied whose answer was lost would otherwise stand first
           // in line for as long as the session lives, the key held by nobody.
-          this.forget(current);
-          this.removeLater(current);
+          this.requests.forget(current);
+          this.requests.removeLater(current);
         }
       }
       throw error;
@@ -113,8 +114,8 @@ export class ZooKeeperLockBackend implements LockBackend {
     const ok = await this.session.run('extend', keys, (session) =>
       session.generation === request.generation ? this.stillThere(session, nodes) : Promise.resolve(false),
     );
-    if (!ok || this.requests.get(owner) !== request) {
-      this.forget(request);
+    if (!ok || !this.requests.isCurrent(request)) {
+      this.requests.forget(request);
       return { extended: false };
     }
     this.armExpiry(request, sentAt + ttlMs);
@@ -124,11 +125,11 @@ export class ZooKeeperLockBackend implements LockBackend {
   async release(keys: readonly string[], owner: string): Promise<boolean> {
     const request = this.requests.get(owner);
     if (!request) return false;
-    this.forget(request);
+    this.requests.forget(request);
     this.parents.maybeEmpty(keys.map((key) => this.paths.parent(key)));
     const held = request.held;
-    await this.remove(request).catch((error: unknown) => {
-      this.removeLater(request);
+    await this.requests.remove(request).catch((error: unknown) => {
+      this.requests.removeLater(request);
       throw error;
     });
     return held;
@@ -145,7 +146,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         const owner = LinePaths.owner(name)!;
         const ours = this.requests.get(owner);
         // Another process's lease is known to last at most one session timeout once its holder goes.
-        const ttlMs = ours?.held ? this.remaining(owner) : this.session.timeout;
+        const ttlMs = ours?.held ? this.requests.remaining(owner) : this.session.timeout;
         return { key, owner, ttlMs, fencingToken: stat.czxid };
       }
       return undefined;
@@ -157,7 +158,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     if (owner === undefined) return () => undefined;
     // A caller may watch before its first attempt (it queued behind others of this process): the
     // attempt then finds its waker here.
-    const request = this.request(keys, owner);
+    const request = this.requests.open(keys, owner);
     request.waker = onRelease;
     if (request.woken) {
       request.woken = false;
@@ -165,7 +166,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     }
     return () => {
       if (request.waker === onRelease) request.waker = undefined;
-      if (!request.nodes && !request.uncertain && !request.creating && this.requests.get(owner) === request) this.requests.delete(owner);
+      if (!request.nodes && !request.uncertain && !request.creating && this.requests.isCurrent(request)) this.requests.drop(owner);
     };
   }
 
@@ -190,7 +191,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       const now = performance.now();
       if (now < certifiedAt + this.validity(ttlMs) || now >= sentAt + ttlMs) return certifiedAt;
       const nodes = request.nodes;
-      if (check >= 3 || !nodes || this.requests.get(request.owner) !== request) {
+      if (check >= 3 || !nodes || !this.requests.isCurrent(request)) {
         await this.release(request.keys, request.owner).catch(() => undefined);
         return undefined;
       }
@@ -213,12 +214,9 @@ export class ZooKeeperLockBackend implements LockBackend {
     if (this.closed) return;
     this.closed = true;
     this.stopListening();
-    for (const timer of this.expiries.values()) clearTimeout(timer);
-    this.expiries.clear();
+    this.requests.close();
     // Before the session ends: the parents this process emptied would otherwise stay, one per key.
     await this.parents.close();
-    clearTimeout(this.leftoverTimer);
-    this.leftovers.clear();
     this.requests.clear();
     this.session.close();
   }
@@ -231,107 +229,13 @@ export class ZooKeeperLockBackend implements LockBackend {
     return `ZooKeeperLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
   }
 
-  private remove(request: LineRequest): Promise<void> {
-    return this.session.run('release', request.keys, async (session) => {
-      const found = request.uncertain ? (await findNodes(session.client, this.paths, request)).flat() : request.nodes;
-      // Nodes found by the owner's name may be those of a later request of the same owner (its
-      // acquisition goes on after this request was given up): those stay.
-      const current = this.requests.get(request.owner);
-      const theirs = current === request ? undefined : current?.nodes;
-      const nodes = found?.filter((node) => !theirs?.includes(node));
-      if (nodes?.length) await removeNodes(session.client, nodes);
-    });
-  }
-
-  /**
-   * A release that failed (no answer during a leader election, a dropped connection) leaves nodes
-   * that the session, still alive, would keep forever: they are deleted as soon as ZooKeeper answers.
-   */
-  private removeLater(request: LineRequest): void {
-    this.leftovers.add(request);
-    if (this.leftoverTimer || this.closed) return;
-    this.leftoverTimer = setTimeout(() => {
-      this.leftoverTimer = undefined;
-      for (const leftover of [...this.leftovers]) {
-        this.leftovers.delete(leftover);
-        this.remove(leftover).catch(() => this.removeLater(leftover));
-      }
-    }, 100).unref();
-  }
-
-  private request(keys: readonly string[], owner: string): LineRequest {
-    let request = this.requests.get(owner);
-    if (!request) {
-      const fields = {
-        nodes: undefined,
-        generation: 0,
-        uncertain: false,
-        createdIn: 0,
-        creating: undefined,
-        czxid: undefined,
-        held: false,
-      };
-      request = { owner, keys, watched: new Set(), woken: false, waker: undefined, ...fields };
-      this.requests.set(owner, request);
-    }
-    return request;
-  }
-
   /** Makes (or finds) the request's nodes, then looks where they stand; true when first everywhere. */
   private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
     for (let round = 0; ; round++) {
-      // One create at a time per request, settled before anything looks for its nodes. Attempts
-      // that timed out go on: woken together when a create fails, each would otherwise make nodes
-      // of its own, and those whose answers were lost too would stand in line for nobody (the
-      // request itself waiting behind one of them). So this is looked at again, up to the create,
-      // after every wait.
-      for (;;) {
-        const inFlight = request.creating;
-        if (inFlight?.generation === session.generation) {
-          await inFlight.settled;
-          continue;
-        }
-        // Given up (released, or a caller that would not wait): what is left of this attempt, which
-        // its caller stopped waiting for, must not make nodes again.
-        if (this.requests.get(request.owner) !== request) return false;
-        if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
-        if (request.nodes || !request.uncertain) break;
-        const found = await findNodes(session.client, this.paths, request);
-        // Another attempt sent a create, or found them, meanwhile.
-        if (request.creating?.generation === session.generation || !request.uncertain) continue;
-        request.uncertain = false;
-        // Made in an earlier session (see LineRequest.createdIn), they go: they would stand in line
-        // for nobody until the server ends that session.
-        const ours = request.createdIn === session.generation && found.every((nodes) => nodes.length > 0);
-        // The earliest of each line is its place (one create made one node in every line); any
-        // later ones stand behind it for nobody.
-        const earliest = found.map((nodes) => nodes[0]);
-        if (ours) this.adopt(request, session, earliest);
-        const others = ours ? found.flatMap((nodes) => nodes.slice(1)) : found.flat();
-        if (others.length > 0) await removeNodes(session.client, others);
-      }
+      // One create at a time per request, settled before anything looks for its nodes.
+      if (!(await this.places.settle(session, request))) return false;
       const created = !request.nodes;
-      if (created) {
-        request.createdIn = session.generation;
-        const creating = createNodes(session, this.paths, request, this.parents.known);
-        // Runs before the await below resumes: an answer that comes after the caller gave up on
-        // it still tells where the nodes are.
-        const inFlight = {
-          generation: session.generation,
-          settled: creating
-            .then(
-              (nodes) => this.created(request, session, nodes),
-              (error: unknown) => this.createFailed(request, error),
-            )
-            .finally(() => {
-              if (request.creating === inFlight) request.creating = undefined;
-            }),
-        };
-        request.creating = inFlight;
-        await creating;
-        // The caller gave up meanwhile (its wait ended): the nodes went again.
-        if (!request.nodes) return false;
-      }
+      if (created && !(await this.places.create(session, request))) return false;
       const [where, stat] = await Promise.all([
         position(session.client, this.paths, request),
         request.czxid === undefined ? session.client.exists(request.nodes![0]) : undefined,
@@ -355,7 +259,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         return true;
       }
       if (!willWait) {
-        this.requests.delete(request.owner);
+        this.requests.drop(request.owner);
         await removeNodes(session.client, request.nodes!);
         return false;
       }
@@ -378,7 +282,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         const stat = await session.client
           .exists(path, () => {
             request.watched.delete(path);
-            this.wake(request);
+            this.requests.wake(request);
           })
           .catch((error: unknown) => {
             request.watched.delete(path);
@@ -402,43 +306,6 @@ export class ZooKeeperLockBackend implements LockBackend {
     }
   }
 
-  /** A create answered: its nodes are the request's place, or go when the request has one, or was given up. */
-  private created(request: LineRequest, session: LiveSession, nodes: string[]): void {
-    if (this.requests.get(request.owner) === request && !request.nodes) {
-      this.adopt(request, session, nodes);
-      request.uncertain = false;
-    } else if (request.nodes?.join('\n') !== nodes.join('\n')) {
-      // Not the ones already found by name after a lost answer: they would stand in line for
-      // nobody, for as long as the session lives.
-      const leftover = { ...request, nodes, uncertain: false };
-      removeNodes(session.client, nodes).catch(() => this.removeLater(leftover));
-    }
-  }
-
-  /**
-   * A create that failed without an answer (a dropped connection) may have been applied: the
-   * request's next attempt looks for its nodes by name; a request given up meanwhile has no next
-   * attempt, so they are looked for and deleted as soon as ZooKeeper answers.
-   */
-  private createFailed(request: LineRequest, error: unknown): void {
-    if (request.nodes || !outcomeUnknown(error)) return;
-    request.uncertain = true;
-    if (this.requests.get(request.owner) !== request) this.removeLater(request);
-  }
-
-  private adopt(request: LineRequest, session: LiveSession, nodes: string[]): void {
-    request.nodes = nodes;
-    request.generation = session.generation;
-    request.czxid = undefined;
-    request.watched.clear();
-  }
-
-  private wake(request: LineRequest): void {
-    if (this.requests.get(request.owner) !== request) return;
-    if (request.waker) request.waker();
-    else request.woken = true;
-  }
-
   /**
    * Certain for the ttl, and for at most two thirds of the session timeout: the server ends a
    * session one session timeout after it last heard of it, and a third is left for a follower's
@@ -450,34 +317,8 @@ export class ZooKeeperLockBackend implements LockBackend {
     return session > 0 ? Math.min(ttlMs, Math.floor((session * 2) / 3)) : ttlMs;
   }
 
+  /** When the ttl runs out without an extension, this process deletes the nodes. */
   private armExpiry(request: LineRequest, at: number): void {
-    clearTimeout(this.expiries.get(request.owner));
-    const timer = setTimeout(
-      () => {
-        if (this.requests.get(request.owner) !== request) return;
-        this.release(request.keys, request.owner).catch(() => undefined);
-      },
-      Math.max(0, at - performance.now()),
-    );
-    timer.unref();
-    (timer as unknown as { at: number }).at = at;
-    this.expiries.set(request.owner, timer);
+    this.requests.armExpiry(request, at, () => void this.release(request.keys, request.owner).catch(() => undefined));
   }
-
-  private remaining(owner: string): number {
-    const timer = this.expiries.get(owner) as unknown as { at: number } | undefined;
-    return timer ? Math.max(0, Math.round(timer.at - performance.now())) : 0;
-  }
-
-  private forget(request: LineRequest): void {
-    if (this.requests.get(request.owner) === request) this.requests.delete(request.owner);
-    clearTimeout(this.expiries.get(request.owner));
-    this.expiries.delete(request.owner);
-    request.waker = undefined;
-  }
-}
-
-/** Whether a failed request may still have been applied: it was sent, and no answer came. */
-function outcomeUnknown(error: unknown): boolean {
-  return !(error instanceof ZooKeeperError) || error.code === 'CONNECTION_LOSS' || error.code === 'OPERATION_TIMEOUT';
 }
