@@ -22,6 +22,20 @@ export interface RedlockSubscriberClient {
   on(event: 'error', listener: (error: Error) => void): unknown;
   once?(event: 'ready', listener: () => void): unknown;
   disconnect(): void;
+  /** ioredis's socket, when it has one. */
+  readonly stream?: { destroy(): void };
+}
+
+/**
+ * Closes a connection of the backend's own at once. ioredis's disconnect() only ends the socket
+ * (sends FIN) and destroys it `disconnectTimeout` (2 s) later if the server never closes its side,
+ * as a frozen master does not: that timer would keep the process from exiting after shutdown.
+ * Nothing is lost: a subscriber has nothing to flush, and a client is dropped only once its QUIT
+ * was answered, timed out, or could not be sent.
+ */
+export function dropConnection(connection: { disconnect(): void; readonly stream?: { destroy(): void } }): void {
+  connection.disconnect();
+  connection.stream?.destroy();
 }
 
 /** Failed releases kept at most per master: a master down for long under heavy traffic must not grow them for good. */

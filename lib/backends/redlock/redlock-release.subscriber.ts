@@ -1,6 +1,6 @@
 import { Logger } from '@nestjs/common';
 import { ACL_RULE_DOCS, isAclDenial } from '../redis/redis.acl.js';
-import type { RedlockMaster, RedlockSubscriberClient } from './redlock-master.js';
+import { dropConnection, type RedlockMaster, type RedlockSubscriberClient } from './redlock-master.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -49,7 +49,7 @@ export class RedlockReleaseSubscriber {
   async close(): Promise<void> {
     this.closed = true;
     this.channels.clear();
-    for (const connection of this.connections) connection?.disconnect();
+    for (const connection of this.connections) if (connection) dropConnection(connection);
     this.connections.fill(undefined);
   }
 

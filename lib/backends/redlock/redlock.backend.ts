@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError } from '../../lock.errors.js';
 import type { BackendHealth, ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
-import { RedlockMaster, type RedlockMasterClient } from './redlock-master.js';
+import { dropConnection, RedlockMaster, type RedlockMasterClient } from './redlock-master.js';
 import { describeMaster, resolveRedlockOptions, type RedlockLockBackendOptions, type ResolvedRedlockOptions } from './redlock.options.js';
 import { RedlockMasterIdentities } from './redlock-master.identities.js';
 import { loadRedlock, openClient, type LoadedScript, type OwnedClient, type RedlockQuorum } from './redlock.package.js';
@@ -237,12 +237,19 @@ export class RedlockLockBackend implements LockBackend {
    * and never answers it, so the connection is dropped after `masterTimeout`.
    */
   private async quit(client: OwnedClient): Promise<void> {
-    if (client.status !== 'ready') return client.disconnect();
+    if (client.status !== 'ready') return dropConnection(client);
     let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<void>((resolve) => (timer = setTimeout(resolve, this.options.masterTimeout)));
-    await Promise.race([client.quit().catch(() => undefined), late]);
+    const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), this.options.masterTimeout)));
+    const answered = await Promise.race([
+      client.quit().then(
+        () => true,
+        () => true,
+      ),
+      late,
+    ]);
     clearTimeout(timer);
-    client.disconnect();
+    if (answered) client.disconnect();
+    else dropConnection(client);
   }
 
   private round<T>(script: LoadedScript, keys: readonly string[], args: (string | number)[], decide: Decide<T>) {

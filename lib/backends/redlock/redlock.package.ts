@@ -71,6 +71,8 @@ export function loadRedlock(): RedlockPackage {
 export interface OwnedClient extends RedlockMasterClient {
   quit(): Promise<unknown>;
   disconnect(): void;
+  /** ioredis's socket, when it has one. */
+  readonly stream?: { destroy(): void };
 }
 
 /** Opens an ioredis client for a URL, lazily connected; ioredis is loaded on first use only. */

@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
+import { Socket } from 'node:net';
 import { RedlockLockBackend } from '../../../lib/backends/redlock/redlock.backend.js';
 import { LockService } from '../../../lib/lock.service.js';
 import { until } from '../../support/wait.js';
@@ -147,13 +148,34 @@ describe('redlock backend recovering from master faults', () => {
     stop();
   });
 
-  it('shuts down while a master is frozen: its connection is dropped after masterTimeout', async () => {
+  it('shuts down while a master is frozen: its connections are dropped after masterTimeout, none left open behind', async () => {
+    // Every socket the backend opens to the master about to freeze: its own client and its subscriber.
+    const frozenPort = masters.servers[1].port;
+    const toFrozen: Socket[] = [];
+    let capturing = true;
+    const connect = Socket.prototype.connect;
+    jest.spyOn(Socket.prototype, 'connect').mockImplementation(function (this: Socket, ...args: unknown[]) {
+      // net.createConnection() passes its normalized arguments as one array.
+      const [first] = args as [unknown];
+      const options = (Array.isArray(first) ? first[0] : first) as { port?: number } | undefined;
+      if (capturing && options?.port === frozenPort) toFrozen.push(this);
+      return (connect as (...a: unknown[]) => Socket).apply(this, args);
+    });
     const backend = new RedlockLockBackend({ clients: masters.urls(), masterTimeout: 500 });
     const locks = new LockService(backend, { keyPrefix: '' });
+    services.push(locks);
     const handle = await locks.acquire('shutting', { ttl: 30_000 });
+    // A waiter, so the backend subscribes on every master too.
+    const waiter = locks.acquire('shutting', { wait: 60_000 }).catch((error: unknown) => error);
+    await until(() => toFrozen.length >= 2, 5_000, 'a client and a subscriber connected to the master');
+    capturing = false; // the test's own connections, below, are not the backend's
     await until(async () => (await masters.keyCounts()).every((n) => n === 1), 5_000, 'the key on every master');
     masters.servers[1].pause();
     expect(await within(locks.onApplicationShutdown(), 15_000)).toBeUndefined();
     expect(handle.isHeld).toBe(false);
+    await waiter;
+    // A connection merely ended (FIN sent) to a server that never answers stays open, and ioredis
+    // keeps a timer to destroy it 2 s later: the process could not exit until then.
+    expect(toFrozen.map((socket) => socket.destroyed)).toEqual(toFrozen.map(() => true));
   });
 });
