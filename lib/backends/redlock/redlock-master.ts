@@ -85,11 +85,19 @@ export class RedlockMaster {
   }
 
   evalsha(sha: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
-    return this.request(this.patient.has(sha), () => this.client.evalsha(sha, numKeys, ...args), `${sha} ${args.join(' ')}`);
+    return this.request(
+      this.patient.has(sha),
+      () => this.client.evalsha(sha, numKeys, ...args),
+      () => `${sha} ${args.join(' ')}`,
+    );
   }
 
   eval(script: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
-    return this.request(this.patient.has(script), () => this.client.eval(script, numKeys, ...args), `${script} ${args.join(' ')}`);
+    return this.request(
+      this.patient.has(script),
+      () => this.client.eval(script, numKeys, ...args),
+      () => `${script} ${args.join(' ')}`,
+    );
   }
 
   info(): Promise<string> {
@@ -132,7 +140,8 @@ export class RedlockMaster {
     });
   }
 
-  private request(patient: boolean, send: () => Promise<unknown>, what?: string): Promise<unknown> {
+  /** `what` names the request among those to send again; built only when one failed. */
+  private request(patient: boolean, send: () => Promise<unknown>, what?: () => string): Promise<unknown> {
     if (!patient && !this.up) {
       return Promise.reject(new MasterRequestError(this.name, `not connected (${this.client.status})`));
     }
@@ -148,7 +157,7 @@ export class RedlockMaster {
         (error: unknown) => {
           clearTimeout(timer);
           if (patient && what !== undefined && !(error instanceof Error && error.message.startsWith('NOSCRIPT'))) {
-            this.retryWhenReady(what, send);
+            this.retryWhenReady(what(), send);
           }
           reject(
             error instanceof Error && error.message.startsWith('NOSCRIPT')
