@@ -667,7 +667,8 @@ describe('etcd backend, attacked', () => {
       await held.release().catch(() => undefined);
       const handle = await waiting;
       expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
-      await handle.release();
+      // This release too may go to the dead member and fail (it did in one CI run); its lease runs out.
+      await handle.release().catch(() => undefined);
     });
   });
 
