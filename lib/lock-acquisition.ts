@@ -215,9 +215,10 @@ export class LockAcquisition {
       // Not tracked on its own: the host tracks run() for shutdown, and run() awaits it.
       result = await backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire });
     } catch (error) {
-      // A caller's mistake the backend found (keys a Redis Cluster cannot lock together): no
-      // retry can fix it, so it is not a backend failure to wait out.
-      if (error instanceof DistributedLockError && !(error instanceof LockBackendError)) throw error;
+      // A caller's mistake the backend found (keys a Redis Cluster cannot lock together), or a
+      // store that refuses this request for good (credentials, rights, read-only): no retry can
+      // fix it, so it is not a backend failure to wait out.
+      if (error instanceof DistributedLockError && (!(error instanceof LockBackendError) || error.permanent)) throw error;
       // Applied or not, nobody knows, and an answer lost with its connection never comes late:
       // giving up releases, even without waiting, which frees a lock it may have won.
       this.inLine = true;

@@ -93,12 +93,21 @@ function describeLoss(reason: LockLostReason): string {
 
 /** The backend failed (unreachable, timed out, no quorum). Carries the backend's error as `cause`. */
 export class LockBackendError extends DistributedLockError {
+  /**
+   * True when waiting cannot heal it: the store refused these credentials or this operation
+   * (authentication, permission), is read-only, or has no such database. A caller that waits
+   * gets it at once rather than retrying for its whole wait; the message names the fix.
+   */
+  readonly permanent: boolean;
+
   constructor(
     readonly backend: string,
     message: string,
     cause?: unknown,
+    options: { permanent?: boolean } = {},
   ) {
     super(`Lock backend '${backend}' failed: ${message}`, cause === undefined ? undefined : { cause: withoutCommand(cause) });
+    this.permanent = options.permanent ?? false;
   }
 }
 

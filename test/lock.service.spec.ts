@@ -249,6 +249,27 @@ describe('LockService and LockHandle', () => {
     await expect(locks.acquire('k', { wait: 0 })).rejects.toBeInstanceOf(LockBackendError);
   });
 
+  it('a refusal the backend marks permanent ends the wait at once, after one attempt', async () => {
+    let attempts = 0;
+    const refusing: LockBackend = {
+      name: 'refusing',
+      fencing: true,
+      tryAcquire: async () => {
+        attempts++;
+        throw new LockBackendError('refusing', 'authentication failed: check the password', undefined, { permanent: true });
+      },
+      extend: async () => ({ extended: false }),
+      release: async () => false,
+      inspect: async () => undefined,
+    };
+    locks = new LockService(refusing, { pollInterval: 20 });
+    const error = await locks.acquire('k', { wait: 60_000 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as LockBackendError).permanent).toBe(true);
+    expect((error as Error).message).toContain('check the password');
+    expect(attempts).toBe(1);
+  });
+
   it('an acquire aborted while its attempt is in flight rejects with the reason, and frees what the attempt won', async () => {
     const memory = new MemoryLockBackend();
     let answer!: () => void;

@@ -66,6 +66,16 @@ export interface LockBackend {
    */
   readonly immediate?: ImmediateLockSteps;
 
+  /**
+   * Optional: checks at start-up what connecting can show is wrong and waiting cannot heal (no
+   * such database, credentials or rights refused, a read-only server, Redlock masters that are not
+   * distinct masters), and rejects with a `LockBackendError` whose `permanent` is true, naming the
+   * cause and the fix. A store that cannot be reached yet is not an error here: it resolves, as
+   * lock operations fail until the store is back. The module calls it before the application
+   * starts listening, so a misconfigured app fails at start-up, not at its first lock.
+   */
+  verify?(): Promise<void>;
+
   /** Optional: free connections, subscriptions and timers the backend owns. */
   close?(): Promise<void>;
 
