@@ -33,6 +33,7 @@ Object.defineProperty(DistributedLockError.prototype, FAMILY, { value: true });
 export class LockNotAcquiredError extends DistributedLockError {
   constructor(
     readonly keys: readonly string[],
+    /** How long the call took before giving up: the wait, or the one attempt's round trip when it did not wait. */
     readonly waitedMs: number,
     /** Remaining lease of the holder when we gave up, if the backend told us. */
     readonly retryAfterMs?: number,
@@ -41,16 +42,36 @@ export class LockNotAcquiredError extends DistributedLockError {
      * the module's `maxWaitersPerKey` ('perKey') or `maxWaiters` ('total') allows.
      */
     readonly queueFull?: 'perKey' | 'total',
+    /** The wait the caller asked for (its `wait` option, or the module's), when known; 0: one attempt. */
+    readonly waitMs?: number,
   ) {
-    super(
-      queueFull
-        ? `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'have' : 'has'} too many callers of this process waiting already ` +
-            `(the module's ${queueFull === 'perKey' ? 'maxWaitersPerKey' : 'maxWaiters'} option), so this one did not wait. Retry later, ` +
-            `or raise the cap.`
-        : `Lock not acquired: ${keys.join(', ')} ${keys.length > 1 ? 'were' : 'was'} held by another owner ` +
-            `for the whole wait of ${Math.round(waitedMs)} ms. Retry later, or raise the \`wait\` option.`,
+    super(notAcquiredMessage(keys, waitedMs, queueFull, waitMs));
+  }
+}
+
+function notAcquiredMessage(
+  keys: readonly string[],
+  waitedMs: number,
+  queueFull: 'perKey' | 'total' | undefined,
+  waitMs: number | undefined,
+): string {
+  const lock = `Lock not acquired: ${keys.join(', ')}`;
+  if (queueFull) {
+    return (
+      `${lock} ${keys.length > 1 ? 'have' : 'has'} too many callers of this process waiting already ` +
+      `(the module's ${queueFull === 'perKey' ? 'maxWaitersPerKey' : 'maxWaiters'} option), so this one did not wait. Retry later, ` +
+      `or raise the cap.`
     );
   }
+  const held = `${lock} ${keys.length > 1 ? 'were' : 'was'} held by another owner`;
+  const took = Math.round(waitedMs);
+  // What the caller asked for, and what was measured: a call that did not wait spent a round trip, not a wait.
+  if (waitMs === 0)
+    return `${held}. The call asked not to wait (wait: 0): its one attempt took ${took} ms. Retry later, or pass a \`wait\`.`;
+  if (waitMs !== undefined) {
+    return `${held} for the whole wait asked (${waitMs} ms; gave up after ${took} ms). Retry later, or raise the \`wait\` option.`;
+  }
+  return `${held} for the whole wait (gave up after ${took} ms). Retry later, or raise the \`wait\` option.`;
 }
 
 /** Why a holder stopped holding its lock before releasing it. */

@@ -77,7 +77,7 @@ export class LockService implements OnApplicationShutdown {
     const held = this.hold(full, options);
     const result = held instanceof LockHandle ? held : await held;
     if (result instanceof LockHandle) return result;
-    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs, result.queueFull);
+    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs, result.queueFull, options?.wait ?? this.options.wait);
   }
 
   /** One attempt, no waiting: the handle, or undefined if any key is held elsewhere. */
@@ -144,7 +144,7 @@ export class LockService implements OnApplicationShutdown {
     const result = held instanceof LockHandle ? held : await held;
     if (!(result instanceof LockHandle)) {
       if (options?.onBusy === 'skip') return undefined;
-      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs, result.queueFull);
+      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs, result.queueFull, options?.wait ?? this.options.wait);
     }
     // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
     // marked released at once (no re-entry), and the release request is sent before any later

@@ -110,6 +110,22 @@ describe('LockService and LockHandle', () => {
     await holder.release();
   });
 
+  it('says what the caller asked when a busy lock is refused: no wait, or the wait it gave, with the time measured', async () => {
+    locks = new LockService();
+    const holder = await locks.acquire('asked');
+    const noWait = await locks.acquire('asked', { wait: 0 }).catch((error: unknown) => error as LockNotAcquiredError);
+    expect(noWait).toBeInstanceOf(LockNotAcquiredError);
+    expect(noWait).toMatchObject({ waitMs: 0 });
+    expect((noWait as Error).message).toMatch(
+      /^Lock not acquired: lock:asked was held by another owner\. The call asked not to wait \(wait: 0\): its one attempt took \d+ ms\./,
+    );
+    expect((noWait as Error).message).not.toContain('whole wait');
+    const waited = await locks.using('asked', () => undefined, { wait: 30 }).catch((error: unknown) => error as LockNotAcquiredError);
+    expect(waited).toMatchObject({ waitMs: 30 });
+    expect((waited as Error).message).toMatch(/held by another owner for the whole wait asked \(30 ms; gave up after \d+ ms\)/);
+    await holder.release();
+  });
+
   it("passes the method's own error through and releases the lock", async () => {
     locks = new LockService();
     const failure = new Error('card declined');
