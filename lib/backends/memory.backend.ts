@@ -21,7 +21,11 @@ export class MemoryLockBackend implements LockBackend {
 
   private readonly leases = new Map<string, Lease>();
   private readonly watchers = new Map<string, Set<() => void>>();
-  /** One counter for all keys is still strictly increasing per key, and costs no memory per key. */
+  /**
+   * One counter for all keys is still strictly increasing per key, and costs no memory per key.
+   * Never below the clock in µs (see nextToken): the process that comes after a restart starts
+   * above every token this one gave.
+   */
   private lastToken = 0;
   /** Size of `leases` past which expired leases nobody looked at again are dropped (see sweep). */
   private sweepAbove = SWEEP_FLOOR;
@@ -62,10 +66,25 @@ export class MemoryLockBackend implements LockBackend {
       if (lease) retryAfterMs = Math.max(retryAfterMs ?? 0, lease.expiresAt - now);
     }
     if (retryAfterMs !== undefined) return { acquired: false, retryAfterMs: Math.ceil(retryAfterMs) };
-    const fencingToken = ++this.lastToken;
+    const fencingToken = this.nextToken();
     for (const key of keys) this.leases.set(key, { owner, expiresAt: now + ttlMs, fencingToken });
     if (this.leases.size > this.sweepAbove) this.sweep(now);
     return { acquired: true, fencingToken };
+  }
+
+  /**
+   * One more than the last token, but never below the wall clock in microseconds (as the Redis
+   * backend does with its server's clock). The counter alone would start again at 1 in the next
+   * process, and storage that checks tokens would refuse every write of it. Tokens given so far
+   * are at most the clock when they were given, plus one per acquisition taken faster than one
+   * per µs, so the next process's first token is above them unless the clock was set back (or the
+   * process ran ahead of it by more than the restart took). Near 1.8e15: exact in a JavaScript
+   * number until the year 2255.
+   */
+  private nextToken(): number {
+    const token = Math.max(this.lastToken + 1, Date.now() * 1_000);
+    this.lastToken = token;
+    return token;
   }
 
   private free(keys: readonly string[], owner: string): boolean {
