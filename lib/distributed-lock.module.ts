@@ -1,9 +1,10 @@
 import { ConfigurableModuleBuilder, Module, type DynamicModule, type Provider } from '@nestjs/common';
-import { APP_INTERCEPTOR, DiscoveryModule } from '@nestjs/core';
+import { APP_INTERCEPTOR, DiscoveryModule, ModulesContainer } from '@nestjs/core';
 import { LockBackend } from './backends/lock-backend.interface.js';
 import { MemoryLockBackend } from './backends/memory.backend.js';
 import { DISTRIBUTED_LOCK_OPTIONS } from './distributed-lock.constants.js';
 import { LockedMethodsExplorer } from './distributed-lock.explorer.js';
+import { applicationLockService } from './distributed-lock.registry.js';
 import { checkModuleExtras, type DistributedLockModuleExtras, type DistributedLockModuleOptions } from './distributed-lock.options.js';
 import { LockHealthIndicator } from './lock.health-indicator.js';
 import { LockInterceptor } from './lock.interceptor.js';
@@ -43,12 +44,14 @@ export interface DistributedLockOptionsFactory {
 const providers: Provider[] = [
   {
     provide: LockService,
-    // Options are checked here, so a wrong one stops the app at start-up with its name.
-    useFactory: (options: DistributedLockModuleOptions | undefined) => {
-      const { backend, ...rest } = options ?? {};
-      return new LockService(backend ?? new MemoryLockBackend(), { backend, ...rest });
-    },
-    inject: [DISTRIBUTED_LOCK_OPTIONS],
+    // Options are checked here, so a wrong one stops the app at start-up with its name. One
+    // service per application, however many modules import this one (distributed-lock.registry.ts).
+    useFactory: (options: DistributedLockModuleOptions | undefined, container: ModulesContainer) =>
+      applicationLockService(container, options, () => {
+        const { backend, ...rest } = options ?? {};
+        return new LockService(backend ?? new MemoryLockBackend(), { backend, ...rest });
+      }),
+    inject: [DISTRIBUTED_LOCK_OPTIONS, ModulesContainer],
   },
   { provide: LockBackend, useFactory: (service: LockService) => service.backend, inject: [LockService] },
   LockedMethodsExplorer,

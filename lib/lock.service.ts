@@ -170,7 +170,14 @@ export class LockService implements OnApplicationShutdown {
     return fullLockKeys(keys, this.options);
   }
 
-  async onApplicationShutdown(): Promise<void> {
+  /** Once, however many modules of the application provide this service (distributed-lock.registry.ts). */
+  onApplicationShutdown(): Promise<void> {
+    return (this.closing ??= this.shutdown());
+  }
+
+  private closing: Promise<void> | undefined;
+
+  private async shutdown(): Promise<void> {
     // Waiters give up now, not at the end of their wait: their timers would keep the process
     // alive, and the backend they wait on is about to close. They leave its line on the way out.
     this.shutDown = true;
