@@ -102,8 +102,18 @@ export class PostgresWaiterLine {
 
   /** Calls `onRelease` when a release names `owner`; resolves once that message cannot be missed. */
   async watch(onRelease: () => void, owner: string): Promise<() => void> {
-    await this.listener.listen();
+    let listening = true;
+    try {
+      await this.listener.listen();
+    } catch (error) {
+      // Polling (LISTEN delivers nothing, or is off): the caller polls. A connection that dropped
+      // or went unanswered is made again in the background; once it is back, every waiter of this
+      // process is woken to ask again (a release meanwhile was not heard), this one included.
+      if (!this.listener.retrying) throw error;
+      listening = false;
+    }
     this.wakers.set(owner, onRelease);
+    if (!listening) this.listener.retry();
     const entry = this.entries.get(owner);
     if (entry?.woken) {
       entry.woken = false;

@@ -84,7 +84,13 @@ export class PostgresListener {
       await this.within(client.connect(), 'connect');
       await this.within(client.query(`LISTEN "${this.channel}"`), 'LISTEN');
       if (this.stopped || this.client !== client) throw new Error('the backend is closed');
-      if (!(await this.probe())) {
+      // A connection that drops during the check says nothing about a pooler: it is made again, as
+      // any dropped connection is, and checked again then.
+      const dropped = new Promise<never>((_, reject) =>
+        client.once('end', () => reject(new Error('the LISTEN connection dropped during its check: made again'))),
+      );
+      dropped.catch(() => undefined);
+      if (!(await Promise.race([this.probe(), dropped]))) {
         this.polling = true;
         logger.warn(
           `PostgreSQL LISTEN delivered nothing on the connection it was given (a pooler in transaction mode, such as pgbouncer, ` +
@@ -103,8 +109,24 @@ export class PostgresListener {
     } catch (error) {
       if (this.client === client) this.client = undefined;
       await client.end().catch(() => undefined);
+      // Not the pooler's verdict (the connection dropped, or PostgreSQL did not answer): a release
+      // sent meanwhile may be lost, so waiters ask again once it is back.
+      if (!this.polling && !this.stopped) this.missed = true;
       throw error;
     }
+  }
+
+  /**
+   * Whether listening failed for a reason that making the connection again can heal (it dropped,
+   * PostgreSQL did not answer), rather than LISTEN delivering nothing, or the backend closing.
+   */
+  get retrying(): boolean {
+    return !this.polling && !this.stopped && !this.listening;
+  }
+
+  /** Makes the connection again in the background while anyone waits (see reconnect()). */
+  retry(): void {
+    if (this.reconnectTimer === undefined && this.connecting === undefined) this.reconnect();
   }
 
   /** Sends a message to our channel through the pool, as a release does; true if it arrived. */
