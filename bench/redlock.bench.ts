@@ -1,6 +1,7 @@
 import 'reflect-metadata';
 import { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
 // @ts-expect-error redlock 5.0.0-beta.2 lists no "types" in its exports map, so nodenext cannot see its typings.
 import RedlockPackage from 'redlock';
 import { LockService, RedisLockBackend, RedlockLockBackend } from '../lib/index.js';
@@ -17,6 +18,7 @@ const Redlock = RedlockPackage as new (clients: Redis[], settings?: { retryCount
 const WORKERS = 8;
 const SECTIONS = 50;
 const SECTION_MS = 1;
+const HANDOVERS = 40;
 
 /**
  * Redlock over 3 and 5 masters next to a single Redis: acquisition latency on localhost and with
@@ -75,6 +77,8 @@ export async function redlockBench(report: Report): Promise<void> {
       redisService,
     );
 
+    await redlockHandoverBench(report, local.slice(0, 3), connect);
+
     report.note(`redlock: hot key, ${WORKERS} workers x ${SECTIONS} sections x ${SECTION_MS} ms, localhost`);
     const hotKeyRows: [string, readonly number[]][] = [
       ['ours, 3 masters, a service per worker', local.slice(0, 3)],
@@ -120,6 +124,67 @@ export async function redlockBench(report: Report): Promise<void> {
     await Promise.all(proxies.map((proxy) => proxy.close()));
     await Promise.all([...servers, frozen].map((server) => server.stop()));
   }
+}
+
+/**
+ * Hand-overs between two services on 3 masters: all local, then with the releaser 5 ms (one way)
+ * from masters 2 and 3, as in other zones, while the waiter is near all three.
+ */
+export async function redlockHandoverBench(report: Report, ports: readonly number[], connect: (ports: readonly number[]) => Redis[]) {
+  report.note(`redlock: hand-over to a waiter of another service, ${HANDOVERS} times`);
+  await handover(report, 'ours, every master local', ports, ports, connect);
+  const proxies = await Promise.all(ports.slice(1).map((port) => TcpProxy.start(port, { kind: 'delay', ms: 5, direction: 'up' })));
+  try {
+    await handover(report, 'ours, releaser 5 ms from 2 of 3 masters', [ports[0], ...proxies.map((p) => p.port)], ports, connect);
+  } finally {
+    await Promise.all(proxies.map((proxy) => proxy.close()));
+  }
+}
+
+/**
+ * A lock released by one service while a service of its own (another process, as far as the
+ * masters can tell) waits for it, with the default pollInterval of 500 ms: how long from the
+ * release call until the waiter holds the lock. Heard from the release messages, it is about the
+ * releaser's trip to the quorum-th master; a waiter that missed them waits for its poll.
+ */
+async function handover(
+  report: Report,
+  impl: string,
+  releaserPorts: readonly number[],
+  waiterPorts: readonly number[],
+  connect: (ports: readonly number[]) => Redis[],
+): Promise<void> {
+  const releaser = new LockService(new RedlockLockBackend(connect(releaserPorts)), { keyPrefix: 'bench:' });
+  const waiter = new LockService(new RedlockLockBackend(connect(waiterPorts)), { keyPrefix: 'bench:' });
+  const [observer] = connect(waiterPorts.slice(0, 1));
+  const latencies: number[] = [];
+  try {
+    for (let i = 0; i < HANDOVERS + 5; i++) {
+      const key = `handover:${i}`;
+      const held = await releaser.acquire(key, { ttl: 30_000, autoExtend: false });
+      const waiting = waiter.acquire(key, { ttl: 30_000, wait: 10_000 });
+      // Subscribed on the first master, then past its attempt right after subscribing: asleep.
+      while (Number((await observer.pubsub('NUMSUB', `lock-released:bench:${key}`))[1]) < 1) await sleep(1);
+      await sleep(20);
+      const released = performance.now();
+      await held.release();
+      const handle = await waiting;
+      if (i >= 5) latencies.push(performance.now() - released); // the first few warm up
+      await handle.release();
+    }
+  } finally {
+    await Promise.allSettled([releaser.onApplicationShutdown(), waiter.onApplicationShutdown()]);
+  }
+  const s = sorted(latencies);
+  report.add({
+    scenario: 'redlock: hand-over between services, from the release call',
+    impl,
+    handovers: s.length,
+    p50Ms: round(percentile(s, 50), 1),
+    p99Ms: round(percentile(s, 99), 1),
+    maxMs: round(s[s.length - 1], 1),
+    over100Ms: s.filter((ms) => ms > 100).length,
+  });
 }
 
 /** Acquire latency (release untimed) for one master, 3 and 5 masters, ours and the package's. */

@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import { Logger } from '@nestjs/common';
 import { ACL_RULE_DOCS, isAclDenial } from '../redis/redis.acl.js';
 import { dropConnection, type RedlockMaster, type RedlockSubscriberClient } from './redlock-master.js';
@@ -12,7 +13,10 @@ const logger = new Logger('DistributedLock');
  * A release deletes the key on at least a quorum of masters and publishes on each of them, and a
  * watch counts as live once a quorum of masters confirmed its subscription: two quorums share a
  * master, so at least one copy of the message reaches us. The other copies carry the same owner
- * token and are dropped, so a release wakes a waiter once, not once per master.
+ * token and are dropped, so a release wakes a waiter once, not once per master: unless the
+ * waiter's attempt after the first copy was refused by that master (see `attemptFailed`). A
+ * releaser far from most masters reaches the near one first; a waiter that heard it tries while
+ * the far ones still hold the key, and their copies are the news it waits for.
  */
 export class RedlockReleaseSubscriber {
   private readonly connections: (RedlockSubscriberClient | undefined)[];
@@ -46,6 +50,25 @@ export class RedlockReleaseSubscriber {
     return stop;
   }
 
+  /**
+   * An attempt on these channels' keys, sent at `sentAt` (performance.now()), was refused by
+   * `refused`. A master that announced a release since the attempt went out may have refused it
+   * before that release reached it: the waiters are woken now to try again. The others are
+   * waited on: their next copy of a release wakes the waiters even if it repeats one heard.
+   */
+  attemptFailed(channelNames: readonly string[], sentAt: number, refused: readonly RedlockMaster[]): void {
+    const indices = refused.map((master) => this.masters.indexOf(master));
+    for (const name of channelNames) {
+      const channel = this.channels.get(name);
+      if (!channel) continue;
+      if (indices.some((i) => (channel.heardAt[i] ?? Number.NEGATIVE_INFINITY) >= sentAt)) {
+        this.wake(channel);
+        continue;
+      }
+      for (const i of indices) channel.waitingOn.add(i);
+    }
+  }
+
   async close(): Promise<void> {
     this.closed = true;
     this.channels.clear();
@@ -56,7 +79,7 @@ export class RedlockReleaseSubscriber {
   private join(name: string, onRelease: () => void): Channel {
     let channel = this.channels.get(name);
     if (!channel) {
-      channel = { name, listeners: new Set(), lastOwner: undefined, subscribed: [] };
+      channel = { name, listeners: new Set(), lastOwner: undefined, subscribed: [], heardAt: [], waitingOn: new Set() };
       this.channels.set(name, channel);
       for (const i of this.masters.keys()) this.subscribe(channel, i);
     }
@@ -139,16 +162,25 @@ export class RedlockReleaseSubscriber {
       // Its errors show up as failed subscriptions and as polling; ioredis reconnects and
       // resubscribes by itself.
       connection.on('error', () => undefined);
-      connection.on('message', (name, owner) => this.dispatch(name, owner));
+      connection.on('message', (name, owner) => this.dispatch(i, name, owner));
       this.connections[i] = connection;
     }
     return connection;
   }
 
-  private dispatch(name: string, owner: string): void {
+  /** A copy of a release from master `i`. */
+  private dispatch(i: number, name: string, owner: string): void {
     const channel = this.channels.get(name);
-    if (!channel || channel.lastOwner === owner) return;
+    if (!channel) return;
+    channel.heardAt[i] = performance.now();
+    if (channel.lastOwner === owner && !channel.waitingOn.has(i)) return;
     channel.lastOwner = owner;
+    this.wake(channel);
+  }
+
+  private wake(channel: Channel): void {
+    // The attempt this wakes tells anew which masters refused it.
+    channel.waitingOn.clear();
     for (const onRelease of [...channel.listeners]) onRelease();
   }
 }
@@ -160,4 +192,8 @@ interface Channel {
   lastOwner: string | undefined;
   /** Per master: whether SUBSCRIBE was confirmed. */
   subscribed: Promise<boolean>[];
+  /** Per master: when its last release message came (performance.now()). */
+  heardAt: number[];
+  /** Masters that refused the last failed attempt and have announced no release since. */
+  waitingOn: Set<number>;
 }

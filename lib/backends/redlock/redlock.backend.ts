@@ -130,6 +130,8 @@ export class RedlockLockBackend implements LockBackend {
     // Keys we set on a minority would block everyone until they expire: take them back, without
     // waiting for a frozen master.
     this.cleanUp(keys, owner, votes.refused);
+    // Masters still holding a key that is being released elsewhere wake this waiter when they free it.
+    if (votes.refused.length > 0) this.subscriber.attemptFailed(this.channels(keys), started, votes.refused);
     if (answer === 'no quorum') throw new RedlockQuorumError('acquire', keys, q, this.masters.length, votes.failures);
     // Every master answered and none of them with a quorum of refusals: competing attempts split
     // the masters, and no release will come to wake us. Retry soon, at a random moment, so they
@@ -216,10 +218,11 @@ export class RedlockLockBackend implements LockBackend {
   }
 
   watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {
-    return this.subscriber.watch(
-      keys.map((key) => this.options.channelPrefix + key),
-      onRelease,
-    );
+    return this.subscriber.watch(this.channels(keys), onRelease);
+  }
+
+  private channels(keys: readonly string[]): string[] {
+    return keys.map((key) => this.options.channelPrefix + key);
   }
 
   /**
