@@ -150,6 +150,41 @@ describe('etcd backend on three members, under faults', () => {
     await after.release();
   }, 120_000);
 
+  it('a lock released while the quorum is lost is freed once the cluster is back, not when its lease, restarted by the election, runs out', async () => {
+    quietLogs();
+    // Long, so that the lease running out cannot be mistaken for the release getting through.
+    const ttl = 30_000;
+    const holder = service();
+    const held = await holder.acquire('released-blind', { ttl });
+    // The leader and a follower die; the follower left knows it has no leader before the release, so
+    // it drops the release rather than keep it for a leader that might commit it once back.
+    const leader = await fixture.cluster.leader();
+    const killed = [leader, (leader + 1) % 3];
+    const survivor = fixture.cluster.members[(leader + 2) % 3];
+    await Promise.all(killed.map((i) => fixture.cluster.members[i].kill()));
+    fixture.cleanup(async () => {
+      await Promise.all(killed.map((i) => fixture.cluster.restart(i)));
+      await fixture.cluster.waitHealthy();
+    });
+    await until(async () => (await survivor.status())?.leader === '0', 30_000, 'the member left to know it has no leader');
+    // Nothing reached etcd: the caller hears so.
+    await expect(held.release()).rejects.toBeInstanceOf(LockBackendError);
+    const resumedAt = Date.now();
+    await Promise.all(killed.map((i) => fixture.cluster.restart(i)));
+    await fixture.cluster.waitHealthy();
+    // The lease comes back with its whole ttl at the election, which follows the restarts: free
+    // before resumedAt + ttl, the key was freed by the release sent again.
+    const other = service();
+    let after: Awaited<ReturnType<LockService['tryAcquire']>>;
+    await until(
+      async () => (after = await other.tryAcquire('released-blind').catch(() => undefined)) !== undefined,
+      resumedAt + ttl - Date.now(),
+      "the key to be free before its lease's restarted ttl could run out",
+    );
+    expect(after!.fencingToken).toBeGreaterThan(held.fencingToken!);
+    await after!.release();
+  }, 90_000);
+
   it('the cluster restored from an older snapshot: holders it took back learn it at their next extension, tokens go back, waiters are not stuck', async () => {
     quietLogs();
     const [here, there] = [service(), service()];

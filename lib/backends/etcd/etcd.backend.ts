@@ -4,7 +4,6 @@ import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { EtcdConnection, type Operation } from './etcd.connection.js';
 import { EtcdKeys, HELD } from './etcd.keys.js';
-import { EtcdLeftovers } from './etcd.leftovers.js';
 import { EtcdLine, type Standing } from './etcd.line.js';
 import {
   checkConnection,
@@ -14,6 +13,7 @@ import {
   type EtcdLockConnection,
 } from './etcd.options.js';
 import { EtcdPlaces, type HoldLease, type Place } from './etcd.places.js';
+import { EtcdReleases } from './etcd.releases.js';
 
 /**
  * Locks in etcd, through the `etcd3` client. Each acquisition gets a lease of its own and puts one
@@ -34,7 +34,7 @@ export class EtcdLockBackend implements LockBackend {
   private readonly line: EtcdLine;
   private readonly keys: EtcdKeys;
   private readonly places: EtcdPlaces;
-  private readonly leftovers: EtcdLeftovers;
+  private readonly releases: EtcdReleases;
   private readonly prefix: string;
   private readonly commandTimeout: number;
 
@@ -53,14 +53,14 @@ export class EtcdLockBackend implements LockBackend {
     this.keys = new EtcdKeys(resolved.prefix);
     this.line = new EtcdLine(this.keys);
     this.places = new EtcdPlaces(this.connection, leaseSeconds(resolved.waiterTimeout), resolved.commandTimeout);
-    this.leftovers = new EtcdLeftovers(this.connection, this.line, resolved.waiterTimeout / 3);
+    this.releases = new EtcdReleases(this.connection, this.line, this.places, resolved.waiterTimeout);
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     if (this.connection.closed) throw this.connection.closedError('acquire', keys);
     const what = { op: 'acquire', keys };
     // Deleting them later would take this request's own place.
-    this.leftovers.forget(owner);
+    this.releases.forget(owner);
     let place = this.places.get(owner);
     if (place?.state === 'unknown') place = await this.settle(place, what);
     if (place?.state === 'held') {
@@ -113,31 +113,7 @@ export class EtcdLockBackend implements LockBackend {
   }
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
-    const what = { op: 'release', keys };
-    const place = this.places.get(owner);
-    const state = place?.state;
-    // A waiter's hold lease carries only its anchor: drop() revokes it.
-    if (place) this.places.drop(place);
-    if (place && state === 'held' && !place.moving) return this.connection.revoke(place.hold.id, what);
-    let response;
-    try {
-      // Its last request went unanswered and may still land, as long as its hold lease exists (that
-      // request puts a key on it): the lease goes first, then whatever landed before.
-      if (place && state === 'unknown') await this.connection.revoke(place.hold.id, what);
-      // A waiter, an owner whose last request went unanswered, or one another client placed: its
-      // entries go (what they were says whether it held the keys), then any lease it may hold them on.
-      response = await this.connection.txn(this.line.deleteOwn(keys, owner), what);
-    } catch (error) {
-      // Entries on the waiter lease would outlive the failure: they are deleted once etcd answers.
-      if (place && state !== 'held') this.leftovers.add({ keys, owner, hold: state === 'unknown' ? place.hold.id : undefined });
-      throw error;
-    }
-    const deleted = this.line.deletedOf(response);
-    const held = deleted.filter((kv) => kv.value.equals(HELD));
-    const leases = new Set(held.map((kv) => kv.lease));
-    if (place && state !== 'waiting') for (const lease of [place.hold, place.movingTo]) if (lease) leases.add(lease.id);
-    for (const lease of leases) this.connection.revokeQuietly(lease, what);
-    return held.length > 0;
+    return this.releases.release(keys, owner);
   }
 
   async inspect(key: string): Promise<LockState | undefined> {
@@ -170,7 +146,7 @@ export class EtcdLockBackend implements LockBackend {
   async close(): Promise<void> {
     if (!this.connection.stop()) return;
     // The waiter lease goes with the places, and every entry on it.
-    this.leftovers.close();
+    this.releases.close();
     await this.places.close();
     this.connection.closeClient();
   }

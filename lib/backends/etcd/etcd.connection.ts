@@ -25,6 +25,8 @@ export interface Operation {
  */
 export class EtcdConnection {
   readonly client: Etcd3;
+  /** Called after each call etcd answered: it is reachable (see FailedReleases). */
+  onAnswer: (() => void) | undefined;
   private readonly owned: boolean;
   private stopped = false;
 
@@ -143,15 +145,19 @@ export class EtcdConnection {
 
   private async call<T>({ op, keys }: Operation, send: (options: CallOptions) => Promise<T>): Promise<T> {
     if (this.stopped && op !== 'release' && op !== 'clean-up') throw this.closedError(op, keys);
+    let answer: T;
     try {
-      return await send({ deadline: Date.now() + this.options.commandTimeout });
+      answer = await send({ deadline: Date.now() + this.options.commandTimeout });
     } catch (error) {
       if (error instanceof Error && /request is too large|larger than max/.test(error.message)) throw tooLarge(keys, error);
       throw this.failure(op, keys, error);
     }
+    this.onAnswer?.();
+    return answer;
   }
 
   private failure(op: string, keys: readonly string[], error: unknown): LockBackendError {
+    const what = `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: `;
     // By the message, not instanceof: a client the user passed may come from another copy of etcd3.
     const timedOut = error instanceof Error && /DEADLINE_EXCEEDED/.test(error.message);
     const message = timedOut
@@ -159,7 +165,7 @@ export class EtcdConnection {
         `or has the cluster lost its quorum?`
       : sentence(error instanceof Error ? error.message || String(error) : String(error)) +
         (error instanceof Error && /UNAVAILABLE/.test(error.message) ? ' Is the member down, or has the cluster lost its quorum?' : '');
-    return new LockBackendError(this.backendName, `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}`, error);
+    return new LockBackendError(this.backendName, what + message, error);
   }
 }
 

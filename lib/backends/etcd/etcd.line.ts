@@ -125,7 +125,7 @@ export class EtcdLine {
 
   /**
    * Deletes the owner's entry of `key` only while it is a waiter's: a deletion sent again for a
-   * waiter whose release failed (see EtcdLeftovers) may land after its owner asked again and took
+   * waiter whose release failed (see FailedReleases) may land after its owner asked again and took
    * the key, and must leave that lock alone.
    */
   deleteWaiting(key: string, owner: string): ITxnRequest {
