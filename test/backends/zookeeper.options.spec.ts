@@ -42,6 +42,26 @@ describe('ZooKeeperLockBackend options', () => {
     expect(activeTimers()).toBe(before);
   });
 
+  it.each([
+    ['locks:s3cret@zk1:99999', "'zk1:99999' in the connection string is not host:port"],
+    ['locks:s3cret@zk1:2181,zk2:x', "'zk2:x' in the connection string is not host:port"],
+    ['locks:s3cret@zk1:2181/app/', "the chroot '/app/' in the connection string is not a ZooKeeper path"],
+    ['locks:s3cret%zz@zk1:2181', "the credentials in 'locks:***@zk1:2181' are not percent-encoded correctly"],
+    ['locks:s3cret@', "'' in the connection string is not host:port"],
+    ['s3cret@zk1:2181', "the credentials in '***@zk1:2181' have no password"],
+    ['zk1:2181?password=s3cret', "'zk1:2181?password=***' in the connection string is not host:port"],
+  ])('refuses %p without the password in the message, its cause or its stack', (connection, message) => {
+    let error: unknown;
+    try {
+      new ZooKeeperLockBackend(connection);
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(InvalidLockOptionsError);
+    expect((error as Error).message).toContain(message);
+    expect(inspect(error, { depth: 10 })).not.toContain('s3cret');
+  });
+
   it('takes digest credentials in the option or in the connection string, and never shows them', async () => {
     for (const [connection, options] of [
       ['locks:p%40ss@zk1:2181,zk2:2181/app', {}],

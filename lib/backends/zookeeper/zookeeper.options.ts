@@ -70,11 +70,14 @@ export function checkConnectionString(value: unknown): ZooKeeperConnection {
   const hosts = slash < 0 ? servers : servers.slice(0, slash);
   const chroot = slash < 0 || slash === servers.length - 1 ? undefined : servers.slice(slash);
   const problem = chroot === undefined ? undefined : pathProblem(chroot);
-  if (problem) checks.fail('connection', `the chroot '${chroot}' in the connection string is not a ZooKeeper path (${problem}). ${how}`);
+  // Shown through show(), which masks what looks like a password in a URL's way too (`?password=`).
+  if (problem)
+    checks.fail('connection', `the chroot ${show(chroot)} in the connection string is not a ZooKeeper path (${problem}). ${how}`);
   for (const host of hosts.split(',')) {
     const match = /^([^:\s]+)(?::(\d+))?$/.exec(host.trim());
     const port = match?.[2] === undefined ? 2181 : Number(match[2]);
-    if (!match || !(port > 0 && port < 65_536)) checks.fail('connection', `'${host}' in the connection string is not host:port. ${how}`);
+    if (!match || !(port > 0 && port < 65_536))
+      checks.fail('connection', `${show(host)} in the connection string is not host:port. ${how}`);
   }
   return { servers, auth };
 }
