@@ -3,7 +3,8 @@ import { inspect } from 'node:util';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
 import { inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
-import { checkConnectionString, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
+import { InvalidLockOptionsError } from '../../lock.errors.js';
+import { checkConnectionString, redactConnection, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
 import { LinePlaces } from './zookeeper.places.js';
 import { LineRequests } from './zookeeper.requests.js';
@@ -47,10 +48,19 @@ export class ZooKeeperLockBackend implements LockBackend {
     /** @internal For tests: another client behind the same adapter. */
     newClient?: () => ZooKeeperClient,
   ) {
-    const connectionString = checkConnectionString(connection);
+    const { servers, auth: inConnection } = checkConnectionString(connection);
     const resolved = resolveOptions(options);
+    if (inConnection && resolved.auth) {
+      throw new InvalidLockOptionsError(
+        'auth',
+        `ZooKeeperLockBackend: credentials were given twice, in the connection string '${redactConnection(connection)}' and ` +
+          `in the auth option. Give them once.`,
+      );
+    }
+    const auth = inConnection ?? resolved.auth;
     this.paths = new LinePaths(resolved.root);
-    const create = newClient ?? nodeZooKeeperClients(connectionString, resolved.sessionTimeout);
+    const digest = auth && `${auth.username}:${auth.password}`;
+    const create = newClient ?? nodeZooKeeperClients(servers, resolved.sessionTimeout, digest);
     this.session = new ZooKeeperSession(create, resolved.commandTimeout, this.name);
     this.parents = new ParentNodes(this.session);
     this.requests = new LineRequests(this.session, this.paths);

@@ -32,7 +32,7 @@ export interface ZooKeeperClient {
 export type ZooKeeperClientState = 'connected' | 'disconnected' | 'expired';
 
 export type ZooKeeperOp =
-  | { op: 'create'; path: string; data?: Buffer; mode: 'persistent' | 'ephemeral-sequential' }
+  | { op: 'create'; path: string; data?: Buffer; mode: 'persistent' | 'ephemeral' | 'ephemeral-sequential' }
   | { op: 'remove'; path: string }
   /** Fails the whole multi() when the node is gone. */
   | { op: 'check'; path: string };
@@ -45,7 +45,7 @@ export interface ZooKeeperStat {
 /** A server's answer to one operation, by its name in ZooKeeper's KeeperException.Code. */
 export class ZooKeeperError extends Error {
   constructor(
-    readonly code: 'NO_NODE' | 'NODE_EXISTS' | 'NOT_EMPTY' | 'CONNECTION_LOSS' | 'SESSION_EXPIRED' | string,
+    readonly code: 'NO_NODE' | 'NODE_EXISTS' | 'NOT_EMPTY' | 'CONNECTION_LOSS' | 'SESSION_EXPIRED' | 'NO_AUTH' | 'AUTH_FAILED' | string,
     message: string,
   ) {
     super(message);
@@ -60,15 +60,16 @@ interface NzkClient {
   close(): void;
   getSessionTimeout(): number;
   transaction(): NzkTransaction;
-  create(path: string, data: Buffer | null, mode: number, callback: (error: NzkError | null, path: string) => void): void;
+  create(path: string, data: Buffer | null, acl: NzkAcl[], mode: number, callback: (error: NzkError | null, path: string) => void): void;
   remove(path: string, version: number, callback: (error: NzkError | null) => void): void;
   exists(path: string, watcher: (() => void) | undefined, callback: (error: NzkError | null, stat: NzkStat | null) => void): void;
   getData(path: string, watcher: () => void, callback: (error: NzkError | null, data: Buffer | null, stat: NzkStat) => void): void;
   getChildren(path: string, callback: (error: NzkError | null, children: string[]) => void): void;
+  addAuthInfo(scheme: string, auth: Buffer): void;
   connectionManager: { socket?: { destroy(): void } };
 }
 interface NzkTransaction {
-  create(path: string, data: Buffer | undefined, mode: number): NzkTransaction;
+  create(path: string, data: Buffer | undefined, acl: NzkAcl[], mode: number): NzkTransaction;
   remove(path: string, version: number): NzkTransaction;
   check(path: string, version: number): NzkTransaction;
   commit(callback: (error: NzkError | null, results: { type: number; path?: string }[]) => void): void;
@@ -81,26 +82,45 @@ interface NzkError extends Error {
 interface NzkStat {
   czxid: Buffer;
 }
+/** An ACL entry as the package builds and sends it. */
+type NzkAcl = object;
 interface NzkPackage {
+  ACL: { OPEN_ACL_UNSAFE: NzkAcl[]; CREATOR_ALL_ACL: NzkAcl[] };
   createClient(connectionString: string, options: { sessionTimeout: number; spinDelay: number; retries: number }): NzkClient;
 }
 
-const CREATE_MODE = { persistent: 0, 'ephemeral-sequential': 3 } as const;
+const CREATE_MODE = { persistent: 0, ephemeral: 1, 'ephemeral-sequential': 3 } as const;
 
 /**
  * Makes clients of node-zookeeper-client, one per session. The package is loaded now (it is an
  * optional peer), so a missing one stops the application at start-up with what to install.
+ *
+ * With `digest` credentials ('user:password'), each session authenticates before its first
+ * request (the client sends them right after the handshake, and again after every reconnection),
+ * and every node it creates gets ZooKeeper's CREATOR_ALL_ACL: all rights to this identity (the
+ * server writes the digest of the session's credentials into the ACL), none to anyone else. No
+ * READ for anyone either: node names carry keys and owner tokens, which the other tenants of a
+ * shared ensemble have no need to see. Without credentials there is no identity to give rights
+ * to, and nodes get the open ACL, as before.
  */
-export function nodeZooKeeperClients(connectionString: string, requestedTimeout: number): () => ZooKeeperClient {
+export function nodeZooKeeperClients(connectionString: string, requestedTimeout: number, digest?: string): () => ZooKeeperClient {
   const nzk = loadClientPackage();
+  const acl = digest === undefined ? nzk.ACL.OPEN_ACL_UNSAFE : nzk.ACL.CREATOR_ALL_ACL;
   // No retries inside the client: the backend bounds each call and decides what to do again.
-  return () =>
-    new NodeZooKeeperClient(nzk.createClient(connectionString, { sessionTimeout: requestedTimeout, spinDelay: 100, retries: 0 }));
+  return () => {
+    const client = nzk.createClient(connectionString, { sessionTimeout: requestedTimeout, spinDelay: 100, retries: 0 });
+    if (digest !== undefined) client.addAuthInfo('digest', Buffer.from(digest));
+    return new NodeZooKeeperClient(client, acl);
+  };
 }
 
 /** The adapter over one node-zookeeper-client client. */
 class NodeZooKeeperClient implements ZooKeeperClient {
-  constructor(private readonly client: NzkClient) {}
+  constructor(
+    private readonly client: NzkClient,
+    /** The ACL of every node this client creates. */
+    private readonly acl: NzkAcl[],
+  ) {}
 
   get sessionTimeout(): number {
     return this.client.getSessionTimeout();
@@ -118,7 +138,7 @@ class NodeZooKeeperClient implements ZooKeeperClient {
   multi(ops: readonly ZooKeeperOp[]): Promise<string[]> {
     const transaction = this.client.transaction();
     for (const op of ops) {
-      if (op.op === 'create') transaction.create(op.path, op.data, CREATE_MODE[op.mode]);
+      if (op.op === 'create') transaction.create(op.path, op.data, this.acl, CREATE_MODE[op.mode]);
       else if (op.op === 'remove') transaction.remove(op.path, -1);
       else transaction.check(op.path, -1);
     }
@@ -132,7 +152,7 @@ class NodeZooKeeperClient implements ZooKeeperClient {
 
   create(path: string, mode: 'persistent'): Promise<void> {
     return new Promise((resolve, reject) =>
-      this.client.create(path, null, CREATE_MODE[mode], (error) => (error ? reject(toError(error)) : resolve())),
+      this.client.create(path, null, this.acl, CREATE_MODE[mode], (error) => (error ? reject(toError(error)) : resolve())),
     );
   }
 

@@ -1,0 +1,172 @@
+import { describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import { createHash } from 'node:crypto';
+// @ts-expect-error: node-zookeeper-client ships no types; the tests only use it as an operator's client.
+import zookeeper from 'node-zookeeper-client';
+import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
+import { LockBackendError } from '../../lib/lock.errors.js';
+import { LockService } from '../../lib/lock.service.js';
+import { useZooKeeper } from '../support/zookeeper-fixture.js';
+
+type Callback<T> = (error: (Error & { getName?(): string }) | null, value: T) => void;
+interface Acl {
+  permission: number;
+  id: { scheme: string; id: string };
+}
+/** The part of node-zookeeper-client this file uses, as an operator's zkCli would. */
+interface RawClient {
+  addAuthInfo(scheme: string, auth: Buffer): void;
+  create(path: string, data: Buffer | null, acls: unknown[], mode: number, callback: Callback<string>): void;
+  getChildren(path: string, callback: Callback<string[]>): void;
+  getACL(path: string, callback: Callback<Acl[]>): void;
+  remove(path: string, version: number, callback: Callback<void>): void;
+  once(event: 'connected', listener: () => void): void;
+  connect(): void;
+  close(): void;
+}
+interface RawPackage {
+  createClient(connectionString: string, options: object): RawClient;
+  ACL: new (permission: number, id: unknown) => unknown;
+  Id: new (scheme: string, id: string) => unknown;
+  Permission: { ALL: number; READ: number };
+  CreateMode: { EPHEMERAL: number; PERSISTENT: number };
+}
+const zk = zookeeper as RawPackage;
+
+const fixture = useZooKeeper();
+
+const LOCKS = { username: 'locks', password: 'lock-secret:with@signs' };
+
+/** ZooKeeper's digest id for `user:password`: `user:base64(sha1(user:password))`. */
+function digestId(username: string, password: string): string {
+  return `${username}:${createHash('sha1').update(`${username}:${password}`).digest('base64')}`;
+}
+
+function call<T>(send: (callback: Callback<T>) => void): Promise<T> {
+  return new Promise((resolve, reject) => send((error, value) => (error ? reject(error) : resolve(value))));
+}
+
+/** A session of the test's own, as an operator's zkCli, authenticated as `digest` when given. */
+async function raw(digest?: string): Promise<RawClient> {
+  const client = zk.createClient(fixture.connectionString, { sessionTimeout: 4_000, spinDelay: 100 });
+  if (digest) client.addAuthInfo('digest', Buffer.from(digest));
+  await new Promise<void>((resolve) => {
+    client.once('connected', resolve);
+    client.connect();
+  });
+  fixture.cleanup(() => client.close());
+  return client;
+}
+
+/** The lock root as an admin protects it: all rights to the lock identity (and the admin), none to anyone else. */
+async function protectedRoot(): Promise<string> {
+  const admin = await raw('admin:admin-secret');
+  const acl = [
+    new zk.ACL(zk.Permission.ALL, new zk.Id('digest', digestId('admin', 'admin-secret'))),
+    new zk.ACL(zk.Permission.ALL, new zk.Id('digest', digestId(LOCKS.username, LOCKS.password))),
+  ];
+  await call<string>((cb) => admin.create(fixture.root, null, acl, zk.CreateMode.PERSISTENT, cb));
+  return fixture.root;
+}
+
+function backend(options: ZooKeeperLockBackendOptions & { connectionString?: string } = {}): ZooKeeperLockBackend {
+  const { connectionString = fixture.connectionString, ...rest } = options;
+  const created = new ZooKeeperLockBackend(connectionString, { root: fixture.root, sessionTimeout: 4_000, commandTimeout: 1_000, ...rest });
+  fixture.cleanup(() => created.close());
+  return created;
+}
+
+function service(lockBackend: ZooKeeperLockBackend): LockService {
+  const locks = new LockService(lockBackend, { keyPrefix: '' });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+function quietWarnings(): void {
+  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  fixture.cleanup(() => warn.mockRestore());
+}
+
+function codeOf(error: unknown): string | undefined {
+  return (error as { getName?(): string }).getName?.();
+}
+
+describe('ZooKeeper backend on a digest-protected root', () => {
+  it('with the lock identity, takes and hands over locks; its nodes give that identity all rights and nobody else any', async () => {
+    const root = await protectedRoot();
+    const locks = service(backend({ auth: LOCKS }));
+    const handle = await locks.acquire('order:1');
+
+    const own = await raw(`${LOCKS.username}:${LOCKS.password}`);
+    const parent = `${root}/order%3A1`;
+    const [node] = await call<string[]>((cb) => own.getChildren(parent, cb));
+    const only = [{ permission: zk.Permission.ALL, id: { scheme: 'digest', id: digestId(LOCKS.username, LOCKS.password) } }];
+    for (const path of [parent, `${parent}/${node}`]) {
+      const acl = await call<Acl[]>((cb) => own.getACL(path, cb));
+      expect(acl.map(({ permission, id }) => ({ permission, id: { scheme: id.scheme, id: id.id } }))).toEqual(only);
+    }
+    // Not even the admin who made the root may read the lines: nobody but the lock identity sees keys and owners.
+    const admin = await raw('admin:admin-secret');
+    expect(await call<string[]>((cb) => admin.getChildren(parent, cb)).catch(codeOf)).toBe('NO_AUTH');
+
+    // A second process of the same identity waits for the first and gets the lock when it is released.
+    const other = service(
+      backend({ connectionString: `${LOCKS.username}:${encodeURIComponent(LOCKS.password)}@${fixture.connectionString}` }),
+    );
+    const waiting = other.acquire('order:1', { wait: 20_000 });
+    await handle.release();
+    await (await waiting).release();
+  });
+
+  it.each([
+    ['without credentials', undefined],
+    ['with another identity', 'intruder:guess'],
+  ])("another client %s cannot delete a holder's node, nor stand in its line, nor delete the line", async (_, digest) => {
+    const root = await protectedRoot();
+    const locks = service(backend({ auth: LOCKS }));
+    const handle = await locks.acquire('job');
+    const own = await raw(`${LOCKS.username}:${LOCKS.password}`);
+    const parent = `${root}/job`;
+    const [node] = await call<string[]>((cb) => own.getChildren(parent, cb));
+
+    const intruder = await raw(digest);
+    const removed = await call<void>((cb) => intruder.remove(`${parent}/${node}`, -1, cb)).catch(codeOf);
+    expect(removed).toBe('NO_AUTH');
+    const created = await call<string>((cb) =>
+      intruder.create(`${parent}/x-`, null, [new zk.ACL(zk.Permission.ALL, new zk.Id('world', 'anyone'))], 3, cb),
+    ).catch(codeOf);
+    expect(created).toBe('NO_AUTH');
+    const parentRemoved = await call<void>((cb) => intruder.remove(parent, -1, cb)).catch(codeOf);
+    expect(parentRemoved).toBe('NO_AUTH');
+
+    // The holder still holds: its node is where it was, and its next extension finds it.
+    expect(await call<string[]>((cb) => own.getChildren(parent, cb))).toEqual([node]);
+    await handle.extend();
+    expect(handle.isHeld).toBe(true);
+    await handle.release();
+  });
+
+  it('the root the backend makes is its own too: an unauthenticated client cannot delete a line under it', async () => {
+    const locks = service(backend({ auth: LOCKS }));
+    const handle = await locks.acquire('job');
+    const own = await raw(`${LOCKS.username}:${LOCKS.password}`);
+    const acl = await call<Acl[]>((cb) => own.getACL(fixture.root, cb));
+    expect(acl.map(({ permission, id }) => ({ permission, scheme: id.scheme }))).toEqual([
+      { permission: zk.Permission.ALL, scheme: 'digest' },
+    ]);
+    const intruder = await raw();
+    const [node] = await call<string[]>((cb) => own.getChildren(`${fixture.root}/job`, cb));
+    expect(await call<void>((cb) => intruder.remove(`${fixture.root}/job/${node}`, -1, cb)).catch(codeOf)).toBe('NO_AUTH');
+    await handle.release();
+  });
+
+  it('a backend without credentials is refused with NO_AUTH, a LockBackendError that names the cause', async () => {
+    quietWarnings();
+    await protectedRoot();
+    const anonymous = backend();
+    const error = await anonymous.tryAcquire(['job'], 'owner-1', 5_000, { willWait: false }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect(String(error)).toMatch(/NO_AUTH/);
+  });
+});
