@@ -30,6 +30,8 @@ export interface Clock {
 
 const KEYS = ['a', 'b', 'c'];
 const POLL_MS = 20;
+/** The lease of an acquisition that may be aborted mid-wait: short, so an evicted one is told soon. */
+const ABORT_TTL_MS = 200;
 
 export type Op =
   | {
@@ -43,7 +45,13 @@ export type Op =
     }
   | { kind: 'try'; keys: string[]; hold: number; ttl: number }
   | { kind: 'abort'; keys: string[]; wait: number; abortAfter: number; hold: number }
-  | { kind: 'extend'; keys: string[]; hold: number; ttl: number; extendTo: number };
+  | { kind: 'extend'; keys: string[]; hold: number; ttl: number; extendTo: number }
+  /**
+   * What another party does to the store while others hold its keys, `after` ms into the op: an
+   * operator deletes the keys (as a store that lost its data does), or a second owner tries to
+   * extend and release them, which the store must refuse.
+   */
+  | { kind: 'operator'; keys: string[]; after: number; action: 'evict' | 'intrude' };
 
 export interface Actor {
   service: number;
@@ -83,6 +91,12 @@ const op: fc.Arbitrary<Op> = fc.oneof(
     hold: fc.integer({ min: 0, max: 120 }),
     ttl: fc.integer({ min: 30, max: 100 }),
     extendTo: fc.integer({ min: 30, max: 300 }),
+  }),
+  fc.record({
+    kind: fc.constant('operator' as const),
+    keys,
+    after: fc.integer({ min: 0, max: 60 }),
+    action: fc.constantFrom('evict' as const, 'intrude' as const),
   }),
 );
 const fault: fc.Arbitrary<Fault> = fc.oneof(
@@ -134,7 +148,19 @@ export async function run(
   const seen = new WeakSet<object>();
   const now = () => clock.now();
 
-  async function hold(handle: LockHandle, ms: number, label: string): Promise<void> {
+  /** When an operator last deleted each key from the store. */
+  const evictedAt = new Map<string, number>();
+  /**
+   * After its key was deleted from the store, a holder may go on believing it holds it until its
+   * next extension is refused or its deadline passes: at most its ttl later. Past that, it must
+   * have been told (its signal aborted).
+   */
+  const toldWithin = (key: string, ttl: number) => {
+    const evicted = evictedAt.get(key);
+    return evicted !== undefined && now() <= evicted + ttl + clock.slackMs;
+  };
+
+  async function hold(handle: LockHandle, ms: number, label: string, ttl: number): Promise<void> {
     for (const lease of handle.leases) {
       if (seen.has(lease)) continue;
       seen.add(lease);
@@ -151,11 +177,14 @@ export async function run(
           // The store first: what it says holds from then on, so a handle that still says isHeld
           // after it gave the key away (or let it go) is wrong, whatever the time a store call takes.
           const owner = (await store.inspect(key))?.owner;
-          if (owner !== lease.owner && handle.isHeld) {
+          if (owner !== lease.owner && handle.isHeld && !toldWithin(key, ttl)) {
             violations.push(`${label}: at ${now()} ms isHeld on ${key}, which the store has ${owner ? 'under another owner' : 'free'}`);
           }
         }
       }
+      // Inside its section a handle is held, or its signal told the holder why not: a lock let go
+      // under a running holder (a nested scope that released the outer lease) breaks both.
+      if (!handle.isHeld && !handle.signal.aborted) violations.push(`${label}: at ${now()} ms not held, and its holder was not told`);
       if (t >= ms) return;
       await sleep(1);
     }
@@ -176,9 +205,12 @@ export async function run(
           o.keys,
           async (handle) => {
             enter();
-            await hold(handle, o.hold, label);
+            await hold(handle, o.hold, label, o.ttl);
             if (o.nested) {
-              await service.using(o.nested.keys, (inner) => hold(inner, o.nested!.hold, `${label} nested`), { wait: o.wait, ttl: o.ttl });
+              const nested = o.nested;
+              await service.using(nested.keys, (inner) => hold(inner, nested.hold, `${label} nested`, o.ttl), { wait: o.wait, ttl: o.ttl });
+              // The outer scope goes on after the nested one returned: its lock must still be there.
+              await hold(handle, nested.hold, `${label} after nested`, o.ttl);
             }
           },
           { wait: o.wait, ttl: o.ttl, autoExtend: o.autoExtend },
@@ -187,29 +219,45 @@ export async function run(
         const handle = await service.tryAcquire(o.keys, { ttl: o.ttl });
         if (handle) {
           enter();
-          await hold(handle, o.hold, label);
+          await hold(handle, o.hold, label, o.ttl);
           await handle.release();
         }
       } else if (o.kind === 'abort') {
         const controller = new AbortController();
         const timer = setTimeout(() => controller.abort(reason), o.abortAfter);
         try {
-          const handle = await service.acquire(o.keys, { wait: o.wait, signal: controller.signal });
+          const handle = await service.acquire(o.keys, { wait: o.wait, signal: controller.signal, ttl: ABORT_TTL_MS });
           enter();
-          await hold(handle, o.hold, label);
+          await hold(handle, o.hold, label, ABORT_TTL_MS);
           await handle.release();
         } finally {
           clearTimeout(timer);
         }
-      } else {
+      } else if (o.kind === 'extend') {
         const handle = await service.acquire(o.keys, { ttl: o.ttl, autoExtend: false, wait: 100 });
         enter();
-        await hold(handle, o.hold / 2, label);
+        await hold(handle, o.hold / 2, label, o.ttl);
         await handle.extend(o.extendTo).catch((error: unknown) => {
           if (!(error instanceof DistributedLockError)) throw error;
         });
-        await hold(handle, o.hold / 2, label);
+        await hold(handle, o.hold / 2, label, Math.max(o.ttl, o.extendTo));
         await handle.release();
+      } else {
+        await sleep(o.after);
+        for (const key of o.keys) {
+          const owner = (await store.inspect(key))?.owner;
+          if (owner === undefined) continue;
+          if (o.action === 'evict') {
+            evictedAt.set(key, now());
+            await store.release([key], owner);
+            continue;
+          }
+          // Another owner's extend and release of a held key: both refused, the key untouched.
+          const extended = await store.extend([key], 'intruder', 10_000);
+          if (extended.extended) violations.push(`${label}: the store extended ${key} for an owner that does not hold it`);
+          if (await store.release([key], 'intruder'))
+            violations.push(`${label}: the store released ${key} for an owner that does not hold it`);
+        }
       }
     } catch (error) {
       if (error === reason) return;

@@ -1,0 +1,65 @@
+import fc from 'fast-check';
+import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
+import * as lib from '../../lib/index.js';
+import { runningTimeClock } from '../support/running-time.clock.js';
+import { run, scenario } from './lock-service.model.js';
+
+/**
+ * The random programs of the model on a real store and real time, as `npm run test:model:redis`
+ * runs them: MODEL_RUNS_<STORE> cases (none by default: each takes real time), MODEL_SEED replays
+ * a run. It stops at the first failing case, then shrinks that case for at most MODEL_SHRINK_MS
+ * (60 s; 0 skips it): each step of shrinking replays a program in real time, so unbounded
+ * shrinking can outlast a CI job and report nothing. The seed is printed first, so even a run that
+ * is killed says how to replay it.
+ */
+export interface RealStore {
+  /** Empties the store before a case. */
+  reset(): Promise<void>;
+  /** A new backend on the store, closed after its case. */
+  connect(): LockBackend;
+  /** Waiters the backend still tracks (none may be left once a case ended). */
+  waiting(backend: LockBackend): number;
+}
+
+export const SHRINK_MS = Number(process.env.MODEL_SHRINK_MS ?? 60_000);
+
+/** How long a test of `runs` cases may take: cases take about 0.3 s each on an idle machine. */
+export function modelTimeout(runs: number): number {
+  return runs * 3_000 + SHRINK_MS + 30_000;
+}
+
+export async function checkModelOn(name: string, store: RealStore, runs: number): Promise<void> {
+  const seed = Number(process.env.MODEL_SEED ?? Math.floor(Math.random() * 2 ** 31));
+  process.stderr.write(`Model on a real ${name}: ${runs} cases, seed ${seed} (replay: MODEL_SEED=${seed})\n`);
+  const property = fc.asyncProperty(scenario, async (s) => {
+    await store.reset();
+    const backend = store.connect();
+    const clock = runningTimeClock(500);
+    try {
+      const violations = await run(lib, clock, s, backend, () => store.waiting(backend));
+      if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
+    } finally {
+      clock.stop();
+      await backend.close?.();
+    }
+  });
+  const found = await fc.check(property, { numRuns: runs, seed, endOnFailure: true });
+  if (!found.failed) return;
+  if (SHRINK_MS <= 0)
+    throw new Error(`${fc.defaultReportMessage(found)}\n${String((found.errorInstance as Error | undefined)?.message ?? '')}`);
+  // From the failing case (its path), shrinking only: what is smallest when time runs out.
+  const shrunk = await fc.check(property, {
+    seed,
+    path: found.counterexamplePath ?? undefined,
+    plugins: [fc.interruptAfterTimeLimit(SHRINK_MS)],
+  });
+  const replay = shrunk.failed
+    ? `It failed again when replayed; shrinking found ${shrunk.numShrinks} smaller failing case(s)` +
+      `${shrunk.interrupted ? ` before its ${SHRINK_MS / 1000} s ran out` : ''}. The smallest:`
+    : 'It passed when replayed (its timing did not repeat). The case:';
+  const smallest = shrunk.failed ? shrunk : found;
+  throw new Error(
+    `${fc.defaultReportMessage(found)}\n\n${replay} ${fc.stringify(smallest.counterexample)} (path ${smallest.counterexamplePath})\n` +
+      String((smallest.errorInstance as Error | undefined)?.message ?? ''),
+  );
+}
