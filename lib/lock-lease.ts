@@ -155,6 +155,8 @@ export class Lease {
       // Not free yet: the lease is shortened to the rest of minHold and runs out by itself. Local
       // waiters are not woken; they wait for that end as for any lease.
       const kept = await this.keepForMinHold().catch((error: unknown) => {
+        // Not lost: sent again until it lands, or the old lease ends, and the caller hears of it.
+        this.resendMinHold();
         throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'release failed', error);
       });
       if (kept) return;
@@ -194,6 +196,26 @@ export class Lease {
     if (keep <= 0) return false;
     await this.backend.extend(this.keys, this.owner, keep);
     return true;
+  }
+
+  /**
+   * A shortening to the rest of minHold that failed (store unreachable) would leave the key for
+   * its old lease, a whole ttl: sent again until it lands or that lease ends (past minHold, a
+   * release instead). Owner-checked on the store, so a late one never touches another's lock.
+   */
+  private resendMinHold(): void {
+    const left = this.deadline - performance.now();
+    if (left <= 0) return;
+    const resend = (): void => {
+      if (performance.now() >= this.deadline) return;
+      const keep = Math.ceil((this.holds?.minUntil ?? 0) - performance.now());
+      const sent = keep > 0 ? this.backend.extend(this.keys, this.owner, keep) : this.backend.release(this.keys, this.owner);
+      sent.then(
+        () => (keep > 0 ? undefined : this.tracker.leaseFreed(this)),
+        () => this.resendMinHold(),
+      );
+    };
+    setTimeout(resend, Math.min(1_000, Math.max(50, left / 5))).unref();
   }
 
   /** The scheduler's call comes late when the event loop stalls: a read past the deadline declares the loss itself. */

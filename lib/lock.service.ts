@@ -1,4 +1,4 @@
-import { Injectable, type OnApplicationShutdown } from '@nestjs/common';
+import { Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import { isObservable } from 'rxjs';
 import type { LockBackend } from './backends/lock-backend.interface.js';
@@ -22,7 +22,7 @@ import { LockWaitQueue } from './lock-wait-queue.js';
 import { logWaitsAndRefusals } from './lock.debug-log.js';
 import { LockEvents, type LockBusyEvent } from './lock.events.js';
 import { instrumentLocks } from './lock.telemetry.js';
-import { InvalidLockKeyError, LockNotAcquiredError } from './lock.errors.js';
+import { InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
 import { LockHandle } from './lock.handle.js';
 
 /** What `inspect()` tells about a key. */
@@ -42,7 +42,7 @@ export interface LockInfo {
  */
 @Injectable()
 // Not `implements AcquisitionHost`: its members are internal, and the published types leave them out.
-export class LockService implements OnApplicationShutdown {
+export class LockService implements OnModuleInit, OnApplicationShutdown {
   readonly options: ResolvedModuleOptions;
   /** @internal This process's callers waiting for a key set, in order of arrival. */
   readonly queue: LockWaitQueue;
@@ -53,6 +53,8 @@ export class LockService implements OnApplicationShutdown {
   private readonly releasing = new Set<Promise<void>>();
   /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
   private shutDown = false;
+  private verifying: Promise<void> | undefined;
+  private closing: Promise<void> | undefined;
 
   constructor(
     readonly backend: LockBackend = new MemoryLockBackend(),
@@ -170,12 +172,26 @@ export class LockService implements OnApplicationShutdown {
     return fullLockKeys(keys, this.options);
   }
 
+  /**
+   * At start-up, before the application listens: the backend's own check of what connecting can
+   * show is wrong (LockBackend.verify). A permanent LockBackendError (credentials, rights, a
+   * read-only server, no such database) fails start-up with the backend's message, not the first
+   * lock. A store that cannot be reached yet does not: verify resolves, and locks fail until it
+   * is back. Once, however many modules of the application provide this service.
+   */
+  onModuleInit(): Promise<void> {
+    this.verifying ??= Promise.resolve(this.backend.verify?.()).catch((error: unknown) => {
+      if (error instanceof LockBackendError && error.permanent) throw error;
+      // Not what verify() is for (see its contract): a failure that may heal does not stop start-up.
+      new Logger('DistributedLock').warn(`The ${this.backend.name} backend's start-up check failed; starting anyway: ${String(error)}`);
+    });
+    return this.verifying;
+  }
+
   /** Once, however many modules of the application provide this service (distributed-lock.registry.ts). */
   onApplicationShutdown(): Promise<void> {
     return (this.closing ??= this.shutdown());
   }
-
-  private closing: Promise<void> | undefined;
 
   private async shutdown(): Promise<void> {
     // Waiters give up now, not at the end of their wait: their timers would keep the process

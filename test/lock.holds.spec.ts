@@ -1,6 +1,16 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import { InvalidLockOptionsError, LockLostError, LockService, MemoryLockBackend } from '../lib/index.js';
+import {
+  InvalidLockOptionsError,
+  LockBackendError,
+  LockLostError,
+  LockService,
+  MemoryLockBackend,
+  type AcquireResult,
+  type ExtendResult,
+  type LockBackend,
+  type LockState,
+} from '../lib/index.js';
 import { until } from './support/wait.js';
 
 afterEach(() => {
@@ -35,7 +45,55 @@ describe("onBusy: 'skip'", () => {
   });
 });
 
+/**
+ * The in-memory store behind a connection that can drop requests: the next `failExtends` extend
+ * requests fail without reaching the store. Everything else, `immediate` included, is the store's.
+ */
+class DroppingBackend implements LockBackend {
+  readonly name = 'memory';
+  readonly fencing = true;
+  failExtends = 0;
+  readonly extends: number[] = [];
+  constructor(readonly store = new MemoryLockBackend()) {}
+  get immediate() {
+    return this.store.immediate;
+  }
+  tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
+    return this.store.tryAcquire(keys, owner, ttlMs);
+  }
+  async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
+    this.extends.push(ttlMs);
+    if (this.failExtends > 0) {
+      this.failExtends--;
+      throw new Error('connection lost');
+    }
+    return this.store.extend(keys, owner, ttlMs);
+  }
+  release(keys: readonly string[], owner: string): Promise<boolean> {
+    return this.store.release(keys, owner);
+  }
+  inspect(key: string): Promise<LockState | undefined> {
+    return this.store.inspect(key);
+  }
+  watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {
+    return this.store.watch(keys, onRelease);
+  }
+}
+
 describe('minHold', () => {
+  it('sends a shortening the store did not get again: the key stays for the rest of minHold, not its old lease', async () => {
+    const backend = new DroppingBackend();
+    const locks = new LockService(backend);
+    const handle = await locks.acquire('job:nightly', { ttl: 60_000, minHold: 2_000 });
+    backend.failExtends = 1;
+    await expect(handle.release()).rejects.toBeInstanceOf(LockBackendError);
+    // The store answers again: the shortening lands, and the key is free once minHold is over.
+    await until(async () => ((await backend.inspect('lock:job:nightly'))?.ttlMs ?? 0) <= 2_000, 20_000, 'the lease to be shortened');
+    await until(async () => (await backend.inspect('lock:job:nightly')) === undefined, 20_000, 'the key to be free');
+    expect(backend.extends.length).toBeGreaterThanOrEqual(2);
+    await locks.onApplicationShutdown();
+  });
+
   it('keeps the lock after a fast job until minHold, then lets it run out, without logging a lost lock', async () => {
     const warn = jest.spyOn(Logger.prototype, 'warn');
     const [a, b] = instances();
