@@ -22,6 +22,12 @@ describe('EtcdLockBackend options', () => {
         'connection',
         /no credentials in its URL.*auth: \{ username, password \}/,
       ],
+      // Credentials anywhere in a URL are refused, and never shown.
+      [() => new EtcdLockBackend([url, 'https://u:s3cret@etcd:2379']), 'connection', /no credentials in its URL/],
+      [() => new EtcdLockBackend({ hosts: 'http://u:s3cret@etcd:2379' }), 'connection', /no credentials in its URL/],
+      [() => new EtcdLockBackend('http://etcd:2379/?password=s3cret'), 'connection', /no credentials in its URL/],
+      [() => new EtcdLockBackend('http://root:s3cret@[etcd'), 'connection', /'http:\/\/root:\*\*\*@\[etcd' is not a URL/],
+      [() => new EtcdLockBackend('root:s3cret@etcd:2379'), 'connection', /must start with http:\/\/ or https:\/\//],
       [() => new EtcdLockBackend(new Map() as never), 'connection', /instance of Map, which is not an Etcd3 client/],
       [() => new EtcdLockBackend({ hosts: [] }), 'connection', /settings need 'hosts'/],
       [

@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import type { IOptions } from 'etcd3';
+import { redactUrl } from '../../option-value.js';
 
 type FaultHandling = NonNullable<IOptions['faultHandling']>;
 type Policy = NonNullable<FaultHandling['global']>;
@@ -42,7 +43,8 @@ export function hostPolicies(isRecoverable: (error: Error) => boolean): (host: s
       async execute(fn: (context: { signal: AbortSignal }) => Promise<unknown>) {
         const now = performance.now();
         if (passedOver(host, now) && hosts.some((other) => other !== host && !passedOver(other, now))) {
-          throw new Error(`etcd member ${host} failed its last call less than ${PASS_OVER_MS} ms ago; another member is tried`);
+          // The host as your client names it, which may be anything: never a password in a message.
+          throw new Error(`etcd member ${redactUrl(host)} failed its last call less than ${PASS_OVER_MS} ms ago; another member is tried`);
         }
         try {
           const result = await fn({ signal: neverAborted });

@@ -103,7 +103,7 @@ function checkUrl(option: string, value: unknown): string {
   if (url!.protocol !== 'http:' && url!.protocol !== 'https:') {
     checks.fail(option, `a member URL must start with http:// or https://, got '${url!.protocol}//'. ${HOW_TO}`);
   }
-  if (url!.username || url!.password) {
+  if (url!.username || url!.password || /[?&]password=/i.test(url!.search)) {
     checks.fail(option, `etcd takes no credentials in its URL: pass { hosts, auth: { username, password } } instead.`);
   }
   return value;
