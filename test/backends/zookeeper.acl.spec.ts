@@ -1,5 +1,4 @@
-import { describe, expect, it, jest } from '@jest/globals';
-import { Logger } from '@nestjs/common';
+import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only use it as an operator's client.
 import zookeeper from 'node-zookeeper-client';
@@ -83,11 +82,6 @@ function service(lockBackend: ZooKeeperLockBackend): LockService {
   return locks;
 }
 
-function quietWarnings(): void {
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-  fixture.cleanup(() => warn.mockRestore());
-}
-
 function codeOf(error: unknown): string | undefined {
   return (error as { getName?(): string }).getName?.();
 }
@@ -161,12 +155,34 @@ describe('ZooKeeper backend on a digest-protected root', () => {
     await handle.release();
   });
 
-  it('a backend without credentials is refused with NO_AUTH, a LockBackendError that names the cause', async () => {
-    quietWarnings();
+  it.each([
+    ['without credentials', undefined],
+    ['with another identity', { username: 'intruder', password: 'guess' }],
+  ])('a backend %s fails at once, with a permanent LockBackendError that names the cause and the fix', async (_, auth) => {
     await protectedRoot();
-    const anonymous = backend();
-    const error = await anonymous.tryAcquire(['job'], 'owner-1', 5_000, { willWait: false }).catch((e: unknown) => e);
+    /** Counts the service's attempts; the backend's own code runs. */
+    class Recording extends ZooKeeperLockBackend {
+      attempts = 0;
+      override tryAcquire(...args: Parameters<ZooKeeperLockBackend['tryAcquire']>): ReturnType<ZooKeeperLockBackend['tryAcquire']> {
+        this.attempts++;
+        return super.tryAcquire(...args);
+      }
+    }
+    const refused = new Recording(fixture.connectionString, { root: fixture.root, sessionTimeout: 4_000, commandTimeout: 1_000, auth });
+    fixture.cleanup(() => refused.close());
+    const locks = service(refused);
+
+    // A wait of its own that the test would outlast if it were retried for the whole of it.
+    const error = await locks.acquire('job', { wait: 3_000 }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(LockBackendError);
-    expect(String(error)).toMatch(/NO_AUTH/);
+    expect((error as LockBackendError).permanent).toBe(true);
+    expect((error as Error).message).toMatch(/NO_AUTH.*Give the backend the credentials of an identity the ACL allows \(the auth option/);
+    expect(refused.attempts).toBe(1);
+    // The same for a caller that does not wait.
+    await expect(locks.tryAcquire('job')).rejects.toMatchObject({ permanent: true });
+    await expect(refused.tryAcquire(['job'], 'owner-1', 5_000, { willWait: false })).rejects.toMatchObject({ permanent: true });
+    // Nothing was made under the root, nothing is left to retry.
+    const admin = await raw('admin:admin-secret');
+    expect(await call<string[]>((cb) => admin.getChildren(fixture.root, cb))).toEqual([]);
   });
 });

@@ -3,7 +3,7 @@ import { inspect } from 'node:util';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
 import { inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
-import { InvalidLockOptionsError } from '../../lock.errors.js';
+import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { checkConnectionString, redactConnection, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
 import { LinePlaces } from './zookeeper.places.js';
@@ -99,10 +99,13 @@ export class ZooKeeperLockBackend implements LockBackend {
       return { acquired: true, fencingToken: current.czxid, validityMs: Math.min(ttlMs, certifiedAt - sentAt + this.validity(ttlMs)) };
     } catch (error) {
       if (this.requests.isCurrent(current)) {
-        // Whether the nodes were made is unknown; the next attempt looks for them.
-        current.uncertain = current.nodes === undefined;
+        // Whether the nodes were made is unknown; the next attempt looks for them. (A refusal is an
+        // answer: what it refused was not made, and the caller makes no next attempt.)
+        const refused = error instanceof LockBackendError && error.permanent;
+        if (!refused) current.uncertain = current.nodes === undefined;
         current.woken = true;
-        if (!willWait) {
+        if (refused && !current.nodes && !current.uncertain) this.requests.forget(current);
+        else if (!willWait) {
           // No next attempt, and no release, will come for them: they go now, or as soon as
           // ZooKeeper answers. A create applied whose answer was lost would otherwise stand first
           // in line for as long as the session lives, the key held by nobody.
@@ -139,7 +142,8 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.parents.maybeEmpty(keys.map((key) => this.paths.parent(key)));
     const held = request.held;
     await this.requests.remove(request).catch((error: unknown) => {
-      this.requests.removeLater(request);
+      // Refused for good (the identity may not delete here): sending it again would not help.
+      if (!(error instanceof LockBackendError && error.permanent)) this.requests.removeLater(request);
       throw error;
     });
     return held;

@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { LockBackendError } from '../../lock.errors.js';
 import { findNodes, removeNodes, type LinePaths, type LineRequest } from './zookeeper.line.js';
 import type { ZooKeeperSession } from './zookeeper.session.js';
 
@@ -107,7 +108,10 @@ export class LineRequests {
       this.leftoverTimer = undefined;
       for (const leftover of [...this.leftovers]) {
         this.leftovers.delete(leftover);
-        this.remove(leftover).catch(() => this.removeLater(leftover));
+        // Unless refused for good (the identity may not delete here): that would be sent forever.
+        this.remove(leftover).catch((error: unknown) => {
+          if (!(error instanceof LockBackendError && error.permanent)) this.removeLater(leftover);
+        });
       }
     }, 100).unref();
   }

@@ -6,6 +6,23 @@ import { ZooKeeperError, type ZooKeeperClient, type ZooKeeperClientState } from 
 const logger = new Logger('DistributedLock');
 
 /**
+ * ZooKeeper's answers that waiting cannot change, by code, with what to do: the session's
+ * identity may not do this under the lock root, or its credentials were refused.
+ */
+const REFUSED: Readonly<Record<string, string>> = {
+  NO_AUTH:
+    "this session's identity has no right to create or delete nodes under the lock root (its ACL refuses it). Give the backend the " +
+    'credentials of an identity the ACL allows (the auth option, or user:password@ in the connection string), or have an ' +
+    'admin grant that identity cdrwa on the root (docs/zookeeper.md, "Authentication and ACLs").',
+  AUTH_FAILED:
+    'the server refused the credentials. Check the auth option (or user:password@ in the connection string) and the ' +
+    "server's authentication provider.",
+  INVALID_ACL:
+    'the server refused the ACL of a node the backend creates (an ACL for the creator needs credentials). Check the auth ' +
+    'option (or user:password@ in the connection string).',
+};
+
+/**
  * The session as Curator names its states: `connected`; `suspended` (no connection: the session,
  * and every lock of it, may still live on the server); `lost` (it expired, or nothing was heard
  * for a whole session timeout: its ephemeral nodes are gone, or about to go).
@@ -78,7 +95,11 @@ export class ZooKeeperSession {
     } catch (error) {
       if (error instanceof ZooKeeperError && error.code !== 'CONNECTION_LOSS' && error.code !== 'SESSION_EXPIRED') this.heard();
       // ZooKeeper's own errors stay inside the backend: callers (and LockService.inspect's) get a LockBackendError.
-      throw error instanceof DistributedLockError ? error : this.error(what, keys, String(error), error);
+      if (error instanceof DistributedLockError) throw error;
+      // Refused for this identity: no retry within the wait can change that, the caller hears it at once.
+      const refused = error instanceof ZooKeeperError ? REFUSED[error.code] : undefined;
+      if (refused) throw this.error(what, keys, `ZooKeeper refused it (${(error as ZooKeeperError).code}): ${refused}`, error, true);
+      throw this.error(what, keys, String(error), error);
     } finally {
       clearTimeout(timer);
     }
@@ -92,8 +113,9 @@ export class ZooKeeperSession {
     this.live = undefined;
   }
 
-  error(what: string, keys: readonly string[], message: string, cause?: unknown): LockBackendError {
-    return new LockBackendError(this.backendName, `${what}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}`, cause);
+  error(what: string, keys: readonly string[], message: string, cause?: unknown, permanent = false): LockBackendError {
+    const text = `${what}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}`;
+    return new LockBackendError(this.backendName, text, cause, { permanent });
   }
 
   private session(): Promise<LiveSession> {
