@@ -5,7 +5,7 @@
  *
  * Detectors (see DETECTORS):
  * - `model`: the model on fake time and the in-memory store (test/model/lock-service.model.spec.ts);
- * - `model-redis`, `model-postgres`: the same programs on a real Redis or PostgreSQL;
+ * - `model-redis`, `model-postgres`, `model-etcd`: the same programs on a real Redis, PostgreSQL or etcd;
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
  * - `chaos-<backend>`: `npm run chaos` on that backend, for its seconds, with its seed.
  */
@@ -33,6 +33,13 @@ export const DETECTORS = {
     env: { MODEL_RUNS_POSTGRES: '25', MODEL_SHRINK_MS: '0' },
     seeded: true,
   },
+  'model-etcd': {
+    kind: 'jest',
+    file: 'test/model/lock-service.etcd.model.spec.ts',
+    test: 'keeps every promise on random programs of two processes over one etcd',
+    env: { MODEL_RUNS_ETCD: '25', MODEL_SHRINK_MS: '0' },
+    seeded: true,
+  },
   'conformance-zookeeper': {
     kind: 'jest',
     file: 'test/backends/zookeeper.conformance.spec.ts',
@@ -41,7 +48,6 @@ export const DETECTORS = {
     // Deterministic: one run, whatever the seed.
     seeded: false,
   },
-  'chaos-etcd': { kind: 'chaos', backend: 'etcd', seconds: 15 },
   'chaos-redlock': { kind: 'chaos', backend: 'redlock', seconds: 15 },
 };
 
@@ -125,7 +131,7 @@ export const MUTANTS = [
         '',
       ],
     ],
-    detector: 'chaos-etcd',
+    detector: 'model-etcd',
   },
   {
     name: 'redlock-quorum-off-by-one',
