@@ -45,6 +45,11 @@ export interface ChaosStore {
   readonly singleProcess: boolean;
   /** Longest a single backend call may take before it fails; part of a wait's bound. */
   readonly commandTimeout: number;
+  /**
+   * One election or session timeout of the store: after a fault heals, every key must be
+   * acquirable again within the ttl plus this (docs/reliability.md states it per backend).
+   */
+  readonly recoveryMs: number;
   readonly faults: Partial<Record<FaultKind, StoreFault>>;
   start(): Promise<void>;
   backendFor(worker: string): Promise<BackendSpec>;

@@ -1,14 +1,15 @@
 import 'reflect-metadata';
-import { Injectable, Logger, Module, type INestApplicationContext } from '@nestjs/common';
+import { Logger, Module, type INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { DistributedLockModule, LockService, Locked, type LockBackend, type LockHandle } from '../lib/index.js';
+import { DistributedLockModule, type LockBackend, type LockService } from '../lib/index.js';
 import type { BackendSpec } from './chaos-store.interface.js';
 import { FencedRegister } from './fenced-register.js';
 import { now, type HistoryEvent } from './history.js';
 import { random } from './random.js';
 import { STORES } from './store.registry.js';
+import { oneCall, registerWriter, type CallContext } from './worker-calls.js';
 
 export interface WorkerConfig {
   id: string;
@@ -20,15 +21,17 @@ export interface WorkerConfig {
   callers: number;
   ttl: number;
   wait: number;
-  /** Longest pause between the read and the write of the register. */
+  /** Longest pause between the read and the write of the register, and between two rounds. */
   workMs: number;
   seed: number;
+  /** Off (`--no-fencing`): the register takes stale writes and holders never check their lock. */
+  fencing: boolean;
 }
 
 /**
  * One process of the run: Nest application contexts (one, or several over one in-memory backend)
- * whose callers loop over @Locked read-modify-writes of a fenced register, printing every step as
- * a JSON line on stdout.
+ * whose callers loop over calls under a lock (worker-calls.ts) doing read-modify-writes of a
+ * fenced register, printing every step as a JSON line on stdout.
  */
 const config = JSON.parse(process.argv[2]) as WorkerConfig;
 const next = random(config.seed * 1000 + config.incarnation);
@@ -53,12 +56,10 @@ function log(event: HistoryEvent): void {
   process.stdout.write(`${JSON.stringify(event)}\n`);
 }
 
-/** A deadline as `now()` reads it; the handle gives it on the wall clock. */
-function deadlineOf(handle: LockHandle): number {
-  return now() + (handle.expiresAt.getTime() - Date.now());
+/** How long this process could not run since `since` (a reading of this function, or 0), with the lateness of the tick still due. */
+function stalledSince(since: number): number {
+  return stalledMs + Math.max(0, performance.now() - lastTick - TICK_MS) - since;
 }
-
-type Section = (handle: LockHandle) => Promise<void>;
 
 /**
  * The port of the Redis server the backend's connection is on (with Sentinel, the master it was
@@ -70,71 +71,40 @@ function serverOf(backend: LockBackend): number | undefined {
   return client?.stream?.remotePort;
 }
 
-@Injectable()
-class RegisterWriter {
-  constructor(readonly locks: LockService) {}
+/** How long each cold key is the one in use; four take turns, so each rests three times this. */
+const COLD_TURN_MS = 2_500;
 
-  @Locked('register:<key>')
-  async update(key: string, section: Section): Promise<void> {
-    const handle = this.locks.current(`register:${key}`);
-    // Undefined when the lease ran out between the acquisition and this line (a stall longer than
-    // the ttl): the section must not run, and the history records why.
-    if (!handle) throw new Error('the lock was lost before the section started');
-    await section(handle);
-  }
+/**
+ * The keys of one call: a hot key (`r0`..), two of them for a multi-key call, or now and then the
+ * cold key whose turn it is. A cold key rests long enough (7.5 s) for a store to forget its line
+ * (ZooKeeper deletes a parent node left empty 5 s) and make it again on its next turn, so tokens
+ * are checked across a line made twice.
+ */
+function drawKeys(): string[] {
+  if (next() < 0.1) return [`c${Math.floor(now() / COLD_TURN_MS) % 4}`];
+  const first = Math.floor(next() * config.keys);
+  if (config.keys < 2) return [`r${first}`];
+  const second = (first + 1 + Math.floor(next() * (config.keys - 1))) % config.keys;
+  return [`r${first}`, `r${second}`].sort();
 }
 
-async function caller(writer: RegisterWriter, holder: string, worker: string): Promise<void> {
+async function caller(writer: { locks: LockService }, holder: string, worker: string): Promise<void> {
+  const ctx: CallContext = {
+    ttl: config.ttl,
+    wait: config.wait,
+    workMs: config.workMs,
+    fencing: config.fencing,
+    register,
+    next,
+    log,
+    stalledSince,
+    server: () => serverOf(writer.locks.backend),
+  };
   while (!stopping) {
-    const key = `r${Math.floor(next() * config.keys)}`;
-    const base = { holder, worker, key };
-    log({ t: now(), type: 'attempt', ...base, waitMs: config.wait });
-    // With the lateness of the tick still due, which the timers that ran first have not seen counted.
-    const stalledNow = () => stalledMs + Math.max(0, performance.now() - lastTick - TICK_MS);
-    const stalledBefore = stalledNow();
-    const stalled = () => Math.round(stalledNow() - stalledBefore);
-    try {
-      await writer.update(key, async (handle) => {
-        const token = handle.fencingToken;
-        log({
-          t: now(),
-          type: 'acquired',
-          ...base,
-          token,
-          deadline: deadlineOf(handle),
-          server: serverOf(writer.locks.backend),
-          stalledMs: stalled(),
-        });
-        const onLost = () => {
-          const reason = (handle.signal.reason as { reason?: string }).reason ?? 'unknown';
-          log({ t: now(), type: 'lost', ...base, reason, deadline: deadlineOf(handle) });
-        };
-        handle.signal.addEventListener('abort', onLost, { once: true });
-        try {
-          const sentAt = now();
-          const value = await register.read(key, token);
-          if (value === undefined) {
-            log({ t: sentAt, type: 'write', ...base, token, read: -1, wrote: -1, accepted: false });
-            return;
-          }
-          await sleep(Math.floor(next() * config.workMs));
-          // What a careful holder does before each write under the lock.
-          if (!handle.isHeld) return;
-          const writtenAt = now();
-          const seq = await register.write(key, token, value + 1);
-          log({ t: writtenAt, type: 'write', ...base, token, read: value, wrote: value + 1, accepted: seq !== undefined, seq });
-        } finally {
-          handle.signal.removeEventListener('abort', onLost);
-          // Stamped before the release goes out: the next holder may get the lock (and say so)
-          // before this process's code after the release runs.
-          log({ t: now(), type: 'released', ...base });
-        }
-      });
-    } catch (error) {
-      const name = (error as Error)?.constructor?.name ?? typeof error;
-      const message = String((error as Error)?.message ?? error).slice(0, 200);
-      log({ t: now(), type: 'error', ...base, error: name, message, stalledMs: stalled() });
-    }
+    const keys = drawKeys();
+    // A single-key call takes the first of two drawn keys at random.
+    if (keys.length > 1 && next() < 0.5) keys.reverse();
+    await oneCall(ctx, writer, holder, worker, keys);
     await sleep(Math.floor(next() * 20));
   }
 }
@@ -151,7 +121,7 @@ async function main(): Promise<void> {
       imports: [
         DistributedLockModule.forRoot({ backend: store.createBackend(config.backend.options), ttl: config.ttl, wait: config.wait }),
       ],
-      providers: [RegisterWriter],
+      providers: [{ provide: 'writer', useClass: registerWriter(config.ttl) }],
     })
     class WorkerModule {}
     const app = await NestFactory.createApplicationContext(WorkerModule, { logger: false });
@@ -159,7 +129,7 @@ async function main(): Promise<void> {
     apps.push(app);
     // Several contexts in one process: several services of one backend, one process to pause.
     const name = contexts > 1 ? `${config.id}.s${i}` : config.id;
-    for (let c = 0; c < config.callers; c++) loops.push(caller(app.get(RegisterWriter), `${name}#${config.incarnation}.${c}`, config.id));
+    for (let c = 0; c < config.callers; c++) loops.push(caller(app.get('writer'), `${name}#${config.incarnation}.${c}`, config.id));
   }
   process.on('message', async (message: { stop?: true; stall?: number }) => {
     if (message.stall !== undefined) {

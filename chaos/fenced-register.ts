@@ -4,22 +4,25 @@ import type { Redis } from 'ioredis';
  * Reads or writes one register (a hash), refusing any call whose fencing token is below the
  * highest the register has seen: a read registers its token, so a holder that read before a newer
  * holder cannot write afterwards, and no write is lost. A write needs a token above the last
- * accepted write's, and gets the register's next sequence number (its place in the register's own
- * order).
+ * accepted write's, or that token from the same holder (a section writes several times under one
+ * lock), and gets the register's next sequence number (its place in the register's own order).
  *
- * KEYS[1] the register. ARGV: token ('' for an unfenced call), op ('read' or 'write'), value.
+ * KEYS[1] the register. ARGV: token ('' for an unfenced call), op ('read' or 'write'), value, holder.
  * Result: {1, value} for a read, {1, seq} for an accepted write, {0, 0} when refused.
  * Tokens stay strings in the hash: Lua formats large numbers with 14 digits.
  */
 const REGISTER_SCRIPT = `
-local token, op, value = ARGV[1], ARGV[2], ARGV[3]
+local token, op, value, holder = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if token ~= '' then
   local seen = redis.call('HGET', KEYS[1], 'seen')
   local written = redis.call('HGET', KEYS[1], 'written')
   if seen and tonumber(token) < tonumber(seen) then return {0, 0} end
-  if op == 'write' and written and tonumber(token) <= tonumber(written) then return {0, 0} end
+  if op == 'write' and written then
+    if tonumber(token) < tonumber(written) then return {0, 0} end
+    if tonumber(token) == tonumber(written) and redis.call('HGET', KEYS[1], 'writer') ~= holder then return {0, 0} end
+  end
   redis.call('HSET', KEYS[1], 'seen', token)
-  if op == 'write' then redis.call('HSET', KEYS[1], 'written', token) end
+  if op == 'write' then redis.call('HSET', KEYS[1], 'written', token, 'writer', holder) end
 end
 if op == 'read' then return {1, tonumber(redis.call('HGET', KEYS[1], 'value') or '0')} end
 redis.call('HSET', KEYS[1], 'value', value)
@@ -33,18 +36,18 @@ export class FencedRegister {
 
   /** The value, or undefined when a newer token has been seen. */
   async read(key: string, token: number | undefined): Promise<number | undefined> {
-    const [ok, value] = await this.call(key, token, 'read', '');
+    const [ok, value] = await this.call(key, token, 'read', '', '');
     return ok === 1 ? value : undefined;
   }
 
   /** The write's sequence number, or undefined when refused. */
-  async write(key: string, token: number | undefined, value: number): Promise<number | undefined> {
-    const [ok, seq] = await this.call(key, token, 'write', String(value));
+  async write(key: string, token: number | undefined, value: number, holder: string): Promise<number | undefined> {
+    const [ok, seq] = await this.call(key, token, 'write', String(value), holder);
     return ok === 1 ? seq : undefined;
   }
 
-  private call(key: string, token: number | undefined, op: string, value: string): Promise<[number, number]> {
+  private call(key: string, token: number | undefined, op: string, value: string, holder: string): Promise<[number, number]> {
     const client = this.client as unknown as { registerCall(key: string, ...args: string[]): Promise<[number, number]> };
-    return client.registerCall(`register:${key}`, token === undefined ? '' : String(token), op, value);
+    return client.registerCall(`register:${key}`, token === undefined ? '' : String(token), op, value, holder);
   }
 }

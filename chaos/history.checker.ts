@@ -1,4 +1,6 @@
 import { OVERLAP_ALLOWED_AFTER, type FaultKind, type HistoryEvent } from './history.js';
+import { toldCheck } from './holder-told.checker.js';
+import { findBlockedKeys, type BlockedKey } from './liveness.checker.js';
 
 /** Two holders of one key at once, in real time. */
 export interface Overlap {
@@ -11,6 +13,12 @@ export interface Overlap {
   ms: number;
   /** The fault that allows it (guarantees table), or undefined: a violation. */
   allowedBy?: FaultKind;
+  /**
+   * When an allowed overlap, the moment by which the first holder must have been told (its
+   * signal aborted) and stopped acting; `notTold` when it went on past that without being told.
+   */
+  tellBy?: number;
+  notTold?: boolean;
 }
 
 export interface CheckOptions {
@@ -23,6 +31,18 @@ export interface CheckOptions {
    * the time to hear the announcement and reconnect. Default 1 000 ms.
    */
   failoverGraceMs?: number;
+  /** The run's ttl, for a holder's extension schedule (a third of it). Default 1 000 ms. */
+  ttl?: number;
+  /**
+   * How long a holder may take to learn of a refusal once its extension is due: the request, its
+   * answer, a reconnection, timers that run late. Default `waitSlackMs`.
+   */
+  reactionMs?: number;
+  /**
+   * How long after a fault healed a key nobody holds must be acquirable again (ttl plus one
+   * election or session timeout of the store). Undefined: not checked.
+   */
+  livenessBoundMs?: number;
 }
 
 export interface CheckReport {
@@ -31,7 +51,7 @@ export interface CheckReport {
   acceptedWrites: number;
   refusedWrites: number;
   overlaps: Overlap[];
-  /** Accepted writes whose token is not above every earlier accepted write's. */
+  /** Accepted writes whose token is below an earlier accepted write's, or equal to one of another holder. */
   staleWrites: number;
   /** Accepted writes that did not build on the value of the write accepted before them. */
   lostUpdates: number;
@@ -41,6 +61,8 @@ export interface CheckReport {
   tokenRegressions: number;
   /** Waits that ended (in the lock or an error) later than their bound, not explained by a pause. */
   slowWaits: number;
+  /** Keys wanted and held by nobody, yet not acquired, past the bound after the last fault that could block them. */
+  blockedKeys: BlockedKey[];
   errors: Record<string, number>;
   faults: Record<string, number>;
   /** Failovers the store's monitor saw (`failover` events), whoever caused them. */
@@ -49,16 +71,24 @@ export interface CheckReport {
   violations: Record<string, number>;
 }
 
-interface Hold {
+export interface Hold {
   key: string;
   holder: string;
   worker: string;
   token?: number;
   start: number;
   end: number;
+  /** The lease's deadline when acquired, its ttl, whether the watchdog extends it, minHold. */
+  deadline: number;
+  ttl?: number;
+  autoExtend: boolean;
+  minHold?: number;
+  maxHold?: number;
+  /** When its signal aborted (the holder was told it lost the lock). */
+  lostAt?: number;
 }
 
-interface Window {
+export interface Window {
   kind: FaultKind;
   target: string;
   start: number;
@@ -72,7 +102,13 @@ export function checkHistory(history: readonly HistoryEvent[], options: CheckOpt
   const windows = faultWindows(events, endOfRun);
   const failovers = failoverWindows(events, endOfRun, options.failoverGraceMs ?? 1_000);
   const holds = collectHolds(events, windows, endOfRun);
-  const overlaps = findOverlaps(holds, windows, failovers);
+  const told = { ttl: options.ttl ?? 1_000, reactionMs: options.reactionMs ?? options.waitSlackMs };
+  const overlaps = findOverlaps(holds, windows, failovers, told);
+  const notTold = overlaps.filter((o) => o.notTold).length;
+  const blockedKeys =
+    options.livenessBoundMs === undefined
+      ? []
+      : findBlockedKeys(events, holds, [...windows, ...failovers], options.livenessBoundMs, endOfRun);
   const writes = events.filter((e): e is Extract<HistoryEvent, { type: 'write' }> => e.type === 'write');
   const accepted = writes.filter((w) => w.accepted);
   const { staleWrites, lostUpdates, unloggedWrites } = checkRegister(accepted, options.fencing);
@@ -88,7 +124,9 @@ export function checkHistory(history: readonly HistoryEvent[], options: CheckOpt
     'stale-write': staleWrites,
     'token-regression': tokenRegressions,
     'slow-wait': slowWaits,
+    'holder-not-told': notTold,
   };
+  if (options.livenessBoundMs !== undefined) violations['blocked-key'] = blockedKeys.length;
   // With fencing no update may be lost; without it, one may after an overlap the table allows.
   if (options.fencing || !overlaps.some((o) => o.allowedBy !== undefined)) violations['lost-update'] = lostUpdates;
   return {
@@ -102,6 +140,7 @@ export function checkHistory(history: readonly HistoryEvent[], options: CheckOpt
     unloggedWrites,
     tokenRegressions,
     slowWaits,
+    blockedKeys,
     errors,
     faults,
     failovers: failovers.length,
@@ -164,22 +203,38 @@ function collectHolds(events: readonly HistoryEvent[], windows: readonly Window[
   const holds: Hold[] = [];
   for (const e of events) {
     if (e.type === 'acquired') {
-      const hold = { key: e.key, holder: e.holder, worker: e.worker, token: e.token, start: e.t, end: endOfRun };
-      latest.set(e.holder, { hold, ended: false, lastWrite: e.t });
+      const hold: Hold = {
+        key: e.key,
+        holder: e.holder,
+        worker: e.worker,
+        token: e.token,
+        start: e.t,
+        end: endOfRun,
+        deadline: e.deadline,
+        ttl: e.ttl,
+        autoExtend: e.autoExtend ?? true,
+        minHold: e.minHold,
+        maxHold: e.maxHold,
+      };
+      latest.set(`${e.holder} ${e.key}`, { hold, ended: false, lastWrite: e.t });
       holds.push(hold);
       continue;
     }
     if (!('holder' in e)) continue;
-    const entry = latest.get(e.holder);
+    // One holder may hold several keys at once (a multi-key call): a hold is a holder's on one key.
+    const entry = latest.get(`${e.holder} ${e.key}`);
     if (!entry) continue;
     if (e.type === 'attempt') {
-      latest.delete(e.holder);
+      latest.delete(`${e.holder} ${e.key}`);
     } else if (e.type === 'write') {
       entry.lastWrite = e.t;
       if (entry.ended) entry.hold.end = Math.max(entry.hold.end, e.t);
     } else if (!entry.ended) {
       entry.ended = true;
+      if (e.type === 'lost') entry.hold.lostAt = e.t;
       entry.hold.end = e.type === 'lost' ? Math.min(e.t, Math.max(entry.lastWrite, e.deadline)) : e.t;
+    } else if (e.type === 'lost') {
+      entry.hold.lostAt ??= e.t;
     }
   }
   for (const { hold, ended } of latest.values()) {
@@ -193,7 +248,12 @@ function collectHolds(events: readonly HistoryEvent[], windows: readonly Window[
   return holds;
 }
 
-function findOverlaps(holds: readonly Hold[], windows: readonly Window[], failovers: readonly Window[]): Overlap[] {
+function findOverlaps(
+  holds: readonly Hold[],
+  windows: readonly Window[],
+  failovers: readonly Window[],
+  told: { ttl: number; reactionMs: number },
+): Overlap[] {
   const overlaps: Overlap[] = [];
   const byKey = new Map<string, Hold[]>();
   for (const hold of holds) byKey.set(hold.key, [...(byKey.get(hold.key) ?? []), hold]);
@@ -205,13 +265,15 @@ function findOverlaps(holds: readonly Hold[], windows: readonly Window[], failov
         if (first.holder === second.holder) continue;
         const ms = Math.min(first.end, second.end) - second.start;
         if (ms <= 0) continue;
+        const allowed = allowance(first, second, windows, failovers);
         overlaps.push({
           key: first.key,
           first: first.holder,
           second: second.holder,
           at: second.start,
           ms,
-          allowedBy: allowance(first, second, windows, failovers),
+          allowedBy: allowed?.kind,
+          ...(allowed && toldCheck(first, second, allowed, told)),
         });
       }
     }
@@ -224,7 +286,7 @@ function findOverlaps(holds: readonly Hold[], windows: readonly Window[], failov
  * of OVERLAP_ALLOWED_AFTER, or a failover of the store (to a replica left behind on purpose, when
  * the nemesis did that).
  */
-function allowance(first: Hold, second: Hold, windows: readonly Window[], failovers: readonly Window[]): FaultKind | undefined {
+function allowance(first: Hold, second: Hold, windows: readonly Window[], failovers: readonly Window[]): Window | undefined {
   const during = (w: Window) => w.start <= second.start && w.end >= first.start;
   const ofFirstHolder = (w: Window) => w.target === first.worker;
   const found = windows.find(
@@ -234,10 +296,10 @@ function allowance(first: Hold, second: Hold, windows: readonly Window[], failov
       (w.kind === 'pause-worker' || w.kind === 'stall-event-loop' ? ofFirstHolder(w) : true),
   );
   const failover = failovers.find(during);
-  if (found || !failover) return found?.kind;
+  if (found || !failover) return found;
   // Named after the fault that left the replica behind, when one did: what the lag cost shows.
   const lagging = windows.some((w) => w.kind === 'failover-lagging-replica' && w.start <= failover.end && w.end >= failover.start);
-  return lagging ? 'failover-lagging-replica' : 'failover';
+  return lagging ? { ...failover, kind: 'failover-lagging-replica' } : failover;
 }
 
 /**
@@ -257,12 +319,14 @@ function checkRegister(
   for (const list of byKey.values()) {
     const ordered = [...list].sort((a, b) => (a.seq ?? a.t) - (b.seq ?? b.t));
     let highest = -Infinity;
+    let highestBy = '';
     let value = 0;
     let seq = 0;
     for (const w of ordered) {
       if (fencing) {
-        if (w.token === undefined || w.token <= highest) staleWrites++;
-        highest = Math.max(highest, w.token ?? -Infinity);
+        // A holder writes several times under one lock, with one token; another with it is stale.
+        if (w.token === undefined || w.token < highest || (w.token === highest && w.holder !== highestBy)) staleWrites++;
+        if (w.token !== undefined && w.token > highest) [highest, highestBy] = [w.token, w.holder];
       }
       const gap = w.seq === undefined ? 0 : w.seq - seq - 1;
       unloggedWrites += gap;
@@ -280,9 +344,9 @@ function countTokenRegressions(events: readonly HistoryEvent[]): number {
   const askedAfter = new Map<string, number>();
   let regressions = 0;
   for (const e of events) {
-    if (e.type === 'attempt') askedAfter.set(e.holder, highestGranted.get(e.key) ?? -Infinity);
+    if (e.type === 'attempt') askedAfter.set(`${e.holder} ${e.key}`, highestGranted.get(e.key) ?? -Infinity);
     if (e.type === 'acquired' && e.token !== undefined) {
-      const floor = askedAfter.get(e.holder) ?? -Infinity;
+      const floor = askedAfter.get(`${e.holder} ${e.key}`) ?? -Infinity;
       if (e.token <= floor) regressions++;
       highestGranted.set(e.key, Math.max(highestGranted.get(e.key) ?? -Infinity, e.token));
     }
@@ -298,11 +362,11 @@ function countSlowWaits(events: readonly HistoryEvent[], windows: readonly Windo
   const asked = new Map<string, Extract<HistoryEvent, { type: 'attempt' }>>();
   let slow = 0;
   for (const e of events) {
-    if (e.type === 'attempt') asked.set(e.holder, e);
+    if (e.type === 'attempt') asked.set(`${e.holder} ${e.key}`, e);
     if (e.type !== 'acquired' && e.type !== 'error') continue;
-    const attempt = asked.get(e.holder);
+    const attempt = asked.get(`${e.holder} ${e.key}`);
     if (!attempt) continue;
-    asked.delete(e.holder);
+    asked.delete(`${e.holder} ${e.key}`);
     // A starved process runs its timers late: the library cannot keep a bound on time it did not get.
     if (e.t - attempt.t - (e.stalledMs ?? 0) <= attempt.waitMs + slackMs) continue;
     const paused = windows.some(

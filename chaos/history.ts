@@ -1,13 +1,11 @@
-import { performance } from 'node:perf_hooks';
-
 /**
  * One line of a run's history. Workers and the nemesis stamp every line with `now()`, a clock that
  * every process on this machine shares (time origin + monotonic offset), so lines of several
  * processes can be ordered against each other.
  */
 export type HistoryEvent =
-  /** A holder asks for `key`; it may wait up to `waitMs`. */
-  | { t: number; type: 'attempt'; holder: string; worker: string; key: string; waitMs: number }
+  /** A holder asks for `key`; it may wait up to `waitMs`. `kind`: which call (worker-calls.ts). */
+  | { t: number; type: 'attempt'; holder: string; worker: string; key: string; waitMs: number; kind?: string }
   /**
    * The lock is held: its fencing token (absent on a backend without tokens), its deadline, and
    * the port of the Redis server the worker's lock connection is on (Sentinel: the master it found).
@@ -23,6 +21,11 @@ export type HistoryEvent =
       server?: number;
       /** How long of the wait the process could not run (its timers fired late): CPU starvation. */
       stalledMs?: number;
+      /** The lease asked for (default: the run's ttl), whether the watchdog extends it (default true), minHold, maxHold. */
+      ttl?: number;
+      autoExtend?: boolean;
+      minHold?: number;
+      maxHold?: number;
     }
   /** A write of the register sent at `t` (before the answer), with the value read and the one written. */
   | {
@@ -42,7 +45,18 @@ export type HistoryEvent =
   /** The handle's signal aborted; `deadline` is the lease's last deadline. */
   | { t: number; type: 'lost'; holder: string; worker: string; key: string; reason: string; deadline: number }
   /** The attempt or the section failed with an error of this class. */
-  | { t: number; type: 'error'; holder: string; worker: string; key: string; error: string; message: string; stalledMs?: number }
+  | {
+      t: number;
+      type: 'error';
+      holder: string;
+      worker: string;
+      key: string;
+      error: string;
+      message: string;
+      stalledMs?: number;
+      /** The section had begun: the error ended it (its 'released' came first), not the wait. */
+      entered?: boolean;
+    }
   /** What the store's own monitor reported (a Sentinel event: `+switch-master`, `+sdown`, ...). */
   | { t: number; type: 'store'; event: string; detail: string }
   /**
@@ -69,6 +83,8 @@ export type FaultKind =
   | 'net-drop'
   | 'net-blackhole-up'
   | 'net-blackhole-down'
+  /** Answers arrive after the request's deadline, and each request is applied a second time, later. */
+  | 'net-late-replay'
   | 'clock-jump'
   | 'failover'
   /** A Redis Cluster master killed: its replica takes over, and it comes back as a replica. */
@@ -92,7 +108,12 @@ export const OVERLAP_ALLOWED_AFTER: ReadonlySet<FaultKind> = new Set<FaultKind>(
   'clock-jump',
 ]);
 
-/** Milliseconds on a clock every process of this machine shares. */
+/**
+ * Milliseconds on a clock every process of this machine shares: the monotonic clock (since boot).
+ * Not `performance.timeOrigin + performance.now()`: each process takes its time origin from the
+ * wall clock at start-up, and on a loaded machine two processes' origins differed by 15 ms, which
+ * made a release and the next acquisition of two processes look like an overlap.
+ */
 export function now(): number {
-  return performance.timeOrigin + performance.now();
+  return Number(process.hrtime.bigint()) / 1e6;
 }

@@ -20,13 +20,17 @@ export class Nemesis {
     private readonly store: ChaosStore,
     private readonly next: () => number,
     private readonly ttl: number,
+    /** After a fault of the store, the nemesis rests this long now and then: every key must be free again by its end. */
+    private readonly livenessBoundMs = 0,
   ) {
     const workerKinds: FaultKind[] = store.singleProcess
       ? ['stall-event-loop']
       : [
           'kill-worker',
           'pause-worker',
-          ...(store.links(pool.ids[0]).length > 0 ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down'] as const) : []),
+          ...(store.links(pool.ids[0]).length > 0
+            ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down', 'net-late-replay'] as const)
+            : []),
         ];
     this.kinds = [...workerKinds, ...(Object.keys(store.faults) as FaultKind[])];
   }
@@ -42,6 +46,9 @@ export class Nemesis {
       await this.inject(kind).catch((error: unknown) =>
         this.pool.record({ t: now(), type: 'store', event: 'fault-failed', detail: `${kind}: ${String(error)}` }),
       );
+      // Half the faults of the store are followed by a rest as long as the liveness bound: no other
+      // fault then excuses a key still blocked at its end.
+      if (kind in this.store.faults && this.next() < 0.5) await sleep(this.livenessBoundMs);
     }
   }
 
@@ -96,6 +103,11 @@ export class Nemesis {
         return around(network, () => this.withLink(link, { kind: 'blackhole-up' }, span(300, this.ttl * 2)));
       case 'net-blackhole-down':
         return around(network, () => this.withLink(link, { kind: 'blackhole-down' }, span(300, this.ttl * 2)));
+      case 'net-late-replay': {
+        // Answers come after the request's deadline; each request runs again that much later.
+        const late = this.store.commandTimeout + span(50, this.ttl / 2);
+        return around(network, () => this.withLink(link, { kind: 'late-replay', ms: late }, span(300, this.ttl * 2)));
+      }
       default: {
         const fault = this.store.faults[kind]!;
         this.record(kind, 'start', this.store.name);
@@ -113,7 +125,7 @@ export class Nemesis {
     await sleep(ms);
     for (const proxy of link.proxies) {
       // A blackholed connection has lost bytes mid-stream: cut it, as a real network would in time.
-      if (mode.kind !== 'delay') proxy.set({ kind: 'drop' });
+      if (mode.kind !== 'delay' && mode.kind !== 'late-replay') proxy.set({ kind: 'drop' });
       proxy.set({ kind: 'pass' });
     }
   }

@@ -26,6 +26,11 @@ const keys = Number(option('keys') ?? 3);
 const ttl = Number(option('ttl') ?? 1000);
 const wait = ttl * 3;
 const json = args.includes('--json');
+/**
+ * `--no-fencing`: the register takes every write and holders never check their lock, so the run
+ * shows that the register's checks can fail: it must report violations (exits 1 when it finds none).
+ */
+const fencingOff = args.includes('--no-fencing');
 /** How long after a failover's new master is announced a client may still lock on the old one. */
 const FAILOVER_GRACE_MS = 1_000;
 
@@ -44,19 +49,23 @@ interface RunResult {
 
 async function runOne(backend: string): Promise<RunResult> {
   const store = new (await STORES[backend]()).default();
-  const registerServer = await RedisServer.start();
-  await store.start();
-  const historyFile = join(tmpdir(), `chaos-${backend}-${seed}-${process.pid}.jsonl`);
-  const ids = store.singleProcess ? ['memory'] : Array.from({ length: workers }, (_, i) => `w${i + 1}`);
-  const specs = new Map(await Promise.all(ids.map(async (id) => [id, await store.backendFor(id)] as const)));
-  const pool = new WorkerPool(
-    { registerPort: registerServer.port, keys, callers: 2, ttl, wait, workMs: Math.floor(ttl / 4), seed },
-    (id) => specs.get(id)!,
-    historyFile,
-  );
+  let registerServer: RedisServer | undefined;
+  let pool: WorkerPool | undefined;
+  // Every server is started inside the clean-up: a store that fails to start leaves nothing running.
   try {
+    registerServer = await RedisServer.start();
+    await store.start();
+    const historyFile = join(tmpdir(), `chaos-${backend}-${seed}-${process.pid}.jsonl`);
+    const ids = store.singleProcess ? ['memory'] : Array.from({ length: workers }, (_, i) => `w${i + 1}`);
+    const specs = new Map(await Promise.all(ids.map(async (id) => [id, await store.backendFor(id)] as const)));
+    const workerPool = (pool = new WorkerPool(
+      { registerPort: registerServer.port, keys, callers: 2, ttl, wait, workMs: Math.floor(ttl / 4), seed, fencing: !fencingOff },
+      (id) => specs.get(id)!,
+      historyFile,
+    ));
+    const livenessBoundMs = ttl + store.recoveryMs;
     await pool.start(ids);
-    await store.observe?.((event) => pool.record(event));
+    await store.observe?.((event) => workerPool.record(event));
     // Which proxy leads where: a hold's `server` is the port its worker's connection is on.
     for (const id of ids)
       for (const link of store.links(id))
@@ -66,24 +75,29 @@ async function runOne(backend: string): Promise<RunResult> {
           event: 'proxies',
           detail: `${id} ${link.name}: ${link.proxies.map((p) => `${p.port} -> ${p.targetPort}`).join(', ')}`,
         });
-    const nemesis = new Nemesis(pool, store, random(seed), ttl);
+    const nemesis = new Nemesis(pool, store, random(seed), ttl, livenessBoundMs);
     const running = nemesis.run();
     note(`${backend}: ${ids.length} worker(s), seed ${seed}, ${seconds} s; history in ${historyFile}`);
     await sleep(seconds * 1000);
     nemesis.stop();
     await running;
+    // A healed end: every key left blocked by the last fault must be free again within the bound.
+    await sleep(livenessBoundMs + 500);
     await pool.stop();
     const report = checkHistory(pool.history, {
       fencing: store.fencing,
       waitSlackMs: store.commandTimeout * 1.25 + 1_000,
       failoverGraceMs: FAILOVER_GRACE_MS,
+      ttl,
+      reactionMs: store.commandTimeout * 1.25 + 1_000,
+      livenessBoundMs,
     });
     await crossCheckRegister(registerServer, report, store.fencing);
     return { backend, seed, seconds, report };
   } finally {
-    await pool.stop().catch(() => undefined);
-    await store.stop();
-    await registerServer.stop();
+    await pool?.stop().catch(() => undefined);
+    await store.stop().catch(() => undefined);
+    await registerServer?.stop();
   }
 }
 
@@ -171,6 +185,16 @@ for (const backend of backends) results.push(await runOne(backend));
 if (!json) printTable(results);
 for (const result of results) console.log(JSON.stringify(summary(result)));
 const failed = results.filter((r) => Object.values(r.report.violations).some((count) => count > 0));
+if (fencingOff) {
+  // The register's checks must be able to fail: with fencing off every backend must show violations.
+  const passed = results.filter((r) => !failed.includes(r));
+  console.error(
+    passed.length === 0
+      ? `\nFencing off: violations found on ${failed.map((r) => r.backend).join(', ')}, as they must be.`
+      : `\nFencing off, yet no violation on ${passed.map((r) => r.backend).join(', ')}: the checks cannot see what they are for.`,
+  );
+  process.exit(passed.length === 0 ? 0 : 1);
+}
 if (failed.length > 0) {
   console.error(
     `\nViolations on ${failed.map((r) => r.backend).join(', ')}. Replay: npm run chaos -- --seconds ${seconds} --backend ${failed.map((r) => r.backend).join(',')} --seed ${seed}`,

@@ -32,6 +32,8 @@ export default class ClusterStore implements ChaosStore {
   readonly fencing = true;
   readonly singleProcess = false;
   readonly commandTimeout = REDIS_COMMAND_TIMEOUT;
+  /** cluster-node-timeout (5 s), then the replica's election, and clients reading the new slots. */
+  readonly recoveryMs = 6_000;
   private cluster!: RedisCluster;
   private victim!: RedisServer;
   private readonly proxies = new Map<string, TcpProxy[]>();

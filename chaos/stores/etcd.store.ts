@@ -24,6 +24,8 @@ export default class EtcdStore implements ChaosStore {
   readonly fencing = true;
   readonly singleProcess = false;
   readonly commandTimeout = commandTimeout;
+  /** The election timeout (1 s) and a second for the client to find the new leader. */
+  readonly recoveryMs = 2_000;
   private cluster!: EtcdCluster;
   private readonly proxies = new Map<string, TcpProxy[]>();
   readonly faults: Partial<Record<FaultKind, StoreFault>> = {

@@ -7,6 +7,8 @@ export default class MemoryStore implements ChaosStore {
   readonly fencing = true;
   readonly singleProcess = true;
   readonly commandTimeout = 0;
+  /** Nothing to elect or reconnect: a stalled process frees its keys when its lease runs out. */
+  readonly recoveryMs = 0;
   readonly faults = {};
   async start(): Promise<void> {}
   async backendFor(): Promise<BackendSpec> {

@@ -24,6 +24,8 @@ export default class PostgresStore implements ChaosStore {
   readonly fencing = true;
   readonly singleProcess = false;
   readonly commandTimeout = 1_000;
+  /** No election: the server recovers from its WAL before the fault ends; a second to reconnect. */
+  readonly recoveryMs = 1_000;
   private server!: PostgresServer;
   private url!: string;
   private readonly proxies = new Map<string, TcpProxy>();

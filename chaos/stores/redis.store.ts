@@ -16,6 +16,8 @@ export default class RedisStore implements ChaosStore {
   readonly fencing = true;
   readonly singleProcess = false;
   readonly commandTimeout = REDIS_COMMAND_TIMEOUT;
+  /** No election: a restarted server answers again at once; a second for every client to reconnect. */
+  readonly recoveryMs = 1_000;
   private server!: RedisServer;
   private admin!: Redis;
   private readonly proxies = new Map<string, TcpProxy>();

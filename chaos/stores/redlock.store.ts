@@ -23,6 +23,8 @@ export default class RedlockStore implements ChaosStore {
   readonly fencing = false;
   readonly singleProcess = false;
   readonly commandTimeout = 250;
+  /** No election: a master restarted or cut off answers again at once; a second to reconnect. */
+  readonly recoveryMs = 1_000;
   private servers: RedisServer[] = [];
   private admins: Redis[] = [];
   private clocks: ClockShift[] = [];

@@ -31,6 +31,8 @@ export default class SentinelStore implements ChaosStore {
   readonly fencing = true;
   readonly singleProcess = false;
   readonly commandTimeout = REDIS_COMMAND_TIMEOUT;
+  /** down-after-milliseconds (1 s), the sentinel's failover and clients moving to the new master. */
+  readonly recoveryMs = 3_000;
   private setup!: RedisSentinel;
   private readonly admins = new Map<RedisServer, Redis>();
   private victim!: RedisServer;

@@ -24,6 +24,8 @@ export default class ZooKeeperStore implements ChaosStore {
   readonly fencing = true;
   readonly singleProcess = false;
   readonly commandTimeout = commandTimeout;
+  /** The session timeout: a cut-off worker's nodes go when its session expires. */
+  readonly recoveryMs = 2_000;
   private ensemble!: ZooKeeperServer;
   private readonly proxies = new Map<string, TcpProxy>();
   readonly faults: Partial<Record<FaultKind, StoreFault>> = {

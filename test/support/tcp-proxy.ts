@@ -10,7 +10,14 @@ export type ProxyMode =
   /** Client-to-server bytes vanish, connections stay up: requests are never answered. */
   | { kind: 'blackhole-up' }
   /** Server-to-client bytes vanish: requests are applied but the answers never arrive. */
-  | { kind: 'blackhole-down' };
+  | { kind: 'blackhole-down' }
+  /**
+   * Answers wait `ms` (past the request's deadline when longer than it), and every request chunk
+   * is sent a second time `ms` later, on a connection of its own whose answers are dropped: a
+   * request applied twice, the copy late (a client resending after a reconnect). Meaningful on
+   * a protocol without a handshake (Redis); elsewhere the server refuses the copy.
+   */
+  | { kind: 'late-replay'; ms: number };
 
 /**
  * A TCP proxy in front of a server on this machine whose behaviour a test, the fault harness or
@@ -49,6 +56,17 @@ export class TcpProxy {
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 
+  /** Sends a copy of a request on a connection of its own; its answers go nowhere. */
+  private replay(chunk: Buffer): void {
+    const side = new Socket();
+    this.sockets.add(side);
+    side.on('close', () => this.sockets.delete(side));
+    side.on('error', () => side.destroy());
+    side.on('data', () => undefined);
+    side.connect(this.targetPort, '127.0.0.1', () => side.write(chunk));
+    setTimeout(() => side.destroy(), REPLAY_LINGER_MS).unref();
+  }
+
   private connect(client: Socket): void {
     if (this.mode.kind === 'drop') {
       client.destroy();
@@ -78,10 +96,17 @@ export class TcpProxy {
   private forward(chunk: Buffer, lane: Lane, way: 'up' | 'down'): void {
     const mode = this.mode;
     if (mode.kind === 'drop' || mode.kind === `blackhole-${way}`) return;
+    if (mode.kind === 'late-replay') {
+      if (way === 'up') setTimeout(() => this.replay(chunk), mode.ms).unref();
+      return void lane.send(chunk, way === 'down' ? mode.ms : 0);
+    }
     const delayed = mode.kind === 'delay' && (way === 'up' || mode.direction !== 'up');
     lane.send(chunk, delayed ? mode.ms : 0);
   }
 }
+
+/** Closes a replay's connection once the server had time to run it. */
+const REPLAY_LINGER_MS = 1_000;
 
 /** One direction of a connection: chunks leave in the order they came, each after its delay. */
 class Lane {
