@@ -18,6 +18,13 @@ export interface ConformanceTarget {
    * gives them a common hash tag here, so the same test runs there too.
    */
   multiKey?(key: string): string;
+  /**
+   * Deletes the parent of `key`'s line (`key` with its prefix), once that line is empty, as
+   * another process's clean-up or an operator may: on a store whose lines have a parent that
+   * numbers its entries (ZooKeeper's parent node restarts its sequence when made again). Stores
+   * without one leave it out.
+   */
+  deleteLineParent?(key: string): Promise<void>;
 }
 
 /**
@@ -164,6 +171,22 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
       );
       for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
       expect(tokens.every(Number.isSafeInteger)).toBe(true);
+    });
+
+    (target.deleteLineParent ? it : it.skip)("keeps fencing tokens increasing when a line's parent is deleted and made again", async () => {
+      const [a, b] = [await newService(), await newService()];
+      if (!a.backend.fencing) return;
+      const tokens: number[] = [];
+      for (let round = 0; round < 3; round++) {
+        for (const service of [a, b]) {
+          const handle = await service.acquire('parent');
+          tokens.push(handle.fencingToken!);
+          await handle.release();
+        }
+        // The line is empty now: its parent goes, and the next acquisition makes it again.
+        await target.deleteLineParent!(`${a.options.keyPrefix}parent`);
+      }
+      for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
     });
 
     it('gives up after the wait timeout with LockNotAcquiredError', async () => {

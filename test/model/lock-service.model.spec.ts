@@ -102,6 +102,13 @@ describe('LockService against a model of its promises, with faulty store calls',
     await fc.assert(property(memoryStore), { numRuns: Number(process.env.MODEL_RUNS ?? 300), ...replay });
   }, 120_000);
 
+  // MODEL_SEEDS=1,2: the same programs from each seed, a test each (as the mutation runs use them).
+  for (const seed of process.env.MODEL_SEEDS?.split(',').map(Number) ?? []) {
+    it(`keeps every promise on random programs of two processes over one store, seed ${seed}`, async () => {
+      await fc.assert(property(memoryStore), { numRuns: Number(process.env.MODEL_RUNS ?? 300), seed, endOnFailure: true });
+    }, 120_000);
+  }
+
   it('keeps every promise when the services call the in-memory store directly (answers without a promise)', async () => {
     // The two services stand for two processes: one shutting down must not empty the other's store.
     const sharedStore = () => {

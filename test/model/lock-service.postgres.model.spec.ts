@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, it } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { PostgresLockBackend } from '../../lib/index.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
-import { checkModelOn, modelTimeout } from './real-store.model.js';
+import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
 
 // The random programs of the model on a real PostgreSQL and real time: its functions' owner
 // checks, line and hand-overs under the injected faults (see lock-service.redis.model.spec.ts).
@@ -12,26 +12,29 @@ describe('LockService on a real PostgreSQL against the model of its promises, wi
   afterAll(() => Logger.overrideLogger(['log', 'error', 'warn']));
 
   // Not in `npm test`: MODEL_RUNS_POSTGRES cases (MODEL_SEED replays a run; see checkModelOn).
+  const store: RealStore = {
+    reset: async () => {
+      // The tables the backend made (it makes them on first use): emptied between cases.
+      const { rows } = await fixture.admin.query<{ name: string }>(
+        `SELECT format('%I.%I', n.nspname, c.relname) AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE c.relkind = 'r' AND obj_description(c.oid, 'pg_class') LIKE 'nest-distributed-lock%'`,
+      );
+      for (const { name } of rows) await fixture.admin.query(`TRUNCATE ${name}, ${name}_waiters`);
+    },
+    connect: () => new PostgresLockBackend(fixture.url),
+    waiting: (store) => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size,
+  };
   const runs = Number(process.env.MODEL_RUNS_POSTGRES ?? 0);
   (runs > 0 ? it : it.skip)(
     'keeps every promise on random programs of two processes over one PostgreSQL',
-    () =>
-      checkModelOn(
-        'PostgreSQL',
-        {
-          reset: async () => {
-            // The tables the backend made (it makes them on first use): emptied between cases.
-            const { rows } = await fixture.admin.query<{ name: string }>(
-              `SELECT format('%I.%I', n.nspname, c.relname) AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-               WHERE c.relkind = 'r' AND obj_description(c.oid, 'pg_class') LIKE 'nest-distributed-lock%'`,
-            );
-            for (const { name } of rows) await fixture.admin.query(`TRUNCATE ${name}, ${name}_waiters`);
-          },
-          connect: () => new PostgresLockBackend(fixture.url),
-          waiting: (store) => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size,
-        },
-        runs,
-      ),
+    () => checkModelOn('PostgreSQL', store, runs),
     modelTimeout(runs),
   );
+  // MODEL_SEEDS=1,2: the same programs from each seed, a test each (as the mutation runs use them).
+  for (const seed of runs > 0 ? modelSeeds() : [])
+    it(
+      `keeps every promise on random programs of two processes over one PostgreSQL, seed ${seed}`,
+      () => checkModelOn('PostgreSQL', store, runs, seed),
+      modelTimeout(runs),
+    );
 });

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, it } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { RedisLockBackend } from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
-import { checkModelOn, modelTimeout } from './real-store.model.js';
+import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
 
 // The same random programs as on fake time, on a real redis-server and real time: the Redis
 // backend's line, hand-overs and late answers under the same injected faults. Fewer cases, as each
@@ -15,19 +15,22 @@ describe('LockService on a real Redis against the model of its promises, with fa
 
   // Not in `npm test`: each case takes real time. Run it with `npm run test:model:redis`
   // (MODEL_RUNS_REDIS cases; MODEL_SEED replays a run; see checkModelOn).
+  const store: RealStore = {
+    reset: async () => void (await fixture.admin.flushall()),
+    connect: () => new RedisLockBackend(fixture.server.url),
+    waiting: (store) => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size,
+  };
   const runs = Number(process.env.MODEL_RUNS_REDIS ?? 0);
   (runs > 0 ? it : it.skip)(
     'keeps every promise on random programs of two processes over one Redis',
-    () =>
-      checkModelOn(
-        'Redis',
-        {
-          reset: async () => void (await fixture.admin.flushall()),
-          connect: () => new RedisLockBackend(fixture.server.url),
-          waiting: (store) => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size,
-        },
-        runs,
-      ),
+    () => checkModelOn('Redis', store, runs),
     modelTimeout(runs),
   );
+  // MODEL_SEEDS=1,2: the same programs from each seed, a test each (as the mutation runs use them).
+  for (const seed of runs > 0 ? modelSeeds() : [])
+    it(
+      `keeps every promise on random programs of two processes over one Redis, seed ${seed}`,
+      () => checkModelOn('Redis', store, runs, seed),
+      modelTimeout(runs),
+    );
 });

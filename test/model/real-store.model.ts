@@ -28,8 +28,15 @@ export function modelTimeout(runs: number): number {
   return runs * 3_000 + SHRINK_MS + 30_000;
 }
 
-export async function checkModelOn(name: string, store: RealStore, runs: number): Promise<void> {
-  const seed = Number(process.env.MODEL_SEED ?? Math.floor(Math.random() * 2 ** 31));
+/** The seeds of MODEL_SEEDS=1,2 (one test each), else none. */
+export const modelSeeds = (): number[] => process.env.MODEL_SEEDS?.split(',').map(Number) ?? [];
+
+export async function checkModelOn(
+  name: string,
+  store: RealStore,
+  runs: number,
+  seed = Number(process.env.MODEL_SEED ?? Math.floor(Math.random() * 2 ** 31)),
+): Promise<void> {
   process.stderr.write(`Model on a real ${name}: ${runs} cases, seed ${seed} (replay: MODEL_SEED=${seed})\n`);
   const property = fc.asyncProperty(scenario, async (s) => {
     await store.reset();

@@ -1,0 +1,169 @@
+/**
+ * The mutation set of `npm run chaos:mutants`: each entry plants one bug in lib/ (exact search and
+ * replace in one file; the runner fails loudly when a search text is no longer there, so a change
+ * of the code that leaves a mutant behind is noticed) and names the detector that must catch it.
+ *
+ * Detectors (see DETECTORS):
+ * - `model`: the model on fake time and the in-memory store (test/model/lock-service.model.spec.ts);
+ * - `model-redis`, `model-postgres`, `model-etcd`: the same programs on a real Redis, PostgreSQL or etcd;
+ * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
+ * - `chaos-<backend>`: `npm run chaos` on that backend, for its seconds, with its seed.
+ */
+
+/** How each detector runs; `seed` is the mutant's (a seed replays the model's programs and the nemesis's faults). */
+export const DETECTORS = {
+  model: {
+    kind: 'jest',
+    file: 'test/model/lock-service.model.spec.ts',
+    test: 'keeps every promise on random programs of two processes over one store',
+    env: { MODEL_RUNS: '300' },
+    seeded: true,
+  },
+  'model-redis': {
+    kind: 'jest',
+    file: 'test/model/lock-service.redis.model.spec.ts',
+    test: 'keeps every promise on random programs of two processes over one Redis',
+    env: { MODEL_RUNS_REDIS: '25', MODEL_SHRINK_MS: '0' },
+    seeded: true,
+  },
+  'model-postgres': {
+    kind: 'jest',
+    file: 'test/model/lock-service.postgres.model.spec.ts',
+    test: 'keeps every promise on random programs of two processes over one PostgreSQL',
+    env: { MODEL_RUNS_POSTGRES: '25', MODEL_SHRINK_MS: '0' },
+    seeded: true,
+  },
+  'model-etcd': {
+    kind: 'jest',
+    file: 'test/model/lock-service.etcd.model.spec.ts',
+    test: 'keeps every promise on random programs of two processes over one etcd',
+    env: { MODEL_RUNS_ETCD: '25', MODEL_SHRINK_MS: '0' },
+    seeded: true,
+  },
+  'conformance-zookeeper': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.conformance.spec.ts',
+    test: "keeps fencing tokens increasing when a line's parent is deleted and made again",
+    env: {},
+    // Deterministic: one run, whatever the seed.
+    seeded: false,
+  },
+  'chaos-redlock': { kind: 'chaos', backend: 'redlock', seconds: 15 },
+};
+
+/** The seeds every mutant runs with (MUTANT_SEEDS=1,2,3 overrides). */
+export const SEEDS = [1, 2];
+
+export const MUTANTS = [
+  {
+    name: 'redis-release-no-owner',
+    bug: 'Redis RELEASE deletes the key whoever holds it',
+    file: 'lib/backends/redis/redis.scripts.ts',
+    replace: [
+      ["  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end", "  if not redis.call('GET', KEYS[1]) then return 0 end"],
+      ["  local held = redis.call('GET', lock) == owner", "  local held = redis.call('GET', lock) ~= false"],
+    ],
+    detector: 'model-redis',
+  },
+  {
+    name: 'postgres-release-no-owner',
+    bug: 'PostgreSQL release deletes the key whoever holds it',
+    file: 'lib/backends/postgres/postgres.schema.ts',
+    replace: [
+      [
+        'DELETE FROM ${n.locks} l WHERE l.key = k AND l.owner = p_owner RETURNING l.expires_at INTO expired_at;',
+        'DELETE FROM ${n.locks} l WHERE l.key = k RETURNING l.expires_at INTO expired_at;',
+      ],
+    ],
+    detector: 'model-postgres',
+  },
+  {
+    name: 'redis-extend-no-owner',
+    bug: 'Redis EXTEND extends the key whoever holds it',
+    file: 'lib/backends/redis/redis.scripts.ts',
+    replace: [["  if redis.call('GET', key) ~= owner then return 0 end", "  if not redis.call('GET', key) then return 0 end"]],
+    detector: 'model-redis',
+  },
+  {
+    name: 'postgres-extend-no-owner',
+    bug: 'PostgreSQL extend extends the key whoever holds it',
+    file: 'lib/backends/postgres/postgres.schema.ts',
+    replace: [
+      [
+        'WHERE l.key = ANY (p_keys) AND l.owner = p_owner AND l.expires_at > now_ts)',
+        'WHERE l.key = ANY (p_keys) AND l.expires_at > now_ts)',
+      ],
+      [
+        "UPDATE ${n.locks} l SET expires_at = now_ts + p_ttl_ms * interval '1 millisecond' WHERE l.key = ANY (p_keys) AND l.owner = p_owner;",
+        "UPDATE ${n.locks} l SET expires_at = now_ts + p_ttl_ms * interval '1 millisecond' WHERE l.key = ANY (p_keys);",
+      ],
+    ],
+    detector: 'model-postgres',
+  },
+  {
+    name: 'refused-extension-granted',
+    bug: 'a refused extension is taken as granted: the holder is never told it lost the lock',
+    file: 'lib/lock-lease.ts',
+    replace: [["    if (!result.extended) {\n      void this.lose('taken');\n      return false;\n    }\n", '']],
+    detector: 'model',
+  },
+  {
+    name: 'memory-token-reuse',
+    bug: 'the in-memory store hands out the same fencing token again',
+    file: 'lib/backends/memory.backend.ts',
+    replace: [['const fencingToken = ++this.lastToken;', 'const fencingToken = this.lastToken + 1;']],
+    detector: 'model',
+  },
+  {
+    name: 'redis-token-no-clock-floor',
+    bug: "Redis tokens start from 1 instead of the server's clock: they repeat once a key's counter expired or was lost",
+    file: 'lib/backends/redis/redis.scripts.ts',
+    replace: [['  local token = clock()\n  local last = tonumber', '  local token = 1\n  local last = tonumber']],
+    detector: 'model-redis',
+  },
+  {
+    name: 'etcd-waiter-jumps-line',
+    bug: 'an etcd waiter takes the keys without checking that no older entry is ahead of it',
+    file: 'lib/backends/etcd/etcd.line.ts',
+    replace: [
+      [
+        "      ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Greater', create_revision: revision - 1 })),\n",
+        '',
+      ],
+    ],
+    detector: 'model-etcd',
+  },
+  {
+    name: 'redlock-quorum-off-by-one',
+    bug: 'Redlock counts a quorum of n/2 (one of three masters) instead of a majority',
+    file: 'lib/backends/redlock/redlock.options.ts',
+    replace: [['const majority = Math.floor(n / 2) + 1;', 'const majority = Math.floor(n / 2);']],
+    detector: 'chaos-redlock',
+  },
+  {
+    name: 'nested-exit-releases-outer',
+    bug: 'a nested scope that re-enters a held key does not count as a holder: its exit releases the outer lock',
+    file: 'lib/lock.service.ts',
+    replace: [['for (const lease of covering) lease.holders++;', 'for (const lease of covering) lease.holders += 0;']],
+    detector: 'model',
+  },
+  {
+    name: 'lease-counted-from-answer',
+    bug: 'the lease is counted from the answer instead of the request: the holder believes it longer than the store keeps it',
+    file: 'lib/lock-acquisition.ts',
+    replace: [['    return this.won(result, sentAt);', '    return this.won(result, performance.now());']],
+    detector: 'model',
+  },
+  {
+    name: 'zookeeper-sequence-as-token',
+    bug: "ZooKeeper's sequence number is used as the fencing token: it restarts when a line's parent is made again",
+    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    replace: [
+      [
+        'return { acquired: true, fencingToken: current.czxid, validityMs:',
+        'return { acquired: true, fencingToken: Number(current.nodes![0].slice(-10)), validityMs:',
+      ],
+    ],
+    detector: 'conformance-zookeeper',
+  },
+];

@@ -1,0 +1,34 @@
+import { afterAll, beforeAll, describe, it } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import { EtcdLockBackend } from '../../lib/backends/etcd/etcd.backend.js';
+import { useEtcdCluster } from '../support/etcd-fixture.js';
+import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
+
+// The random programs of the model on a real etcd (one member) and real time: its line, leases and
+// hand-overs under the injected faults (see lock-service.redis.model.spec.ts).
+describe('LockService on a real etcd against the model of its promises, with faulty calls', () => {
+  const fixture = useEtcdCluster({ members: 1 });
+  beforeAll(() => Logger.overrideLogger(false));
+  afterAll(() => Logger.overrideLogger(['log', 'error', 'warn']));
+
+  // Not in `npm test`: MODEL_RUNS_ETCD cases (MODEL_SEED replays a run; see checkModelOn).
+  const store: RealStore = {
+    reset: async () => void (await fixture.admin.delete().all()),
+    connect: () => new EtcdLockBackend(fixture.endpoints[0]),
+    // Its waiters end with their wait; none is tracked past the case.
+    waiting: () => 0,
+  };
+  const runs = Number(process.env.MODEL_RUNS_ETCD ?? 0);
+  (runs > 0 ? it : it.skip)(
+    'keeps every promise on random programs of two processes over one etcd',
+    () => checkModelOn('etcd', store, runs),
+    modelTimeout(runs),
+  );
+  // MODEL_SEEDS=1,2: the same programs from each seed, a test each (as the mutation runs use them).
+  for (const seed of runs > 0 ? modelSeeds() : [])
+    it(
+      `keeps every promise on random programs of two processes over one etcd, seed ${seed}`,
+      () => checkModelOn('etcd', store, runs, seed),
+      modelTimeout(runs),
+    );
+});
