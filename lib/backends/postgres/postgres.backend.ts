@@ -1,6 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { InvalidLockKeyError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import { PostgresConnection } from './postgres.connection.js';
 import { PostgresWaiterLine } from './postgres.line.js';
@@ -10,6 +11,16 @@ import {
   type PostgresLockBackendOptions,
   type PostgresLockConnection,
 } from './postgres.options.js';
+
+/**
+ * The longest key, in UTF-8 bytes, that every statement of the backend can index, with the owner
+ * tokens of LockService (32 characters): a waiter's row is indexed on (key, owner), and a B-tree
+ * entry holds at most 2 704 bytes on PostgreSQL's 8 kB pages (measured with keys that do not
+ * compress: 2 659 bytes fit, 2 660 do not).
+ */
+export const POSTGRES_MAX_KEY_BYTES = 2_659;
+/** The same entry's bound on key and owner together (both under 127 bytes of header, see above). */
+const MAX_KEY_AND_OWNER_BYTES = POSTGRES_MAX_KEY_BYTES + 32;
 
 /** How often a backend deletes leases and places in line that ran out long ago (see sweep()). */
 const SWEEP_EVERY_MS = 5 * 60_000;
@@ -53,6 +64,7 @@ export class PostgresLockBackend implements LockBackend {
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
+    checkKeySizes(keys, owner);
     const willWait = options?.willWait ?? true;
     this.failedReleases.forget(owner);
     const handedOver = this.line.takeHandover(owner);
@@ -190,5 +202,22 @@ export class PostgresLockBackend implements LockBackend {
       () => undefined,
     );
     void this.sweeping.finally(() => (this.sweeping = undefined));
+  }
+}
+
+/**
+ * Refuses, before anything is sent, a key PostgreSQL could not index: it would be taken while
+ * free, and its waiters would fail (their (key, owner) entry is longer than the lock's own).
+ */
+function checkKeySizes(keys: readonly string[], owner: string): void {
+  const ownerBytes = Buffer.byteLength(owner);
+  for (const key of keys) {
+    const bytes = Buffer.byteLength(key);
+    if (bytes + ownerBytes <= MAX_KEY_AND_OWNER_BYTES) continue;
+    throw new InvalidLockKeyError(
+      `Lock key '${key.slice(0, 60)}…' is ${bytes} bytes long in UTF-8, over the ${MAX_KEY_AND_OWNER_BYTES - ownerBytes} that ` +
+        `the PostgreSQL backend can index (a B-tree entry holds at most 2 704 bytes). Lock an identifier rather than a payload ` +
+        `(or a hash of a long one), and set maxKeyLength in DistributedLockModule.forRoot() to refuse longer keys.`,
+    );
   }
 }

@@ -1,0 +1,52 @@
+import { describe, expect, it } from '@jest/globals';
+import { randomBytes } from 'node:crypto';
+import { InvalidLockKeyError, LockService, PostgresLockBackend } from '../../lib/index.js';
+import { POSTGRES_MAX_KEY_BYTES } from '../../lib/backends/postgres/postgres.backend.js';
+import { usePostgresServer } from '../support/postgres-fixture.js';
+import { until } from '../support/wait.js';
+
+const fixture = usePostgresServer();
+
+function service(): LockService {
+  const locks = new LockService(new PostgresLockBackend(fixture.url), { keyPrefix: '', maxKeyLength: 10_000 });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+async function waiting(): Promise<void> {
+  await until(async () => (await fixture.admin.query('SELECT count(*)::int AS n FROM distributed_locks_waiters')).rows[0].n > 0, 10_000);
+}
+
+describe('PostgreSQL backend: keys as long as it can index', () => {
+  /** A key of `bytes` ASCII characters that does not compress, as a hash or a payload would not. */
+  const longKey = (bytes: number) => randomBytes(bytes).toString('base64url').slice(0, bytes);
+
+  it(`a key of ${POSTGRES_MAX_KEY_BYTES} bytes is taken, waited for and handed over`, async () => {
+    const [holder, waiter] = [service(), service()];
+    const key = longKey(POSTGRES_MAX_KEY_BYTES);
+    const held = await holder.acquire(key, { ttl: 60_000 });
+    const next = waiter.acquire(key, { wait: 30_000 });
+    await waiting();
+    await held.release();
+    const handle = await next;
+    expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+    await handle.release();
+  });
+
+  it('a longer key is refused up front with InvalidLockKeyError, free or not, and leaves nothing behind', async () => {
+    const [holder, waiter] = [service(), service()];
+    const key = longKey(POSTGRES_MAX_KEY_BYTES + 1);
+    for (const locks of [holder, waiter]) {
+      const error = await locks.acquire(key, { wait: 600_000 }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(InvalidLockKeyError);
+      expect((error as Error).message).toMatch(
+        new RegExp(`is ${POSTGRES_MAX_KEY_BYTES + 1} bytes long in UTF-8, over the ${POSTGRES_MAX_KEY_BYTES}`),
+      );
+    }
+    // Four bytes a character: the bound is in bytes.
+    const wide = '🔒'.repeat(Math.floor(POSTGRES_MAX_KEY_BYTES / 4) + 1);
+    await expect(holder.tryAcquire(wide)).rejects.toBeInstanceOf(InvalidLockKeyError);
+    const { rows } = await fixture.admin.query('SELECT key FROM distributed_locks UNION ALL SELECT key FROM distributed_locks_waiters');
+    expect(rows).toEqual([]);
+  });
+});
