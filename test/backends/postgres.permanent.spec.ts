@@ -2,6 +2,7 @@ import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { LockBackendError, LockService, PostgresLockBackend } from '../../lib/index.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
+import { freePort } from '../support/redis-server.js';
 
 // Errors that waiting cannot heal fail a caller at once, however long it would wait: every call
 // here waits 10 minutes, far past the test's timeout, if the error were retried.
@@ -54,7 +55,7 @@ async function refusal(call: Promise<unknown>): Promise<LockBackendError> {
 }
 
 describe('PostgreSQL backend: errors that waiting cannot heal fail at once, naming the fix', () => {
-  it('a read-only role', async () => {
+  it('a read-only role: the acquire, verify() and the health check say so', async () => {
     await tables();
     const name = await role((n) => [
       `GRANT SELECT, INSERT, UPDATE, DELETE ON distributed_locks, distributed_locks_waiters TO ${n}`,
@@ -64,6 +65,12 @@ describe('PostgreSQL backend: errors that waiting cannot heal fail at once, nami
     const locks = service(urlAs(name));
     const error = await refusal(locks.acquire('order:1', { wait: WAIT }));
     expect(error.message).toMatch(/read-only transaction.*ALTER ROLE app_\d+_\d+ SET default_transaction_read_only = off/);
+    expect((await refusal(locks.backend.verify!())).message).toMatch(/read-only/);
+    expect(await locks.backend.health!()).toEqual({
+      up: false,
+      details: { inRecovery: false, readOnly: true },
+      message: expect.stringMatching(/read-only/),
+    });
   });
 
   it('a role without rights on the lock tables: the error names the grants', async () => {
@@ -72,12 +79,14 @@ describe('PostgreSQL backend: errors that waiting cannot heal fail at once, nami
     const locks = service(urlAs(name));
     const error = await refusal(locks.acquire('order:1', { wait: WAIT }));
     expect(error.message).toMatch(/permission denied.*GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."distributed_locks"/);
+    expect((await refusal(locks.backend.verify!())).message).toMatch(/GRANT/);
   });
 
   it('a database that does not exist', async () => {
     const locks = service(urlAs('postgres', undefined, 'no_such_db'));
     const error = await refusal(locks.acquire('order:1', { wait: WAIT }));
     expect(error.message).toMatch(/database "no_such_db" does not exist.*CREATE DATABASE no_such_db/);
+    await refusal(locks.backend.verify!());
   });
 
   it('a wrong password: refused at once, and the message does not show it', async () => {
@@ -93,8 +102,25 @@ describe('PostgreSQL backend: errors that waiting cannot heal fail at once, nami
     const error = await refusal(locks.acquire('order:1', { wait: WAIT }));
     expect(error.message).toMatch(/password authentication failed.*correct the user and password/);
     expect(JSON.stringify([error.message, String(error.cause), warn.mock.calls])).not.toContain('wrong-password');
+    await refusal(locks.backend.verify!());
     // The right one works: nothing else was wrong.
     await (await service(urlAs(name, 'right-password')).acquire('order:1')).release();
+  });
+
+  it('verify() resolves when PostgreSQL cannot be reached: locks fail until it is back', async () => {
+    jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    const backend = new PostgresLockBackend(`postgres://postgres@127.0.0.1:${await freePort()}/db`, { commandTimeout: 1_000 });
+    fixture.cleanup(() => backend.close());
+    await expect(backend.verify()).resolves.toBeUndefined();
+  });
+
+  it('verify() resolves for a role that may use the tables, and leaves nothing behind', async () => {
+    const backend = new PostgresLockBackend(fixture.url);
+    fixture.cleanup(() => backend.close());
+    await expect(backend.verify()).resolves.toBeUndefined();
+    expect(await backend.health()).toEqual({ up: true, details: { inRecovery: false, readOnly: false } });
+    const { rows } = await fixture.admin.query('SELECT key FROM distributed_locks UNION ALL SELECT key FROM distributed_locks_waiters');
+    expect(rows).toEqual([]);
   });
 });
 
@@ -107,6 +133,7 @@ describe('PostgreSQL backend: creating its tables without the right to', () => {
     expect(error.message).toContain(`Schema advlocks does not exist and role ${name} may not create it`);
     expect(error.message).toContain(`CREATE SCHEMA advlocks AUTHORIZATION ${name};`);
     expect(error.message).toContain(`postgresLockTablesSql({ schema: 'advlocks', table: 'distributed_locks' })`);
+    await refusal(locks.backend.verify!());
 
     await fixture.admin.query(`CREATE SCHEMA advlocks AUTHORIZATION ${name}`);
     fixture.cleanup(() => fixture.admin.query('DROP SCHEMA IF EXISTS advlocks CASCADE'));

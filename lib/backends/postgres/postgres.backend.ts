@@ -1,7 +1,8 @@
+import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
-import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { InvalidLockKeyError } from '../../lock.errors.js';
+import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import { PostgresConnection } from './postgres.connection.js';
 import { PostgresWaiterLine } from './postgres.line.js';
@@ -150,6 +151,71 @@ export class PostgresLockBackend implements LockBackend {
    */
   watching(): boolean {
     return this.line.watching();
+  }
+
+  /**
+   * At start-up: the database exists, the credentials and the role's rights are accepted, the lock
+   * tables exist or were created, and a lock can be written (not a hot standby, not a read-only
+   * role). It runs the release of a key nobody holds, by an owner that never held it: the
+   * statements of a real release, which change nothing. Resolves when PostgreSQL cannot be
+   * reached: lock operations fail until it is back.
+   */
+  async verify(): Promise<void> {
+    const { names } = this.connection;
+    let row;
+    try {
+      [row] = await this.connection.run({
+        op: 'verify',
+        keys: [],
+        text:
+          `SELECT ${names.release}($1, $2) AS released, has_table_privilege($3, 'SELECT, INSERT, UPDATE, DELETE') ` +
+          `AND has_table_privilege($4, 'SELECT, INSERT, UPDATE, DELETE') AND has_sequence_privilege($5, 'USAGE') AS writable`,
+        values: [['nest-distributed-lock:verify'], `verify-${randomBytes(16).toString('hex')}`, names.locks, names.waiters, names.tokens],
+      });
+    } catch (error) {
+      if (error instanceof LockBackendError && error.permanent) throw error;
+      return;
+    }
+    if (row.writable !== true) {
+      throw this.connection.failure(
+        { op: 'verify', keys: [] },
+        Object.assign(new Error('the role lacks rights on the lock tables.'), { code: '42501' }),
+      );
+    }
+  }
+
+  /**
+   * For health checks: whether PostgreSQL takes writes, which a lock needs. A hot standby, or a
+   * session that is read-only (default_transaction_read_only for the role or the database),
+   * answers a SELECT while every lock fails.
+   */
+  async health(): Promise<BackendHealth> {
+    const [row] = await this.connection.run({
+      op: 'health check',
+      keys: [],
+      text: `SELECT pg_is_in_recovery() AS in_recovery, current_setting('transaction_read_only') = 'on' AS read_only`,
+      values: [],
+    });
+    const inRecovery = row.in_recovery === true;
+    const readOnly = row.read_only === true;
+    const details = { inRecovery, readOnly };
+    if (inRecovery) {
+      return {
+        up: false,
+        details,
+        message: 'PostgreSQL is a hot standby (in recovery): no lock can be taken there. Connect to the primary.',
+      };
+    }
+    if (readOnly) {
+      return {
+        up: false,
+        details,
+        message:
+          'PostgreSQL sessions of this role are read-only (default_transaction_read_only is on for the role or the database): ' +
+          'no lock can be taken. Turn it off for this role, or use one that may write.',
+      };
+    }
+    return { up: true, details };
   }
 
   /** Closes the LISTEN connection, and the pool if the backend created it. */
