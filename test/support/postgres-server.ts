@@ -1,5 +1,5 @@
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
@@ -148,6 +148,36 @@ export class PostgresServer {
     try {
       const { promoted } = (await client.query<{ promoted: boolean }>('SELECT pg_promote(true, 30) AS promoted')).rows[0];
       if (!promoted) throw new Error(`The replica on port ${this.port} was not promoted within 30 s.`);
+    } finally {
+      await client.end();
+    }
+  }
+
+  /**
+   * Connections of `role` over TCP must give its password (scram-sha-256), where every other role
+   * is trusted: for tests of refused credentials. The role must exist. Resolves once the server has
+   * reloaded its rules.
+   */
+  async requirePassword(role: string): Promise<void> {
+    const file = join(this.dataDir, 'pg_hba.conf');
+    // The first matching line wins: this one goes before the trust lines.
+    writeFileSync(file, `host all ${role} 127.0.0.1/32 scram-sha-256\n${readFileSync(file, 'utf8')}`);
+    const client = await this.connect();
+    try {
+      await client.query('SELECT pg_reload_conf()');
+      // Until the server has reloaded, the role still connects without its password.
+      const trusted = async () => {
+        const probe = new pg.Client({ connectionString: `postgres://${role}@127.0.0.1:${this.port}/postgres` });
+        try {
+          await probe.connect();
+          return true;
+        } catch {
+          return false;
+        } finally {
+          await probe.end().catch(() => undefined);
+        }
+      };
+      await until(async () => !(await trusted()), 20_000, `the server on port ${this.port} to read pg_hba.conf again`);
     } finally {
       await client.end();
     }

@@ -1,6 +1,8 @@
+import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
-import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import { PostgresConnection } from './postgres.connection.js';
 import { PostgresWaiterLine } from './postgres.line.js';
@@ -10,6 +12,16 @@ import {
   type PostgresLockBackendOptions,
   type PostgresLockConnection,
 } from './postgres.options.js';
+
+/**
+ * The longest key, in UTF-8 bytes, that every statement of the backend can index, with the owner
+ * tokens of LockService (32 characters): a waiter's row is indexed on (key, owner), and a B-tree
+ * entry holds at most 2 704 bytes on PostgreSQL's 8 kB pages (measured with keys that do not
+ * compress: 2 659 bytes fit, 2 660 do not).
+ */
+export const POSTGRES_MAX_KEY_BYTES = 2_659;
+/** The same entry's bound on key and owner together (both under 127 bytes of header, see above). */
+const MAX_KEY_AND_OWNER_BYTES = POSTGRES_MAX_KEY_BYTES + 32;
 
 /** How often a backend deletes leases and places in line that ran out long ago (see sweep()). */
 const SWEEP_EVERY_MS = 5 * 60_000;
@@ -53,6 +65,7 @@ export class PostgresLockBackend implements LockBackend {
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
+    checkKeySizes(keys, owner);
     const willWait = options?.willWait ?? true;
     this.failedReleases.forget(owner);
     const handedOver = this.line.takeHandover(owner);
@@ -140,6 +153,71 @@ export class PostgresLockBackend implements LockBackend {
     return this.line.watching();
   }
 
+  /**
+   * At start-up: the database exists, the credentials and the role's rights are accepted, the lock
+   * tables exist or were created, and a lock can be written (not a hot standby, not a read-only
+   * role). It runs the release of a key nobody holds, by an owner that never held it: the
+   * statements of a real release, which change nothing. Resolves when PostgreSQL cannot be
+   * reached: lock operations fail until it is back.
+   */
+  async verify(): Promise<void> {
+    const { names } = this.connection;
+    let row;
+    try {
+      [row] = await this.connection.run({
+        op: 'verify',
+        keys: [],
+        text:
+          `SELECT ${names.release}($1, $2) AS released, has_table_privilege($3, 'SELECT, INSERT, UPDATE, DELETE') ` +
+          `AND has_table_privilege($4, 'SELECT, INSERT, UPDATE, DELETE') AND has_sequence_privilege($5, 'USAGE') AS writable`,
+        values: [['nest-distributed-lock:verify'], `verify-${randomBytes(16).toString('hex')}`, names.locks, names.waiters, names.tokens],
+      });
+    } catch (error) {
+      if (error instanceof LockBackendError && error.permanent) throw error;
+      return;
+    }
+    if (row.writable !== true) {
+      throw this.connection.failure(
+        { op: 'verify', keys: [] },
+        Object.assign(new Error('the role lacks rights on the lock tables.'), { code: '42501' }),
+      );
+    }
+  }
+
+  /**
+   * For health checks: whether PostgreSQL takes writes, which a lock needs. A hot standby, or a
+   * session that is read-only (default_transaction_read_only for the role or the database),
+   * answers a SELECT while every lock fails.
+   */
+  async health(): Promise<BackendHealth> {
+    const [row] = await this.connection.run({
+      op: 'health check',
+      keys: [],
+      text: `SELECT pg_is_in_recovery() AS in_recovery, current_setting('transaction_read_only') = 'on' AS read_only`,
+      values: [],
+    });
+    const inRecovery = row.in_recovery === true;
+    const readOnly = row.read_only === true;
+    const details = { inRecovery, readOnly };
+    if (inRecovery) {
+      return {
+        up: false,
+        details,
+        message: 'PostgreSQL is a hot standby (in recovery): no lock can be taken there. Connect to the primary.',
+      };
+    }
+    if (readOnly) {
+      return {
+        up: false,
+        details,
+        message:
+          'PostgreSQL sessions of this role are read-only (default_transaction_read_only is on for the role or the database): ' +
+          'no lock can be taken. Turn it off for this role, or use one that may write.',
+      };
+    }
+    return { up: true, details };
+  }
+
   /** Closes the LISTEN connection, and the pool if the backend created it. */
   async close(): Promise<void> {
     if (!this.connection.stop()) return;
@@ -190,5 +268,22 @@ export class PostgresLockBackend implements LockBackend {
       () => undefined,
     );
     void this.sweeping.finally(() => (this.sweeping = undefined));
+  }
+}
+
+/**
+ * Refuses, before anything is sent, a key PostgreSQL could not index: it would be taken while
+ * free, and its waiters would fail (their (key, owner) entry is longer than the lock's own).
+ */
+function checkKeySizes(keys: readonly string[], owner: string): void {
+  const ownerBytes = Buffer.byteLength(owner);
+  for (const key of keys) {
+    const bytes = Buffer.byteLength(key);
+    if (bytes + ownerBytes <= MAX_KEY_AND_OWNER_BYTES) continue;
+    throw new InvalidLockKeyError(
+      `Lock key '${key.slice(0, 60)}…' is ${bytes} bytes long in UTF-8, over the ${MAX_KEY_AND_OWNER_BYTES - ownerBytes} that ` +
+        `the PostgreSQL backend can index (a B-tree entry holds at most 2 704 bytes). Lock an identifier rather than a payload ` +
+        `(or a hash of a long one), and set maxKeyLength in DistributedLockModule.forRoot() to refuse longer keys.`,
+    );
   }
 }

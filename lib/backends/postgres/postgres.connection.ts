@@ -3,6 +3,7 @@ import type { Client, ClientConfig, Pool, PoolConfig } from 'pg';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
 import { CommandDeadlines } from '../redis/command-deadlines.js';
+import { permanentCause, quoteIdent, type ConnectionIdentity } from './postgres.errors.js';
 import type { CheckedConnection, ResolvedPostgresOptions } from './postgres.options.js';
 import { lockNames, postgresLockTablesSql, SCHEMA_VERSION, type PostgresLockNames } from './postgres.schema.js';
 
@@ -143,11 +144,30 @@ export class PostgresConnection {
     const hint = error instanceof Error && 'hint' in error && typeof error.hint === 'string' ? ` ${sentence(error.hint)}` : '';
     const down =
       this.lastError && this.lastError !== error ? ` (The pool's last connection error: ${sentence(this.lastError.message)})` : '';
+    const cause = permanentCause(error, this.names, this.identity());
     return new LockBackendError(
       this.backendName,
-      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}${hint}${down}`,
+      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}${hint}${cause ? ` ${cause}` : down}`,
       error,
+      { permanent: cause !== undefined },
     );
+  }
+
+  /** The role and database the settings name, for fixes (never the password). */
+  identity(): ConnectionIdentity {
+    const settings = (this.connection.kind === 'pool' ? this.connection.pool.options : this.connection.config) as PoolConfig;
+    let role = settings.user;
+    let database = settings.database;
+    if (typeof settings.connectionString === 'string') {
+      try {
+        const url = new URL(settings.connectionString);
+        role ??= url.username ? decodeURIComponent(url.username) : undefined;
+        database ??= url.pathname.length > 1 ? decodeURIComponent(url.pathname.slice(1)) : undefined;
+      } catch {
+        // Checked at construction; a pool of the app's own may hold anything.
+      }
+    }
+    return { role: typeof role === 'string' ? role : undefined, database: typeof database === 'string' ? database : undefined };
   }
 
   private async query(statement: Statement): Promise<Record<string, unknown>[]> {
@@ -203,6 +223,8 @@ export class PostgresConnection {
         this.backendName,
         `the lock table ${this.names.qualified} (version '${SCHEMA_VERSION}') is missing and createTables is false: run the SQL of ` +
           `postgresLockTablesSql({ schema: '${schema}', table: '${table}' }) in a migration, or leave createTables on.`,
+        undefined,
+        { permanent: true },
       );
     }
     const client = await pool.connect();
@@ -216,17 +238,43 @@ export class PostgresConnection {
       await client.query('ROLLBACK').catch(() => undefined);
       // 42501: insufficient privilege.
       const denied = (error as { code?: unknown }).code === '42501';
+      const fix = denied ? await this.createFix(client) : permanentCause(error, this.names, this.identity());
       throw new LockBackendError(
         this.backendName,
         `could not create the lock table ${this.names.qualified}: ${sentence(error instanceof Error ? error.message : String(error))}` +
-          (denied
-            ? ` Grant the role CREATE on schema ${schema}, or create the tables in a migration (the SQL of postgresLockTablesSql()) and pass createTables: false.`
-            : ''),
+          (fix ? ` ${fix}` : ''),
         error,
+        { permanent: fix !== undefined },
       );
     } finally {
       client.release();
     }
+  }
+
+  /**
+   * What to run when the role may not create the lock tables: create the schema for it when it
+   * does not exist (granting CREATE on a schema that does not exist cannot be done), else grant
+   * CREATE on it; or create the tables in a migration.
+   */
+  private async createFix(client: { query: Pool['query'] }): Promise<string> {
+    const { schema, table } = this.options;
+    const migration =
+      `or create the tables in a migration, as a role that may (the SQL of postgresLockTablesSql({ schema: '${schema}', ` +
+      `table: '${table}' })), and pass createTables: false.`;
+    const found = await client
+      .query<{ role: string; exists: boolean }>('SELECT current_user AS role, to_regnamespace($1) IS NOT NULL AS exists', [
+        quoteIdent(schema),
+      ])
+      .then(({ rows }) => rows[0])
+      .catch(() => undefined);
+    const role = quoteIdent(found?.role ?? this.identity().role ?? '<role>');
+    if (found?.exists === false) {
+      return (
+        `Schema ${schema} does not exist and role ${role} may not create it. Run, as a role that may (the database's ` +
+        `owner): CREATE SCHEMA ${quoteIdent(schema)} AUTHORIZATION ${role}; ${migration}`
+      );
+    }
+    return `Run, as the schema's owner: GRANT CREATE ON SCHEMA ${quoteIdent(schema)} TO ${role}; ${migration}`;
   }
 }
 

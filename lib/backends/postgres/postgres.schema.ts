@@ -8,6 +8,8 @@ import { resolveBackendOptions } from './postgres.options.js';
 export interface PostgresLockNames {
   /** `schema.table` as `to_regclass` and messages take it. */
   readonly qualified: string;
+  /** The schema, unquoted. */
+  readonly schema: string;
   readonly locks: string;
   readonly waiters: string;
   readonly tokens: string;
@@ -22,6 +24,7 @@ export function lockNames(schema: string, table: string): PostgresLockNames {
   const name = (suffix: string) => `"${schema}"."${table}${suffix}"`;
   return {
     qualified: `${schema}.${table}`,
+    schema,
     locks: name(''),
     waiters: name('_waiters'),
     tokens: name('_fencing_tokens'),
@@ -37,7 +40,13 @@ export function lockNames(schema: string, table: string): PostgresLockNames {
  * Stored as the lock table's comment: the backend checks it on first use and creates what is
  * missing when it differs. A later version that changes the tables changes it too.
  */
-export const SCHEMA_VERSION = 'nest-distributed-lock lock table, version 2';
+export const SCHEMA_VERSION = 'nest-distributed-lock lock table, version 3';
+
+/**
+ * The greatest fencing token: Number.MAX_SAFE_INTEGER, the token sequence's MAXVALUE. Tokens reach
+ * the application as JavaScript numbers, exact up to here.
+ */
+export const MAX_FENCING_TOKEN = Number.MAX_SAFE_INTEGER;
 
 /**
  * The SQL that creates the lock tables, sequences and functions, for a migration of your own
@@ -82,7 +91,16 @@ export function postgresLockTablesSql(options?: { schema?: string; table?: strin
 function tablesSql(schema: string, table: string): string {
   const n = lockNames(schema, table);
   const ms = (ts: string) => `ceil(extract(epoch FROM ${ts} - now_ts) * 1000)::bigint`;
-  return `${schema === 'public' ? '' : `CREATE SCHEMA IF NOT EXISTS "${schema}";\n`}
+  // Not CREATE SCHEMA IF NOT EXISTS: it needs CREATE on the database even when the schema exists,
+  // which a role that was given its own schema (CREATE SCHEMA ... AUTHORIZATION) does not have.
+  const createSchema = `DO $schema$ BEGIN
+  IF to_regnamespace('"${schema}"') IS NULL THEN
+    CREATE SCHEMA "${schema}";
+  END IF;
+END
+$schema$;
+`;
+  return `${schema === 'public' ? '' : createSchema}
 -- One row per held (or expired, not yet reused) lease. Extensions update expires_at only, an
 -- unindexed column: with room left on the page (fillfactor) they are HOT updates. Autovacuum
 -- runs by row count rather than by table size: a small table with constant churn.
@@ -110,7 +128,11 @@ CREATE TABLE IF NOT EXISTS ${n.waiters} (
 ALTER TABLE ${n.waiters} ADD COLUMN IF NOT EXISTS lease_ms integer NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS "${table}_waiters_line" ON ${n.waiters} (key, place);
 
-CREATE SEQUENCE IF NOT EXISTS ${n.tokens} AS bigint;
+-- Tokens stop at the largest integer a JavaScript number holds exactly: past it they would repeat
+-- in the application (9007199254740992 + 1 reads as 9007199254740992). Reaching it is an error
+-- that names the fix, rather than tokens that no longer increase.
+CREATE SEQUENCE IF NOT EXISTS ${n.tokens} AS bigint MAXVALUE ${MAX_FENCING_TOKEN};
+ALTER SEQUENCE ${n.tokens} MAXVALUE ${MAX_FENCING_TOKEN};
 CREATE SEQUENCE IF NOT EXISTS ${n.places} AS bigint;
 
 -- Serialises calls on the same keys until the end of the calling transaction; see above.
@@ -240,6 +262,7 @@ DECLARE
   waited boolean;
   released integer := 0;
   head record;
+  has_head boolean;
   handed bigint;
 BEGIN
   PERFORM ${n.lockKeys}(p_keys);
@@ -255,15 +278,25 @@ BEGIN
     IF held OR (waited AND NOT EXISTS (SELECT 1 FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts)) THEN
       DELETE FROM ${n.waiters} w WHERE w.key = k AND w.deadline <= now_ts;
       SELECT w.owner, w.channel, w.lease_ms INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
-      IF FOUND AND head.lease_ms > 0 AND NOT EXISTS (SELECT 1 FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts) THEN
-        handed := nextval('${n.tokens}');
+      has_head := FOUND;
+      handed := NULL;
+      IF has_head AND head.lease_ms > 0 AND NOT EXISTS (SELECT 1 FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts) THEN
+        -- Without a token left, the release still frees the key: the waiter is only told, and its
+        -- own acquire then fails with the error that names the fix.
+        BEGIN
+          handed := nextval('${n.tokens}');
+        EXCEPTION WHEN sequence_generator_limit_exceeded THEN
+          handed := NULL;
+        END;
+      END IF;
+      IF handed IS NOT NULL THEN
         INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at)
           VALUES (k, head.owner, handed, now_ts + head.lease_ms * interval '1 millisecond')
           ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fencing_token = excluded.fencing_token, expires_at = excluded.expires_at;
         DELETE FROM ${n.waiters} w WHERE w.key = k AND w.owner = head.owner;
         -- Sent when this transaction commits.
         PERFORM pg_notify(head.channel, head.owner || ' ' || handed || ' ' || head.lease_ms);
-      ELSIF FOUND THEN
+      ELSIF has_head THEN
         -- Sent when this transaction commits; the same message twice in it is sent once.
         PERFORM pg_notify(head.channel, head.owner);
       END IF;

@@ -1,0 +1,64 @@
+import type { PostgresLockNames } from './postgres.schema.js';
+import { MAX_FENCING_TOKEN } from './postgres.schema.js';
+
+/** Who the backend connects as, for fixes that name them. */
+export interface ConnectionIdentity {
+  /** The role, when the settings name it (PostgreSQL's default otherwise: the OS user). */
+  role: string | undefined;
+  database: string | undefined;
+}
+
+/**
+ * For an error that waiting cannot heal, what is wrong and how to fix it, in words; undefined for
+ * an error that may pass (a server down, a timeout, a lock another transaction holds). PostgreSQL
+ * says which by its SQLSTATE code.
+ */
+export function permanentCause(error: unknown, names: PostgresLockNames, who: ConnectionIdentity): string | undefined {
+  const code = (error as { code?: unknown } | undefined)?.code;
+  const role = who.role === undefined ? '<role>' : quoteIdent(who.role);
+  switch (code) {
+    // invalid_password; invalid_authorization_specification (no such role, or pg_hba.conf refuses it)
+    case '28P01':
+    case '28000':
+      return (
+        `PostgreSQL refused the credentials of role ${who.role ?? '(the default)'}: correct the user and password of the ` +
+        `connection (or the server's pg_hba.conf), as waiting will not change its answer.`
+      );
+    // invalid_catalog_name
+    case '3D000':
+      return (
+        `The database ${who.database ?? '(the default)'} does not exist on this server: correct the database name of the ` +
+        `connection, or create it (CREATE DATABASE ${who.database === undefined ? '<name>' : quoteIdent(who.database)}).`
+      );
+    // read_only_sql_transaction: a hot standby, or default_transaction_read_only on for the role or database
+    case '25006':
+      return (
+        `The server or the session is read-only, so no lock can be taken: connect to the primary if this is a hot standby ` +
+        `(a replica), or, if the role or the database is read-only, ALTER ROLE ${role} SET default_transaction_read_only = off ` +
+        `(or the same on the database), or use a role that may write.`
+      );
+    // insufficient_privilege
+    case '42501':
+      return (
+        `Role ${role} may not use the lock tables: GRANT USAGE ON SCHEMA ${quoteIdent(names.schema)} TO ${role}; ` +
+        `GRANT SELECT, INSERT, UPDATE, DELETE ON ${names.locks}, ${names.waiters} TO ${role}; ` +
+        `GRANT USAGE, SELECT ON SEQUENCE ${names.tokens}, ${names.places} TO ${role}.`
+      );
+    // sequence_generator_limit_exceeded: only the token sequence has a limit that can be reached
+    case '2200H':
+      return (
+        `The fencing-token sequence ${names.tokens} reached its maximum, ${MAX_FENCING_TOKEN}, the greatest integer a ` +
+        `JavaScript number holds exactly: no token greater than the last can be handed out, so no lock can be taken. A ` +
+        `sequence only gets there when it was moved (setval, ALTER SEQUENCE ... RESTART). Moving it back would hand out ` +
+        `tokens again that your stores have seen: give the backend a new table (option 'table'), whose tokens start at 1, ` +
+        `and reset the fencing tokens your stores keep.`
+      );
+    default:
+      return undefined;
+  }
+}
+
+/** A name as SQL takes it: quoted unless it is a plain lower-case name. */
+export function quoteIdent(name: string): string {
+  return /^[a-z_][a-z0-9_$]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`;
+}
