@@ -233,6 +233,28 @@ export class EtcdCluster {
     for (const member of this.members) member.quiet();
   }
 
+  /**
+   * Turns etcd's authentication on, as an operator does with etcdctl: a `root` user (password
+   * `rootPassword`), then each user with a role of its own that has `permission` on `prefix` (no
+   * role when `permission` is absent). After it, every client needs a user, the fixture's admin too.
+   */
+  async enableAuth(
+    rootPassword: string,
+    users: { name: string; password: string; prefix?: string; permission?: 'read' | 'write' | 'readwrite' }[],
+  ): Promise<void> {
+    const at = ['--endpoints', this.endpoints.join(',')];
+    await etcdctl([...at, 'user', 'add', `root:${rootPassword}`]);
+    await etcdctl([...at, 'user', 'grant-role', 'root', 'root']).catch(() => undefined);
+    for (const user of users) {
+      await etcdctl([...at, 'user', 'add', `${user.name}:${user.password}`]);
+      if (!user.permission) continue;
+      await etcdctl([...at, 'role', 'add', `${user.name}-role`]);
+      await etcdctl([...at, 'role', 'grant-permission', `${user.name}-role`, user.permission, '--prefix=true', user.prefix ?? '']);
+      await etcdctl([...at, 'user', 'grant-role', user.name, `${user.name}-role`]);
+    }
+    await etcdctl([...at, 'auth', 'enable']);
+  }
+
   /** The index of the member the running members agree is the leader. */
   async leader(timeoutMs = 10_000): Promise<number> {
     let found = -1;

@@ -180,8 +180,8 @@ export class EtcdLockBackend implements LockBackend {
       }
       // Applied or not, nobody knows: a caller that waits asks again or releases, and either
       // looks first; for one that does not, the lease goes, and with it a lock it may have won.
-      // (etcd refused it outright, for its size: not applied.)
-      if (wait !== undefined && error instanceof LockBackendError) this.places.unknown(keys, owner, hold, wait);
+      // (etcd refused it outright, for its size or for the user's rights: not applied.)
+      if (wait !== undefined && error instanceof LockBackendError && !error.permanent) this.places.unknown(keys, owner, hold, wait);
       else this.connection.revokeQuietly(hold.id, what);
       throw error;
     }

@@ -1,6 +1,7 @@
 import type { Etcd3, IOptions, ITxnRequest, ITxnResponse, Watcher } from 'etcd3';
 import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
+import { accessRefusal, type EtcdIdentity } from './etcd.access.js';
 import { hostPolicies, noRetries, watchBackoff } from './etcd.host-policy.js';
 import type { CheckedEtcdConnection, ResolvedEtcdOptions } from './etcd.options.js';
 
@@ -28,6 +29,7 @@ export class EtcdConnection {
   /** Called after each call etcd answered: it is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
   private readonly owned: boolean;
+  private readonly identity: EtcdIdentity;
   private stopped = false;
 
   constructor(
@@ -37,6 +39,8 @@ export class EtcdConnection {
     private readonly backendName: string,
   ) {
     this.owned = connection.kind === 'config';
+    const username = connection.kind === 'config' ? connection.config.auth?.username : undefined;
+    this.identity = { username, prefix: options.prefix };
     if (connection.kind === 'client') {
       this.client = connection.client;
     } else {
@@ -158,6 +162,9 @@ export class EtcdConnection {
 
   private failure(op: string, keys: readonly string[], error: unknown): LockBackendError {
     const what = `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: `;
+    const refusal = error instanceof Error ? accessRefusal(error.message, this.identity) : undefined;
+    // Credentials or rights refused: no wait heals them, the caller is told at once.
+    if (refusal) return new LockBackendError(this.backendName, what + refusal, error, { permanent: true });
     // By the message, not instanceof: a client the user passed may come from another copy of etcd3.
     const timedOut = error instanceof Error && /DEADLINE_EXCEEDED/.test(error.message);
     const message = timedOut
