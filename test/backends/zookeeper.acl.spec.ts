@@ -6,6 +6,7 @@ import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.bac
 import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
 import { LockBackendError } from '../../lib/lock.errors.js';
 import { LockService } from '../../lib/lock.service.js';
+import { freePort } from '../support/redis-server.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 
 type Callback<T> = (error: (Error & { getName?(): string }) | null, value: T) => void;
@@ -184,5 +185,57 @@ describe('ZooKeeper backend on a digest-protected root', () => {
     // Nothing was made under the root, nothing is left to retry.
     const admin = await raw('admin:admin-secret');
     expect(await call<string[]>((cb) => admin.getChildren(fixture.root, cb))).toEqual([]);
+  });
+
+  describe('verify() at start-up', () => {
+    it('resolves for the lock identity on a protected root, and leaves nothing behind', async () => {
+      const root = await protectedRoot();
+      await backend({ auth: LOCKS }).verify();
+      const own = await raw(`${LOCKS.username}:${LOCKS.password}`);
+      expect(await call<string[]>((cb) => own.getChildren(root, cb))).toEqual([]);
+    });
+
+    it.each([
+      ['without credentials', undefined],
+      ['with another identity', { username: 'intruder', password: 'guess' }],
+    ])('rejects a backend %s with a permanent LockBackendError naming the root, the cause and the fix', async (_, auth) => {
+      const root = await protectedRoot();
+      const error = await backend({ auth })
+        .verify()
+        .catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(LockBackendError);
+      expect(error).toMatchObject({ permanent: true });
+      expect((error as Error).message).toContain(`start-up check of the lock root ${root} failed: ZooKeeper refused it (NO_AUTH)`);
+      expect((error as Error).message).toContain('Give the backend the credentials');
+    });
+
+    it("makes a missing root, its identity's alone", async () => {
+      await backend({ auth: LOCKS, root: `${fixture.root}/a/b` }).verify();
+      const own = await raw(`${LOCKS.username}:${LOCKS.password}`);
+      const acl = await call<Acl[]>((cb) => own.getACL(`${fixture.root}/a/b`, cb));
+      expect(acl.map(({ id }) => id.scheme)).toEqual(['digest']);
+      expect(await call<string[]>((cb) => own.getChildren(`${fixture.root}/a/b`, cb))).toEqual([]);
+    });
+
+    it('rejects a chroot that does not exist, saying so', async () => {
+      const error = await backend({ connectionString: `${fixture.connectionString}${fixture.root}-missing` })
+        .verify()
+        .catch((e: unknown) => e);
+      expect(error).toMatchObject({ permanent: true });
+      expect((error as Error).message).toContain('the chroot of the connection string does not exist on ZooKeeper');
+    });
+
+    it('resolves when the ensemble cannot be reached (lock operations fail until it is back)', async () => {
+      const nobody = await freePort();
+      await expect(backend({ connectionString: `127.0.0.1:${nobody}`, commandTimeout: 300 }).verify()).resolves.toBeUndefined();
+    });
+  });
+
+  it('health() reports the session after the server answered', async () => {
+    const lockBackend = backend({ auth: LOCKS });
+    const health = await lockBackend.health();
+    expect(health.up).toBe(true);
+    expect(health.details).toMatchObject({ session: 'connected' });
+    expect(health.details.sessionTimeoutMs).toBeGreaterThan(0);
   });
 });

@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
-import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
 import { inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
@@ -9,6 +9,7 @@ import { ParentNodes } from './zookeeper.parents.js';
 import { LinePlaces } from './zookeeper.places.js';
 import { LineRequests } from './zookeeper.requests.js';
 import { ZooKeeperSession, type LiveSession } from './zookeeper.session.js';
+import { verifyRoot } from './zookeeper.verify.js';
 
 /**
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
@@ -221,6 +222,29 @@ export class ZooKeeperLockBackend implements LockBackend {
         return undefined;
       }
     }
+  }
+
+  /**
+   * The start-up check: that this identity may create and delete under the lock root (see
+   * verifyRoot). Resolves when the ensemble does not answer within the command timeout.
+   */
+  verify(): Promise<void> {
+    return verifyRoot(this.session, this.paths.root);
+  }
+
+  /**
+   * For health checks: the session's state after a read the server connected to answers (a
+   * session is made if there is none). Whether locks can be taken is the health check's probe
+   * lock; this adds what the session says: its state and the timeout the server granted.
+   */
+  async health(): Promise<BackendHealth> {
+    await this.session.run('health check', [], ({ client }) => client.exists('/'));
+    const state = this.session.state;
+    return {
+      up: state === 'connected',
+      details: { session: state, sessionTimeoutMs: this.session.timeout },
+      ...(state === 'connected' ? {} : { message: `the ZooKeeper session is ${state}` }),
+    };
   }
 
   /** Ends the session: ZooKeeper deletes its nodes (locks and places in line) at once. */

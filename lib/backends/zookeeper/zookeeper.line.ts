@@ -188,15 +188,19 @@ async function createParent(client: ZooKeeperClient, root: string, parent: strin
     await client.create(parent, 'persistent');
   } catch (error) {
     if (isNoNode(error)) {
-      // The root is missing: made once, segment by segment.
-      const segments = root.split('/').slice(1);
-      for (let i = 1; i <= segments.length; i++) await createIfMissing(client, `/${segments.slice(0, i).join('/')}`);
+      await createRoot(client, root);
       await createIfMissing(client, parent);
     } else if (!(error instanceof ZooKeeperError && error.code === 'NODE_EXISTS')) {
       throw error;
     }
   }
   knownParents.add(parent);
+}
+
+/** The root is missing: made once, segment by segment (each with the client's ACL). */
+export async function createRoot(client: ZooKeeperClient, root: string): Promise<void> {
+  const segments = root.split('/').slice(1);
+  for (let i = 1; i <= segments.length; i++) await createIfMissing(client, `/${segments.slice(0, i).join('/')}`);
 }
 
 async function createIfMissing(client: ZooKeeperClient, path: string): Promise<void> {
