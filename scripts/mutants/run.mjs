@@ -201,7 +201,8 @@ async function detect(ws, name, seeds, label) {
   );
   const line = result.output.split('\n').find((l) => l.startsWith('{"backend"'));
   if (!line) return bySeed('error', `no report (exit ${result.code}${result.timedOut ? ', timed out' : ''})`);
-  const violations = Object.entries(JSON.parse(line).violations).filter(([, count]) => count > 0);
+  const counted = Object.entries(JSON.parse(line).violations).filter(([kind]) => !detector.kinds || detector.kinds.includes(kind));
+  const violations = counted.filter(([, count]) => count > 0);
   if (violations.length > 0) return bySeed('failed', violations.map(([kind, count]) => `${kind} ${count}`).join(', '));
   return bySeed('passed');
 }

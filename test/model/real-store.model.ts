@@ -43,7 +43,10 @@ export async function checkModelOn(
     const backend = store.connect();
     const clock = runningTimeClock(500);
     try {
-      const violations = await run(lib, clock, s, backend, () => store.waiting(backend));
+      // MODEL_WAIT_BOUNDS=off: safety only, for a machine so loaded that real-time waits overrun.
+      const violations = await run(lib, clock, s, backend, () => store.waiting(backend), {
+        waitBounds: process.env.MODEL_WAIT_BOUNDS !== 'off',
+      });
       if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
     } finally {
       clock.stop();
