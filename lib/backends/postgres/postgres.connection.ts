@@ -3,6 +3,7 @@ import type { Client, ClientConfig, Pool, PoolConfig } from 'pg';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
 import { CommandDeadlines } from '../redis/command-deadlines.js';
+import { PoolStarvationWatch } from './postgres.pool-watch.js';
 import { permanentCause, quoteIdent, type ConnectionIdentity } from './postgres.errors.js';
 import type { CheckedConnection, ResolvedPostgresOptions } from './postgres.options.js';
 import { lockNames, postgresLockTablesSql, SCHEMA_VERSION, type PostgresLockNames } from './postgres.schema.js';
@@ -44,6 +45,8 @@ export class PostgresConnection {
   private stopped = false;
   /** The last connection error of a pool we created, to say why an operation failed. */
   private lastError: Error | undefined;
+  /** For the app's own pool: warns when lock statements wait long for one of its connections. */
+  private readonly poolWatch: PoolStarvationWatch | undefined;
   /** Called after each statement answered in time: PostgreSQL is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
 
@@ -56,8 +59,10 @@ export class PostgresConnection {
     this.names = lockNames(options.schema, options.table);
     this.deadlines = new CommandDeadlines(options.commandTimeout);
     this.owned = connection.kind === 'config';
-    if (connection.kind === 'pool') this.pool = connection.pool;
-    else this.pg = loadPg('connection');
+    if (connection.kind === 'pool') {
+      this.pool = connection.pool;
+      this.poolWatch = new PoolStarvationWatch(connection.pool, Math.min(1_000, options.commandTimeout / 2));
+    } else this.pg = loadPg('connection');
     const listen = options.listenConnection;
     if (this.pg === undefined && listen !== undefined && listen !== false) this.pg = loadPg('listenConnection');
   }
@@ -171,8 +176,19 @@ export class PostgresConnection {
   }
 
   private async query(statement: Statement): Promise<Record<string, unknown>[]> {
-    const result = await this.openPool().query(statement.text, statement.values as unknown[]);
-    return result.rows as Record<string, unknown>[];
+    const pool = this.openPool();
+    if (!this.poolWatch) return (await pool.query(statement.text, statement.values as unknown[])).rows as Record<string, unknown>[];
+    // The app's pool: as pool.query() does, but the wait for a connection is watched.
+    const client = await this.poolWatch.connect();
+    try {
+      const result = await client.query(statement.text, statement.values as unknown[]);
+      client.release();
+      return result.rows as Record<string, unknown>[];
+    } catch (error) {
+      // As pool.query(): a connection whose statement failed is closed rather than reused.
+      client.release(error instanceof Error ? error : new Error(String(error)));
+      throw error;
+    }
   }
 
   private openPool(): Pool {
