@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { Etcd3 } from 'etcd3';
 import { inspect } from 'node:util';
-import { EtcdLockBackend, LockBackendError, LockService } from '../../lib/index.js';
+import { EtcdLockBackend, LockBackendError, LockHealthIndicator, LockService } from '../../lib/index.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
 import { freePort } from '../support/redis-server.js';
 
@@ -139,5 +139,14 @@ describe('etcd backend with authentication on', () => {
       fixture.cleanup(() => unreachable.close());
       await expect(unreachable.verify()).resolves.toBeUndefined();
     });
+  });
+
+  it('the health check of a user who may read but not write the lock prefix is down, with the fix', async () => {
+    const health = new LockHealthIndicator(service(backend('reader', 'reader-pw-2b7c')));
+    const result = await health.isHealthy('locks', { timeout: 5_000 });
+    expect(result.locks.status).toBe('down');
+    expect(result.locks.message).toMatch(/permission denied.*grant-permission locks readwrite --prefix=true 'nest-distributed-lock\/'/);
+    const fine = await new LockHealthIndicator(service(backend('locks', 'locks-pw-9d0e'))).isHealthy('locks', { timeout: 5_000 });
+    expect(fine.locks.status).toBe('up');
   });
 });

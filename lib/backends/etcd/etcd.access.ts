@@ -1,5 +1,6 @@
 import type { ITxnRequest } from 'etcd3';
 import { LockBackendError } from '../../lock.errors.js';
+import type { BackendHealth } from '../lock-backend.interface.js';
 import type { EtcdConnection } from './etcd.connection.js';
 
 /** Who the backend is to etcd and where its keys live, for messages that say what to grant. */
@@ -24,6 +25,16 @@ export class EtcdAccess {
     await this.probe('verify').catch((error: unknown) => {
       if (error instanceof LockBackendError && error.permanent) throw error;
     });
+  }
+
+  async health(): Promise<BackendHealth> {
+    try {
+      await this.probe('health check');
+    } catch (error) {
+      if (error instanceof LockBackendError && error.permanent) return { up: false, details: {}, message: error.message };
+      throw error;
+    }
+    return { up: true, details: {} };
   }
 
   private async probe(op: string): Promise<void> {

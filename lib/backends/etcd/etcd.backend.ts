@@ -1,7 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import { LockBackendError } from '../../lock.errors.js';
-import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { EtcdAccess } from './etcd.access.js';
 import { EtcdConnection, type Operation } from './etcd.connection.js';
 import { EtcdKeys, HELD } from './etcd.keys.js';
@@ -151,6 +151,11 @@ export class EtcdLockBackend implements LockBackend {
    */
   verify(): Promise<void> {
     return this.access.verify();
+  }
+
+  /** For health checks: down, with the fix, while etcd refuses the credentials or the rights a lock needs. */
+  health(): Promise<BackendHealth> {
+    return this.access.health();
   }
 
   /** Stops watches and the waiter lease (its places leave their lines), and closes the client if the backend created it. */
