@@ -1,8 +1,10 @@
 import { beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
+import { Etcd3 } from 'etcd3';
 import { inspect } from 'node:util';
-import { EtcdLockBackend, LockBackendError, LockService } from '../../lib/index.js';
+import { EtcdLockBackend, LockBackendError, LockHealthIndicator, LockService } from '../../lib/index.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
+import { freePort } from '../support/redis-server.js';
 
 /**
  * An etcd with authentication on, as operators run a shared cluster: a user per application, with
@@ -94,4 +96,57 @@ describe('etcd backend with authentication on', () => {
     },
     30_000,
   );
+
+  describe('verify()', () => {
+    it('resolves for the user granted the lock prefix', async () => {
+      await expect(backend('locks', 'locks-pw-9d0e').verify()).resolves.toBeUndefined();
+    });
+
+    it('rejects a wrong password, as permanent', async () => {
+      const error = await backend('locks', WRONG)
+        .verify()
+        .catch((e: unknown) => e);
+      expect(error).toMatchObject({ name: 'LockBackendError', permanent: true });
+      expect((error as Error).message).toMatch(/authentication failed/);
+      expect(shown(error)).not.toContain(WRONG);
+    });
+
+    it.each([
+      ['reader', 'reader-pw-2b7c'],
+      ['other-app', 'other-pw-6e1d'],
+    ])('rejects user %s, who may not write the lock prefix, as permanent', async (name, password) => {
+      const error = await backend(name, password)
+        .verify()
+        .catch((e: unknown) => e);
+      expect(error).toMatchObject({ name: 'LockBackendError', permanent: true });
+      expect((error as Error).message).toMatch(/verify failed: etcd refused user .* \(permission denied\)/);
+    });
+
+    it('writes nothing when it passes', async () => {
+      const locks = backend('locks', 'locks-pw-9d0e');
+      await locks.verify();
+      // Read with the lock user's own rights: the probe key was never put.
+      const raw = new Etcd3({ hosts: fixture.endpoints, auth: { username: 'locks', password: 'locks-pw-9d0e' } });
+      fixture.cleanup(() => raw.close());
+      expect((await raw.getAll().prefix(PREFIX).keys()).filter((key) => key.includes('probe'))).toEqual([]);
+    });
+
+    it('resolves when no member can be reached: lock operations fail until one can', async () => {
+      const unreachable = new EtcdLockBackend(
+        { hosts: [`http://127.0.0.1:${await freePort()}`], auth: { username: 'locks', password: 'locks-pw-9d0e' } },
+        { commandTimeout: 500 },
+      );
+      fixture.cleanup(() => unreachable.close());
+      await expect(unreachable.verify()).resolves.toBeUndefined();
+    });
+  });
+
+  it('the health check of a user who may read but not write the lock prefix is down, with the fix', async () => {
+    const health = new LockHealthIndicator(service(backend('reader', 'reader-pw-2b7c')));
+    const result = await health.isHealthy('locks', { timeout: 5_000 });
+    expect(result.locks.status).toBe('down');
+    expect(result.locks.message).toMatch(/permission denied.*grant-permission locks readwrite --prefix=true 'nest-distributed-lock\/'/);
+    const fine = await new LockHealthIndicator(service(backend('locks', 'locks-pw-9d0e'))).isHealthy('locks', { timeout: 5_000 });
+    expect(fine.locks.status).toBe('up');
+  });
 });

@@ -1,10 +1,45 @@
 import type { ITxnRequest } from 'etcd3';
+import { LockBackendError } from '../../lock.errors.js';
+import type { BackendHealth } from '../lock-backend.interface.js';
+import type { EtcdConnection } from './etcd.connection.js';
 
 /** Who the backend is to etcd and where its keys live, for messages that say what to grant. */
 export interface EtcdIdentity {
   /** The user of the client the backend created from settings; unknown for a client you pass. */
   username: string | undefined;
   prefix: string;
+}
+
+/**
+ * Whether etcd takes the backend's credentials and lets it read and write its prefix: one
+ * transaction that etcd checks as it checks a lock's and never applies (see accessProbe).
+ */
+export class EtcdAccess {
+  constructor(
+    private readonly connection: EtcdConnection,
+    private readonly prefix: string,
+  ) {}
+
+  /** Rejects with the permanent LockBackendError etcd's refusal gives; resolves when no member answers. */
+  async verify(): Promise<void> {
+    await this.probe('verify').catch((error: unknown) => {
+      if (error instanceof LockBackendError && error.permanent) throw error;
+    });
+  }
+
+  async health(): Promise<BackendHealth> {
+    try {
+      await this.probe('health check');
+    } catch (error) {
+      if (error instanceof LockBackendError && error.permanent) return { up: false, details: {}, message: error.message };
+      throw error;
+    }
+    return { up: true, details: {} };
+  }
+
+  private async probe(op: string): Promise<void> {
+    await this.connection.txn(accessProbe(this.prefix), { op, keys: [] });
+  }
 }
 
 /**

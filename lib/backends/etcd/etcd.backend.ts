@@ -1,7 +1,8 @@
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import { LockBackendError } from '../../lock.errors.js';
-import type { AcquireResult, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import { EtcdAccess } from './etcd.access.js';
 import { EtcdConnection, type Operation } from './etcd.connection.js';
 import { EtcdKeys, HELD } from './etcd.keys.js';
 import { EtcdLine, type Standing } from './etcd.line.js';
@@ -35,6 +36,7 @@ export class EtcdLockBackend implements LockBackend {
   private readonly keys: EtcdKeys;
   private readonly places: EtcdPlaces;
   private readonly releases: EtcdReleases;
+  private readonly access: EtcdAccess;
   private readonly prefix: string;
   private readonly commandTimeout: number;
 
@@ -53,6 +55,7 @@ export class EtcdLockBackend implements LockBackend {
     this.keys = new EtcdKeys(resolved.prefix);
     this.line = new EtcdLine(this.keys);
     this.places = new EtcdPlaces(this.connection, leaseSeconds(resolved.waiterTimeout), resolved.commandTimeout);
+    this.access = new EtcdAccess(this.connection, resolved.prefix);
     this.releases = new EtcdReleases(this.connection, this.line, this.places, resolved.waiterTimeout);
   }
 
@@ -140,6 +143,19 @@ export class EtcdLockBackend implements LockBackend {
    */
   watching(): boolean {
     return !this.connection.closed;
+  }
+
+  /**
+   * At start-up: etcd takes the backend's credentials and lets it read and write its prefix.
+   * Rejects with a permanent LockBackendError naming the fix; resolves when no member answers.
+   */
+  verify(): Promise<void> {
+    return this.access.verify();
+  }
+
+  /** For health checks: down, with the fix, while etcd refuses the credentials or the rights a lock needs. */
+  health(): Promise<BackendHealth> {
+    return this.access.health();
   }
 
   /** Stops watches and the waiter lease (its places leave their lines), and closes the client if the backend created it. */
