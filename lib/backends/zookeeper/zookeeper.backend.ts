@@ -130,6 +130,9 @@ export class ZooKeeperLockBackend implements LockBackend {
     );
     if (!ok || !this.requests.isCurrent(request)) {
       this.requests.forget(request);
+      // A node gone (an operator deleted one, or the session went): the request's others go too,
+      // without holding the holder's signal back for it.
+      if (!ok) void this.discard(request, nodes);
       return { extended: false };
     }
     this.armExpiry(request, sentAt + ttlMs);
@@ -217,8 +220,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       );
       if (!still) {
         request.held = false;
-        request.nodes = undefined;
-        request.czxid = undefined;
+        void this.discard(request, nodes);
         return undefined;
       }
     }
@@ -280,8 +282,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       ]);
       if (stat) request.czxid = stat.czxid;
       if ('gone' in where) {
-        request.nodes = undefined;
-        request.czxid = undefined;
+        await this.discard(request, request.nodes!);
         if (round < 3) continue;
         return false;
       }
@@ -289,8 +290,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         // Reads alone could come from a follower cut off from the leader, which may have ended our
         // session already; nodes made by this attempt were a write, else one is made now.
         if (!created && !(await this.stillThere(session, request.nodes!))) {
-          request.nodes = undefined;
-          request.czxid = undefined;
+          await this.discard(request, request.nodes!);
           continue;
         }
         request.held = true;
@@ -331,6 +331,22 @@ export class ZooKeeperLockBackend implements LockBackend {
       }),
     );
     return stats.some((stat) => stat === undefined);
+  }
+
+  /**
+   * Some of the request's nodes are gone (an operator deleted one, or its session ended): it
+   * lost its place, and its nodes in the other lines go too. Left there, each would stand first
+   * in its line for nobody for as long as the session lives (a multi-key holder told it lost one
+   * key would keep the others), or stand in front of the request's own next place. Deleted now,
+   * or as soon as ZooKeeper answers; resolves either way.
+   */
+  private async discard(request: LineRequest, nodes: readonly string[]): Promise<void> {
+    if (request.nodes === nodes) {
+      request.nodes = undefined;
+      request.czxid = undefined;
+    }
+    const leftover: LineRequest = { ...request, nodes: [...nodes], uncertain: false };
+    await this.requests.remove(leftover).catch(() => this.requests.removeLater(leftover));
   }
 
   /** A write that fails unless every node is still there: the leader itself answers for the session. */
