@@ -51,7 +51,7 @@ export const DETECTORS = {
     seeded: false,
   },
   'chaos-etcd': { kind: 'chaos', backend: 'etcd', seconds: 15, kinds: SAFETY },
-  // Seed 1 of the unchanged tree had one overlap no fault explained, on a machine at load 22 (left to the Redlock backend's owner).
+  // With --seed 1 the unchanged tree had one overlap no fault explained, on a machine at load 22.
   'chaos-redlock': { kind: 'chaos', backend: 'redlock', seconds: 15, kinds: SAFETY, seeds: [2, 3] },
 };
 
