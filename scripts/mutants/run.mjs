@@ -18,7 +18,9 @@ const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 const args = process.argv.slice(2);
 const option = (name) => (args.includes(`--${name}`) ? args[args.indexOf(`--${name}`) + 1] : undefined);
 const only = option('only')?.split(',');
-const seeds = (option('seeds') ?? process.env.MUTANT_SEEDS)?.split(',').map(Number) ?? SEEDS;
+const asked = (option('seeds') ?? process.env.MUTANT_SEEDS)?.split(',').map(Number);
+/** The seeds of a detector: those asked for, else its own, else the set's. */
+const seedsOf = (detector) => asked ?? DETECTORS[detector].seeds ?? SEEDS;
 const jobs = Number(option('jobs') ?? 2);
 const keep = process.env.MUTANTS_KEEP === '1';
 const started = performance.now();
@@ -243,7 +245,7 @@ const detectorsUsed = [...new Set(mutants.map((m) => m.detector))];
 /** A chaos run per seed; a seeded test runs its seeds in one process; an unseeded test once. */
 const runsOf = (detector) => {
   const d = DETECTORS[detector];
-  return d.kind === 'chaos' ? seeds.map((seed) => [seed]) : d.seeded ? [seeds] : [['-']];
+  return d.kind === 'chaos' ? seedsOf(detector).map((seed) => [seed]) : d.seeded ? [seedsOf(detector)] : [['-']];
 };
 const tasks = [
   ...detectorsUsed.flatMap((detector) => runsOf(detector).map((s) => ({ detector, seeds: s }))),
