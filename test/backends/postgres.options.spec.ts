@@ -179,8 +179,9 @@ describe('PostgresLockBackend options', () => {
     const error = await locks.acquire('k', { wait: 0 }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(LockBackendError);
     expect((error as Error).message).toMatch(
-      /could not create the lock table public\.app_locks: permission denied for schema public\. Grant the role CREATE on schema public, or create the tables in a migration/,
+      /could not create the lock table public\.app_locks: permission denied for schema public\. Run, as the schema's owner: GRANT CREATE ON SCHEMA public TO app_user; or create the tables in a migration/,
     );
+    expect((error as LockBackendError).permanent).toBe(true);
   });
 
   it('refuses to run under another isolation level than READ COMMITTED, and says so', async () => {
