@@ -16,7 +16,9 @@ export interface BlockedKey {
  * election or session timeout of the store): a lock left behind by a holder that died, was cut
  * off or lost it must be freed by then. A key is *blocked* while at least one caller waits for it
  * and no hold of it is live (a hold lasts as the overlap check counts it, and a released minHold
- * lock until its minHold ends). A blocked stretch is excused during its first `boundMs` (a
+ * lock until its minHold ends). A waiter for several keys keeps its place in each of their lines
+ * until it has them all (all-or-nothing, first come first served: docs/redis.md, zookeeper.md),
+ * so a free key it waits for is not blocked while it waits: that is its turn. A blocked stretch is excused during its first `boundMs` (a
  * hand-over) and until `boundMs` after each fault that could have blocked it: any fault of the
  * store (a restart, a freeze, a failover), and a fault of a worker that held or waited for the
  * key meanwhile (killed, paused, cut off: what it won may be left on the store). Past that, the
@@ -35,7 +37,8 @@ export function findBlockedKeys(
   for (const key of keys) {
     const keyHolds = holds.filter((h) => h.key === key).map((h) => ({ ...h, end: Math.max(h.end, h.start + (h.minHold ?? 0)) }));
     const keyWaits = waits.filter((w) => w.key === key);
-    for (const [from, to] of stretches(keyWaits, keyHolds)) {
+    const turns = keyWaits.filter((w) => w.multi);
+    for (const [from, to] of stretches(keyWaits, [...keyHolds, ...turns])) {
       const excuses: [number, number][] = [[from, from + boundMs]];
       for (const w of windows) {
         if (w.start > to || !blocks(w, key, keyHolds, keyWaits)) continue;
@@ -53,6 +56,8 @@ interface Wait {
   worker: string;
   start: number;
   end: number;
+  /** A wait for several keys at once. */
+  multi: boolean;
 }
 
 /** How long a caller that gave up takes to ask again (its loop's pause, up to 20 ms): still wanted meanwhile. */
@@ -66,7 +71,7 @@ function waitIntervals(events: readonly HistoryEvent[], windows: readonly Window
     if (e.type !== 'attempt' && e.type !== 'acquired' && e.type !== 'error') continue;
     const id = `${e.holder} ${e.key}`;
     if (e.type === 'attempt') {
-      const wait = { key: e.key, worker: e.worker, start: e.t, end: endOfRun };
+      const wait = { key: e.key, worker: e.worker, start: e.t, end: endOfRun, multi: e.kind === 'multi-key' };
       const killed = windows.find((w) => w.kind === 'kill-worker' && w.target === e.worker && w.end >= e.t);
       if (killed) wait.end = Math.max(e.t, killed.start);
       open.set(id, wait);

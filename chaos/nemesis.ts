@@ -13,7 +13,8 @@ type Fault = () => Promise<void>;
  */
 export class Nemesis {
   private stopped = false;
-  private readonly kinds: FaultKind[];
+  private readonly workerKinds: FaultKind[];
+  private readonly storeKinds: FaultKind[];
 
   constructor(
     private readonly pool: WorkerPool,
@@ -32,7 +33,8 @@ export class Nemesis {
             ? (['net-delay', 'net-drop', 'net-blackhole-up', 'net-blackhole-down', 'net-late-replay'] as const)
             : []),
         ];
-    this.kinds = [...workerKinds, ...(Object.keys(store.faults) as FaultKind[])];
+    this.workerKinds = workerKinds;
+    this.storeKinds = Object.keys(store.faults) as FaultKind[];
   }
 
   /** Runs until `stop()`; the fault in progress is finished and healed first. */
@@ -40,7 +42,10 @@ export class Nemesis {
     while (!this.stopped) {
       await sleep(200 + Math.floor(this.next() * this.ttl));
       if (this.stopped) break;
-      const kind = this.kinds[Math.floor(this.next() * this.kinds.length)];
+      // Half the faults hit the store, half a worker: the store's few kinds (the ones that lose
+      // locks among them) would otherwise be drawn a third as often as the network's.
+      const from = this.storeKinds.length > 0 && this.next() < 0.5 ? this.storeKinds : this.workerKinds;
+      const kind = from[Math.floor(this.next() * from.length)];
       // A fault that could not be carried out (a failover that never came) is noted, and the run
       // goes on: its window is in the history all the same.
       await this.inject(kind).catch((error: unknown) =>

@@ -173,6 +173,12 @@ function printTable(results: RunResult[]): void {
     console.log(`  overlaps by cause ${JSON.stringify(summary(r).overlapsBy)}`);
     console.log(`  errors ${JSON.stringify(r.report.errors)}`);
     console.log(`  violations ${JSON.stringify(r.report.violations)}`);
+    for (const b of r.report.blockedKeys.slice(0, 10))
+      console.log(
+        `  blocked key ${b.key}: wanted and held by nobody from ${b.from.toFixed(0)} to ${b.to.toFixed(0)}, no fault excusing it after ${b.since.toFixed(0)}`,
+      );
+    for (const o of r.report.overlaps.filter((o) => o.notTold).slice(0, 10))
+      console.log(`  holder not told on ${o.key}: ${o.first}, after ${o.allowedBy}, acting past ${o.tellBy?.toFixed(0)}`);
     for (const o of r.report.overlaps.slice(0, 10))
       console.log(
         `  overlap on ${o.key}: ${o.first} then ${o.second}, ${o.ms.toFixed(1)} ms, ${o.allowedBy ? `after ${o.allowedBy}` : 'NOT ALLOWED'}`,

@@ -112,16 +112,16 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
   const stalledAtStart = ctx.stalledSince(0);
   for (const k of callKeys) ctx.log({ t: startedAt, type: 'attempt', holder, worker, key: k, waitMs: ctx.wait, kind });
   const ttl = kind === 'no-extend' ? ctx.ttl * 3 : ctx.ttl;
-  // A share of sections outlive several extensions (up to 3.5 ttl); most are short.
+  // A quarter of sections outlive several extensions (up to 3.5 ttl); half are short.
   const r = ctx.next();
   const holdMs =
     kind === 'max-hold'
       ? ctx.ttl * 3 // longer than maxHold (2 ttl): the lock is taken from the holder, which must stop
       : kind === 'no-extend'
         ? Math.floor(ctx.next() * ttl * 0.6)
-        : r < 0.6
+        : r < 0.5
           ? Math.floor(ctx.next() * ctx.workMs)
-          : r < 0.85
+          : r < 0.75
             ? Math.floor(ctx.ttl / 3 + ctx.next() * ctx.ttl)
             : Math.floor(ctx.ttl + ctx.next() * ctx.ttl * 2.5);
   let entered = false;
@@ -157,7 +157,7 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
     async (handle) => {
       const end = now() + Math.max(0, until() - now()) * share;
       do await round(ctx, handle, holder, worker, callKeys);
-      while (now() < end && (!ctx.fencing || handle.isHeld) && (await pause(ctx, handle, end)));
+      while (now() < end && (!ctx.fencing || !handle.signal.aborted) && (await pause(ctx, handle, end)));
     };
   /** The outermost body: logs the acquisition, the loss and the release around `body`. */
   const held =
@@ -217,9 +217,8 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
         await writer.plain(key, whole);
     }
   } catch (error) {
-    // A lock lost mid-section ends the section: that is the holder obeying its signal.
-    const name =
-      (error as Error)?.name === 'AbortError' && entered ? 'SectionAborted' : ((error as Error)?.constructor?.name ?? typeof error);
+    // A lock lost mid-section ends it with its LockLostError: the holder obeying its signal.
+    const name = (error as Error)?.constructor?.name ?? typeof error;
     const message = String((error as Error)?.message ?? error).slice(0, 200);
     for (const k of callKeys)
       ctx.log({
@@ -244,15 +243,16 @@ function drawKind(next: () => number): CallKind {
 }
 
 /**
- * One read-modify-write of each key's register, as a careful holder does it: checks that it
- * still holds the lock before each write (unless fencing is off: then it never looks).
+ * One read-modify-write of each key's register, as a careful holder does it: `throwIfLost()`
+ * before each write (unless fencing is off: then it never looks). A holder relies on being told:
+ * a lock that went away without its signal aborting lets it go on writing.
  */
 async function round(ctx: CallContext, handle: LockHandle, holder: string, worker: string, keys: string[]): Promise<void> {
   for (const key of keys) {
     // Logged for the checker; the register sees it only with fencing on.
     const token = keys.length > 1 ? handle.fencingTokenFor(fullKey(key)) : handle.fencingToken;
     const fence = ctx.fencing ? token : undefined;
-    if (ctx.fencing && !handle.isHeld) return;
+    if (ctx.fencing) handle.throwIfLost();
     const sentAt = now();
     const value = await ctx.register.read(key, fence);
     if (value === undefined) {
@@ -260,8 +260,9 @@ async function round(ctx: CallContext, handle: LockHandle, holder: string, worke
       return;
     }
     await sleep(Math.floor(ctx.next() * ctx.workMs));
-    // What a careful holder does before each write under the lock.
-    if (ctx.fencing && !handle.isHeld) return;
+    // What a careful holder does before each write under the lock (the documented way: it throws
+    // the LockLostError of the signal, which ends the section).
+    if (ctx.fencing) handle.throwIfLost();
     const writtenAt = now();
     const seq = await ctx.register.write(key, fence, value + 1, holder);
     ctx.log({ t: writtenAt, type: 'write', holder, worker, key, token, read: value, wrote: value + 1, accepted: seq !== undefined, seq });

@@ -168,4 +168,122 @@ describe('checkHistory', () => {
     expect(checkHistory(starved(450), options).violations['slow-wait']).toBe(0);
     expect(checkHistory(starved(300), options).violations['slow-wait']).toBe(1);
   });
+
+  it('takes several writes of one holder under one token as its own, and the same token from another holder as stale', () => {
+    const worker = 'w1';
+    const twice: HistoryEvent[] = [
+      ...section('w1.0', 'k', 0, 10, 0, 1),
+      { t: 12, type: 'write', holder: 'w1.0', worker, key: 'k', token: 10, read: 1, wrote: 2, accepted: true, seq: 2 },
+    ];
+    expect(checkHistory(twice, options).violations['stale-write']).toBe(0);
+    const reused = [...section('w1.0', 'k', 0, 10, 0, 1), ...section('w2.0', 'k', 30, 10, 1, 2)];
+    expect(checkHistory(reused, options).violations['stale-write']).toBe(1);
+  });
+
+  it('keeps the holds of one holder on two keys apart (a multi-key call)', () => {
+    const both: HistoryEvent[] = ['a', 'b'].flatMap((key): HistoryEvent[] => [
+      { t: 0, type: 'attempt', holder: 'w1.0', worker: 'w1', key, waitMs: 1000 },
+      { t: 5, type: 'acquired', holder: 'w1.0', worker: 'w1', key, token: 10, deadline: 1005 },
+    ]);
+    const history: HistoryEvent[] = [
+      ...both,
+      { t: 50, type: 'released', holder: 'w1.0', worker: 'w1', key: 'a' },
+      { t: 50, type: 'released', holder: 'w1.0', worker: 'w1', key: 'b' },
+      // Another holder in `a` while the first still holds it: the acquisition of `b` did not end that hold.
+      ...section('w2.0', 'a', 10, 11, 0, 1),
+    ];
+    expect(checkHistory(history, options).overlaps).toEqual([expect.objectContaining({ key: 'a', first: 'w1.0', second: 'w2.0' })]);
+  });
+
+  describe('a holder that lost its lock to a fault must be told', () => {
+    const told = { ...options, ttl: 300, reactionMs: 100 };
+    // The store forgets w1's lock at 20 to 30; w2 gets it at 40. w1's next extension is due by
+    // 40 + 300/3 = 140, its answer by 240: w1 must have been told (its signal aborted) by then.
+    const lostToRestart = (w1Until: number, lostAt?: number): HistoryEvent[] => [
+      { t: 0, type: 'attempt', holder: 'w1.0', worker: 'w1', key: 'k', waitMs: 1000 },
+      { t: 5, type: 'acquired', holder: 'w1.0', worker: 'w1', key: 'k', token: 1, deadline: 305 },
+      { t: 20, type: 'fault', kind: 'restart-store-empty', phase: 'start', target: 'redis' },
+      { t: 30, type: 'fault', kind: 'restart-store-empty', phase: 'end', target: 'redis' },
+      { t: 35, type: 'attempt', holder: 'w2.0', worker: 'w2', key: 'k', waitMs: 1000 },
+      { t: 40, type: 'acquired', holder: 'w2.0', worker: 'w2', key: 'k', token: 2, deadline: 340 },
+      { t: 600, type: 'released', holder: 'w2.0', worker: 'w2', key: 'k' },
+      ...(lostAt === undefined
+        ? []
+        : [{ t: lostAt, type: 'lost', holder: 'w1.0', worker: 'w1', key: 'k', reason: 'taken', deadline: 305 } as const]),
+      { t: w1Until, type: 'released', holder: 'w1.0', worker: 'w1', key: 'k' },
+    ];
+
+    it('allows the overlap while the holder cannot know yet', () => {
+      const report = checkHistory(lostToRestart(200), told);
+      expect(report.overlaps).toEqual([expect.objectContaining({ allowedBy: 'restart-store-empty', tellBy: 240, notTold: false })]);
+      expect(report.violations['holder-not-told']).toBe(0);
+    });
+
+    it('reports a holder still in its section past its next extension without its signal aborted', () => {
+      const report = checkHistory(lostToRestart(500), told);
+      expect(report.overlaps).toEqual([expect.objectContaining({ allowedBy: 'restart-store-empty', notTold: true })]);
+      expect(report.violations['holder-not-told']).toBe(1);
+      expect(report.violations.overlap).toBe(0);
+    });
+
+    it('does not report a holder told in time, whose lock ends when it was told', () => {
+      expect(checkHistory(lostToRestart(500, 150), told).violations['holder-not-told']).toBe(0);
+    });
+
+    it('waits for the deadline of a lease nothing extends (autoExtend: false)', () => {
+      const unextended = (w1Until: number) =>
+        lostToRestart(w1Until).map((e) => (e.type === 'acquired' && e.holder === 'w1.0' ? { ...e, autoExtend: false, deadline: 450 } : e));
+      // Told at its deadline (450), not at an extension: still acting at 500 is in time.
+      expect(checkHistory(unextended(500), told).overlaps).toEqual([expect.objectContaining({ tellBy: 550, notTold: false })]);
+      expect(checkHistory(unextended(600), told).violations['holder-not-told']).toBe(1);
+    });
+  });
+
+  describe('a key nobody holds must be acquirable again once faults heal', () => {
+    const live = { ...options, livenessBoundMs: 500 };
+    // w1 holds `k` until 100; w2 asks at 50 and gets it only at `w2At`.
+    const handOver = (w2At: number, faults: HistoryEvent[] = []): HistoryEvent[] => [
+      { t: 0, type: 'attempt', holder: 'w1.0', worker: 'w1', key: 'k', waitMs: 10_000 },
+      { t: 5, type: 'acquired', holder: 'w1.0', worker: 'w1', key: 'k', token: 1, deadline: 1005 },
+      { t: 100, type: 'released', holder: 'w1.0', worker: 'w1', key: 'k' },
+      { t: 50, type: 'attempt', holder: 'w2.0', worker: 'w2', key: 'k', waitMs: 10_000 },
+      { t: w2At, type: 'acquired', holder: 'w2.0', worker: 'w2', key: 'k', token: 2, deadline: w2At + 1000 },
+      { t: w2At + 10, type: 'released', holder: 'w2.0', worker: 'w2', key: 'k' },
+      ...faults,
+    ];
+
+    it('takes a hand-over within the bound as one', () => {
+      const report = checkHistory(handOver(550), live);
+      expect(report.violations['blocked-key']).toBe(0);
+    });
+
+    it('reports a key wanted and held by nobody past the bound', () => {
+      const report = checkHistory(handOver(1_000), live);
+      expect(report.violations['blocked-key']).toBe(1);
+      expect(report.blockedKeys).toEqual([{ key: 'k', from: 100, to: 1_000, since: 600 }]);
+    });
+
+    it('excuses it until the bound after a fault of the store heals, and no longer', () => {
+      const restart = (end: number): HistoryEvent[] => [
+        { t: 200, type: 'fault', kind: 'pause-store', phase: 'start', target: 'redis' },
+        { t: end, type: 'fault', kind: 'pause-store', phase: 'end', target: 'redis' },
+      ];
+      expect(checkHistory(handOver(1_000, restart(600)), live).violations['blocked-key']).toBe(0);
+      expect(checkHistory(handOver(1_500, restart(600)), live).blockedKeys).toEqual([expect.objectContaining({ since: 1_100 })]);
+    });
+
+    it('does not take a fault of a worker that neither held nor wanted the key as an excuse', () => {
+      const elsewhere = (target: string): HistoryEvent[] => [
+        { t: 200, type: 'fault', kind: 'net-drop', phase: 'start', target },
+        { t: 600, type: 'fault', kind: 'net-drop', phase: 'end', target },
+      ];
+      expect(checkHistory(handOver(1_000, elsewhere('network:w3')), live).violations['blocked-key']).toBe(1);
+      expect(checkHistory(handOver(1_000, elsewhere('network:w2')), live).violations['blocked-key']).toBe(0);
+    });
+
+    it('counts a released lock kept for its minHold as held', () => {
+      const kept = handOver(1_000).map((e) => (e.type === 'acquired' && e.holder === 'w1.0' ? { ...e, minHold: 900 } : e));
+      expect(checkHistory(kept, live).violations['blocked-key']).toBe(0);
+    });
+  });
 });
