@@ -85,14 +85,14 @@ export class Lease {
   }
 
   /**
-   * @internal Called once by the acquisition that won the lease, before its holder runs. A backend
-   * may hand a lock over with less than the ttl (PostgreSQL: at most its waiterTimeout) and leave
-   * the rest to the watchdog; without one (autoExtend off) the holder would lose it that soon, so a
-   * lease granted for less than half its ttl is extended once here. A failed extension leaves the
+   * @internal Called once by the acquisition that won the lease, before its holder runs. A lock
+   * handed over on release may come with less than the ttl (at most the waiterTimeout): without a
+   * watchdog (autoExtend off) it is extended to the ttl asked once here. Within 5% of the ttl (a
+   * backend's drift allowance, Redlock's) it is taken as it is. A failed extension leaves the
    * shorter lease, which still ends (its signal aborts) on time. Undefined: ready as it is.
    */
   ready(): Promise<void> | undefined {
-    if (this.autoExtend || this.granted >= this.ttl / 2) return undefined;
+    if (this.autoExtend || this.granted >= this.ttl * 0.95) return undefined;
     return this.extend().catch(() => undefined);
   }
 
