@@ -67,7 +67,10 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.requests = new LineRequests(this.session, this.paths);
     this.places = new LinePlaces(this.requests, this.paths, this.parents);
     // A lost session took this process's places in line and their watches: every waiter asks again.
+    // Nodes left to delete go once ZooKeeper answers again (see LineRequests.removeLater).
+    this.session.onAnswer = () => this.requests.sendLeftovers();
     this.stopListening = this.session.onState((state) => {
+      if (state === 'connected') this.requests.sendLeftovers();
       if (state !== 'lost') return;
       this.parents.known.clear();
       for (const request of this.requests.all()) this.requests.wake(request);
@@ -147,7 +150,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     const held = request.held;
     await this.requests.remove(request).catch((error: unknown) => {
       // Refused for good (the identity may not delete here): sending it again would not help.
-      if (!(error instanceof LockBackendError && error.permanent)) this.requests.removeLater(request);
+      if (!(error instanceof LockBackendError && error.permanent)) this.requests.removeLater(request, false);
       throw error;
     });
     return held;
@@ -346,7 +349,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       request.czxid = undefined;
     }
     const leftover: LineRequest = { ...request, nodes: [...nodes], uncertain: false };
-    await this.requests.remove(leftover).catch(() => this.requests.removeLater(leftover));
+    await this.requests.remove(leftover).catch(() => this.requests.removeLater(leftover, false));
   }
 
   /** A write that fails unless every node is still there: the leader itself answers for the session. */

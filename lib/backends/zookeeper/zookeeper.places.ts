@@ -86,7 +86,7 @@ export class LinePlaces {
       // Not the ones already found by name after a lost answer: they would stand in line for
       // nobody, for as long as the session lives.
       const leftover = { ...request, nodes, uncertain: false };
-      removeNodes(session.client, nodes).catch(() => this.requests.removeLater(leftover));
+      removeNodes(session.client, nodes).catch(() => this.requests.removeLater(leftover, false));
     }
   }
 

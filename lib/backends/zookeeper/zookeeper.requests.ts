@@ -1,7 +1,11 @@
 import { performance } from 'node:perf_hooks';
 import { LockBackendError } from '../../lock.errors.js';
+import { FailedReleases } from '../failed-releases.js';
 import { findNodes, removeNodes, type LinePaths, type LineRequest } from './zookeeper.line.js';
 import type { ZooKeeperSession } from './zookeeper.session.js';
+
+/** Owners with nodes left to delete, at most: as many as FailedReleases keeps. */
+const MAX_LEFTOVERS = 10_000;
 
 /**
  * This process's requests, one per owner: the place each stands in, when a held one's ttl runs
@@ -11,8 +15,9 @@ export class LineRequests {
   private readonly requests = new Map<string, LineRequest>();
   /** When a held lock's ttl runs out without an extension: this process deletes its nodes then. */
   private readonly expiries = new Map<string, NodeJS.Timeout & { at?: number }>();
-  private readonly leftovers = new Set<LineRequest>();
-  private leftoverTimer: NodeJS.Timeout | undefined;
+  /** Nodes left to delete, by owner (FailedReleases sends by owner; this says which nodes). */
+  private readonly leftovers = new Map<string, LineRequest>();
+  private readonly failedReleases = new FailedReleases((_keys, owner) => this.removeLeftover(owner));
   private closed = false;
 
   constructor(
@@ -98,22 +103,25 @@ export class LineRequests {
   }
 
   /**
-   * A release that failed (no answer during a leader election, a dropped connection) leaves nodes
-   * that the session, still alive, would keep forever: they are deleted as soon as ZooKeeper answers.
+   * A release that failed (no answer during a leader election, a dropped connection), or nodes
+   * that a request gave up and no release will come for, would stay for as long as the session
+   * lives: they are deleted as soon as ZooKeeper answers again (FailedReleases, the mechanism
+   * every backend uses; the backend calls sendLeftovers() at each answer and reconnection). One is
+   * tried at once too, unless it is a removal that just failed again.
    */
-  removeLater(request: LineRequest): void {
-    this.leftovers.add(request);
-    if (this.leftoverTimer || this.closed) return;
-    this.leftoverTimer = setTimeout(() => {
-      this.leftoverTimer = undefined;
-      for (const leftover of [...this.leftovers]) {
-        this.leftovers.delete(leftover);
-        // Unless refused for good (the identity may not delete here): that would be sent forever.
-        this.remove(leftover).catch((error: unknown) => {
-          if (!(error instanceof LockBackendError && error.permanent)) this.removeLater(leftover);
-        });
-      }
-    }, 100).unref();
+  removeLater(request: LineRequest, now = true): void {
+    if (this.closed) return;
+    const known = this.leftovers.get(request.owner);
+    this.leftovers.set(request.owner, known ? merge(known, request) : request);
+    // FailedReleases keeps as many owners at most, dropping the oldest first: so does this.
+    if (this.leftovers.size > MAX_LEFTOVERS) this.leftovers.delete(this.leftovers.keys().next().value!);
+    this.failedReleases.add(request.keys, request.owner);
+    if (now) this.failedReleases.sendAgain();
+  }
+
+  /** ZooKeeper answered: the nodes left to delete are sent again. */
+  sendLeftovers(): void {
+    this.failedReleases.sendAgain();
   }
 
   /** At shutdown: the session's end deletes every node, so nothing is left to time or retry. */
@@ -121,12 +129,32 @@ export class LineRequests {
     this.closed = true;
     for (const timer of this.expiries.values()) clearTimeout(timer);
     this.expiries.clear();
-    clearTimeout(this.leftoverTimer);
+    this.failedReleases.close();
     this.leftovers.clear();
+  }
+
+  /** FailedReleases' release: the owner's leftover nodes, deleted; added again when that fails, unless refused for good. */
+  private async removeLeftover(owner: string): Promise<void> {
+    const leftover = this.leftovers.get(owner);
+    if (!leftover) return;
+    this.leftovers.delete(owner);
+    await this.remove(leftover).catch((error: unknown) => {
+      if (!(error instanceof LockBackendError && error.permanent)) this.removeLater(leftover, false);
+    });
   }
 
   /** Once the session ends: every request went with it. */
   clear(): void {
     this.requests.clear();
   }
+}
+
+/**
+ * Two leftovers of one owner as one: every node of both, and looked for by name in every line of
+ * both when either's create answer was lost (the nodes of the owner's current request are kept).
+ */
+function merge(a: LineRequest, b: LineRequest): LineRequest {
+  const keys = [...new Set([...a.keys, ...b.keys])];
+  const nodes = [...new Set([...(a.nodes ?? []), ...(b.nodes ?? [])])];
+  return { ...a, keys, nodes: nodes.length > 0 ? nodes : undefined, uncertain: a.uncertain || b.uncertain };
 }

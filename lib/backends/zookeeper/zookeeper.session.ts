@@ -55,6 +55,8 @@ export class ZooKeeperSession {
   private closed = false;
   private pinging = false;
   private readonly listeners = new Set<(state: ZooKeeperSessionState) => void>();
+  /** Called after each operation ZooKeeper answered in time: it is reachable (see FailedReleases). */
+  onAnswer: (() => void) | undefined;
 
   constructor(
     private readonly newClient: () => ZooKeeperClient,
@@ -91,6 +93,7 @@ export class ZooKeeperSession {
     try {
       const result = await Promise.race([this.session().then(operation), timeout]);
       this.heard();
+      this.onAnswer?.();
       return result;
     } catch (error) {
       if (error instanceof ZooKeeperError && error.code !== 'CONNECTION_LOSS' && error.code !== 'SESSION_EXPIRED') this.heard();
