@@ -82,7 +82,10 @@ export class RedisScriptRunner {
     const refused = this.connection.refusal;
     if (refused) return refused;
     const refusal = refusalOf(error, this.connection.readOnlyHeals);
-    const message = sentence(error instanceof Error ? error.message : String(error));
+    // ioredis's "max retries per request" names an option of a client the user may not have made:
+    // the state of the connection, which follows, says what is wrong.
+    const unsent = error instanceof Error && error.name === 'MaxRetriesPerRequestError' && client.status !== 'ready';
+    const message = unsent ? 'not sent, as Redis could not be reached.' : sentence(error instanceof Error ? error.message : String(error));
     const advice =
       refusal === 'rights'
         ? aclAdvice(op, redisKeys, client)
