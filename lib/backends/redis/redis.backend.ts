@@ -9,6 +9,8 @@ import { RedisWaiterLine } from './redis.line.js';
 import { checkConnection, resolveBackendOptions, type RedisLockBackendOptions, type RedisLockConnection } from './redis.options.js';
 import { ACQUIRE, EXTEND, INSPECT, RELEASE } from './redis.scripts.js';
 import { RedisScriptRunner } from './redis.script-runner.js';
+import { verifyRedis } from './redis.verify.js';
+import { LockBackendError } from '../../lock.errors.js';
 
 /**
  * Leases in one Redis (standalone, Sentinel or Cluster) through ioredis. Every operation is one
@@ -26,6 +28,7 @@ export class RedisLockBackend implements LockBackend {
   /** How many times in a row a released lock may go to a waiter of this process before earlier ones of others. */
   readonly localHandoffs: number;
 
+  private readonly commandTimeout: number;
   private readonly connection: RedisConnection;
   private readonly scripts: RedisScriptRunner;
   private readonly line: RedisWaiterLine;
@@ -46,6 +49,7 @@ export class RedisLockBackend implements LockBackend {
     const { waiterTimeout, commandTimeout, localHandoffs } = resolveBackendOptions(options);
     this.waiterTimeout = waiterTimeout;
     this.localHandoffs = localHandoffs;
+    this.commandTimeout = commandTimeout;
     this.connection = new RedisConnection(checked, this.name);
     this.scripts = new RedisScriptRunner(this.connection, this.name, commandTimeout);
     this.line = new RedisWaiterLine(this.connection, commandTimeout, localHandoffs);
@@ -127,7 +131,7 @@ export class RedisLockBackend implements LockBackend {
       return await this.releaseOnce(keys, owner);
     } catch (error) {
       // Sent again once Redis is reachable (see FailedReleases); the caller still hears of it.
-      const client = this.connection.open();
+      const client = this.connection.current;
       if (client) {
         this.failedReleases.add(keys, owner);
         this.sendAgainWhenReady(client);
@@ -228,11 +232,22 @@ export class RedisLockBackend implements LockBackend {
     const client = (this.connection.open() ?? (await this.connection.connected('health', []))) as Redis;
     const info = await client.info('replication').catch((error: unknown) => {
       if (error instanceof Error && error.message.startsWith('NOPERM')) return 'role:unknown';
+      if (this.connection.refusal) throw this.connection.refusal;
+      // Not connected: said of the user's server, not in ioredis's words about its own retries.
+      if (client.status !== 'ready') throw new LockBackendError(this.name, this.connection.unreachable(client), error);
       throw error;
     });
     const role = /^role:(\S+)/m.exec(info)?.[1] ?? 'unknown';
     if (role === 'master' || role === 'unknown') return { up: true, details: { role } };
     return { up: false, details: { role }, message: `Redis is a ${role}: locks need a master, which takes writes.` };
+  }
+
+  /**
+   * At start-up: no such database, credentials refused, or a replica outside Sentinel reject with
+   * a permanent LockBackendError; a Redis that cannot be reached resolves (see verifyRedis).
+   */
+  verify(): Promise<void> {
+    return verifyRedis(this.connection, this.name, this.commandTimeout);
   }
 
   async inspect(key: string): Promise<LockState | undefined> {

@@ -2,6 +2,7 @@ import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
+import { refusalFix, refusalOf } from './redis.refusals.js';
 import { CREATED_CLIENT_DEFAULTS, CREATED_SENTINEL_CLIENT_DEFAULTS, type CheckedConnection } from './redis.options.js';
 
 const logger = new Logger('DistributedLock');
@@ -23,6 +24,11 @@ export class RedisConnection {
   private stopped = false;
   /** The last connection error of a client we created, to say why an operation failed. */
   private lastError: Error | undefined;
+  /**
+   * Set while the server refuses this client for good (no such database, credentials refused):
+   * operations fail at once with it instead of after their whole wait. See refusalOf.
+   */
+  private refused: LockBackendError | undefined;
   /** Pending reconnections of clients of ours that ioredis gave up on: see keepConnecting(). */
   private readonly reconnections = new Set<NodeJS.Timeout>();
 
@@ -49,7 +55,33 @@ export class RedisConnection {
 
   /** The client once it exists, without awaiting anything: an await per operation adds up. */
   open(): Redis | Cluster | undefined {
-    return this.stopped || this.awaitingClient > 0 ? undefined : this.client;
+    return this.stopped || this.awaitingClient > 0 || this.refused ? undefined : this.client;
+  }
+
+  /** The client, also while the server refuses it (a failed release is sent again once it is ready). */
+  get current(): Redis | Cluster | undefined {
+    return this.stopped ? undefined : this.client;
+  }
+
+  /** What the server refuses for good, if anything: see `refused`. */
+  get refusal(): LockBackendError | undefined {
+    return this.refused;
+  }
+
+  /** Whether a READONLY answer may heal by waiting: behind Sentinel it is a failover in progress. */
+  get readOnlyHeals(): boolean {
+    const client = this.client;
+    if (client) return client.isCluster || Boolean((client as Redis).options.sentinels);
+    return this.connection.kind === 'cluster' || (this.connection.kind === 'options' && Boolean(this.connection.options.sentinels));
+  }
+
+  /** Where the client points, for messages: never its URL, which may hold a password. */
+  where(client: Redis | Cluster | undefined = this.client): string {
+    if (!client) return 'Redis';
+    if (client.isCluster) return 'the Redis Cluster';
+    const { host, port, path, sentinels, name } = (client as Redis).options;
+    if (sentinels) return `the Redis master '${name}' (through Sentinel)`;
+    return `Redis at ${path ?? `${host ?? 'localhost'}:${port ?? 6379}`}`;
   }
 
   /**
@@ -59,6 +91,7 @@ export class RedisConnection {
    */
   async connected(op: string, keys: readonly string[]): Promise<Redis | Cluster> {
     if (this.stopped) throw this.closedError(op, keys);
+    if (this.refused) throw this.refused;
     if (this.client && this.awaitingClient === 0) return this.client;
     this.awaitingClient++;
     try {
@@ -112,7 +145,7 @@ export class RedisConnection {
   /** Why the connection is down, for an error message; empty while it is ready. */
   describeState(client: Redis | Cluster): string {
     if (client.status === 'ready') return '';
-    return ` Connection to Redis is '${client.status}'${this.lastError ? ` (${withoutStop(this.lastError.message)})` : ''}.`;
+    return ` Connection to Redis is '${client.status}'${this.lastError ? `: ${this.unreachable(client)}` : '.'}`;
   }
 
   closedError(op: string, keys: readonly string[]): LockBackendError {
@@ -137,13 +170,23 @@ export class RedisConnection {
     let down = false;
     client.on('error', (error: Error) => {
       this.lastError = error;
+      const refusal = refusalOf(error);
+      if (refusal === 'database') return this.refuseDatabase(client as Redis, error);
+      if (refusal === 'credentials') {
+        // ioredis keeps trying (an operator may fix the user); operations fail at once meanwhile.
+        const message = `${withoutStop(error.message)}: ${refusalFix(refusal, this.where(client))}`;
+        if (!this.refused) logger.error(`Redis connection refused: ${message}`);
+        this.refused = new LockBackendError(this.backendName, message, error, { permanent: true });
+        down = true;
+        return;
+      }
       // Once per outage, not once per reconnection attempt.
-      if (!down)
-        logger.warn(`Redis connection failed: ${withoutStop(error.message)}. Reconnecting; lock operations fail until it is back.`);
+      if (!down) logger.warn(`${this.unreachable(client)} Reconnecting; lock operations fail until it is back.`);
       down = true;
     });
     client.on('ready', () => {
       this.lastError = undefined;
+      this.refused = undefined;
       if (down) logger.log('Redis connection is back.');
       down = false;
     });
@@ -154,6 +197,60 @@ export class RedisConnection {
     }
     this.client = client;
     return client;
+  }
+
+  /**
+   * Why the client is not connected, in words about the user's server rather than ioredis's (its
+   * "max retries per request" names a client option of a client the user did not create).
+   */
+  unreachable(client: Redis | Cluster | undefined = this.client): string {
+    const cause = this.lastError;
+    const code = (cause as { code?: string } | undefined)?.code;
+    const why =
+      code === 'ECONNREFUSED'
+        ? 'refused the connection (is it running, on this host and port?)'
+        : code === 'ENOTFOUND' || code === 'EAI_AGAIN'
+          ? 'cannot be reached: its host name does not resolve'
+          : `cannot be reached${cause ? ` (${withoutStop(cause.message)})` : ''}`;
+    return `${this.where(client)} ${why}.`;
+  }
+
+  /**
+   * A URL or options naming a database the server does not have: ioredis reports the failed
+   * SELECT and goes on in database 0, where the locks would not be where the user put them (and
+   * would not exclude processes that use the right one). The client is closed before it sends
+   * anything (SELECT is answered before ioredis's ready check, ahead of every queued command), and
+   * every operation fails with an error that names the database and the server's limit.
+   */
+  private refuseDatabase(client: Redis, error: Error): void {
+    if (this.refused) return;
+    const db = client.options.db ?? 0;
+    const message = (limit?: number) =>
+      `${this.where(client)} has no database ${db}: ` +
+      (limit === undefined
+        ? `its 'databases' setting (16 by default) is lower. `
+        : `it has ${limit} (0 to ${limit - 1}, its 'databases' setting). `) +
+      `Name a database it has in the URL ('redis://host:6379/0') or the 'db' option, or raise 'databases' in its redis.conf. ` +
+      `No lock was taken in another database.`;
+    this.refused = new LockBackendError(this.backendName, message(), error, { permanent: true });
+    client.disconnect();
+    // The limit, from a connection to database 0, for the log and later errors.
+    const probe = client.duplicate({ db: 0, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+    probe.on('error', () => undefined);
+    void probe
+      .connect()
+      .then(() => probe.config('GET', 'databases'))
+      .then(
+        (reply) => Number((reply as string[])[1]),
+        () => undefined,
+      )
+      .then((limit) => {
+        probe.disconnect();
+        if (limit !== undefined && Number.isInteger(limit)) {
+          this.refused = new LockBackendError(this.backendName, message(limit), error, { permanent: true });
+        }
+        logger.error(this.refused!.message);
+      });
   }
 
   /**

@@ -95,14 +95,19 @@ export function checkConnection(connection: unknown): CheckedConnection {
     throw new InvalidLockOptionsError('connection', `RedisLockBackend: ${what}. ${HOW_TO}`);
   };
   if (typeof connection === 'string') {
+    // 'localhost:6379' parses as a URL of scheme 'localhost:': say what was written, and the fix.
+    if (!connection.includes('://')) {
+      fail(`'${shownUrl(connection)}' has no scheme: write it as 'redis://${shownUrl(connection)}' ('rediss://' for TLS)`);
+    }
     let url: URL | undefined;
     try {
       url = new URL(connection);
     } catch {
-      fail(`'${redactUrl(connection)}' is not a URL`);
+      fail(`'${shownUrl(connection)}' is not a URL`);
     }
-    if (url!.protocol !== 'redis:' && url!.protocol !== 'rediss:')
-      fail(`the URL must start with redis:// or rediss://, got '${url!.protocol}//'`);
+    if (url!.protocol !== 'redis:' && url!.protocol !== 'rediss:') {
+      fail(`the URL must start with redis:// or rediss://, got '${shownUrl(connection)}'`);
+    }
     return { kind: 'url', url: connection };
   }
   if (typeof connection !== 'object' || connection === null || Array.isArray(connection)) {
@@ -132,6 +137,15 @@ export function checkConnection(connection: unknown): CheckedConnection {
     if (typeof name !== 'string' || name === '') fail("Sentinel needs option 'name', the master group name (e.g. 'mymaster')");
   }
   return { kind: 'options', options: connection as RedisOptions };
+}
+
+/**
+ * A connection string as a message may show it: its password masked, also when it has no scheme
+ * (`user:secret@host:6379`), which a URL's masking does not recognise.
+ */
+export function shownUrl(text: string): string {
+  const masked = redactUrl(text);
+  return masked.includes('://') ? masked : masked.replace(/^([^/@:]*:)[^/@]*@/, '$1***@');
 }
 
 /**

@@ -1,7 +1,8 @@
 import type { Cluster, Redis } from 'ioredis';
 import { LockBackendError } from '../../lock.errors.js';
 import { CommandDeadlines } from './command-deadlines.js';
-import { ACL_RULE_DOCS, isAclDenial } from './redis.acl.js';
+import { ACL_RULE_DOCS } from './redis.acl.js';
+import { refusalFix, refusalOf } from './redis.refusals.js';
 import type { RedisConnection } from './redis.connection.js';
 import type { RedisScript } from './redis.scripts.js';
 
@@ -76,12 +77,25 @@ export class RedisScriptRunner {
   }
 
   private failure({ op, keys, redisKeys }: ScriptCall, client: Redis | Cluster, error: unknown): LockBackendError {
-    const message = sentence(error instanceof Error ? error.message : String(error));
-    return new LockBackendError(
-      this.backendName,
-      `${op} of ${keys.join(', ')} failed: ${message}${isAclDenial(error) ? aclAdvice(op, redisKeys, client) : ''}${this.connection.describeState(client)}`,
-      error,
-    );
+    // Refused for good while connecting (no such database, credentials): that is the news, not the
+    // "Connection is closed" or "max retries" the call itself met.
+    const refused = this.connection.refusal;
+    if (refused) return refused;
+    const refusal = refusalOf(error, this.connection.readOnlyHeals);
+    // ioredis's "max retries per request" names an option of a client the user may not have made:
+    // the state of the connection, which follows, says what is wrong.
+    const unsent = error instanceof Error && error.name === 'MaxRetriesPerRequestError' && client.status !== 'ready';
+    const message = unsent ? 'not sent, as Redis could not be reached.' : sentence(error instanceof Error ? error.message : String(error));
+    const advice =
+      refusal === 'rights'
+        ? aclAdvice(op, redisKeys, client)
+        : refusal
+          ? ` ${refusalFix(refusal, this.connection.where(client))}`
+          : this.connection.describeState(client);
+    // Waiting does not change a refusal: the caller fails at once (see LockBackendError.permanent).
+    return new LockBackendError(this.backendName, `${op} of ${keys.join(', ')} failed: ${message}${advice}`, error, {
+      permanent: refusal !== undefined,
+    });
   }
 }
 

@@ -1,3 +1,5 @@
+import { refusalFix, refusalOf } from '../redis/redis.refusals.js';
+
 /**
  * What the Redlock backend needs of an ioredis client. Structural, so the published types do not
  * import ioredis for users of the other backends; an ioredis `Redis` instance fits.
@@ -72,16 +74,59 @@ export class MasterRequestError extends Error {
 export class RedlockMaster {
   /** Patient requests ioredis failed, by what they send: sent again at the next 'ready'. */
   private readonly sendAgain = new Map<string, () => Promise<unknown>>();
+  /** The last connection error of a client the backend opened (it hears no other's). */
+  private lastError: Error | undefined;
+  /** Set while this master refuses the client for good (credentials, no such database). */
+  private refused: MasterRequestError | undefined;
 
   constructor(
     readonly client: RedlockMasterClient,
     readonly name: string,
     private readonly timeoutMs: number,
     private readonly patient: ReadonlySet<string>,
-  ) {}
+    /** The backend opened the client from a URL: its connection errors are ours to read. */
+    owned = false,
+  ) {
+    const events = client as RedlockMasterClient & {
+      on?: (event: 'error' | 'ready', listener: (error: Error) => void) => unknown;
+      disconnect?: () => void;
+      options: { db?: number };
+    };
+    if (!owned || typeof events.on !== 'function') return;
+    events.on('error', (error) => {
+      this.lastError = error;
+      const refusal = refusalOf(error);
+      if (refusal !== 'credentials' && refusal !== 'database') return;
+      const fix =
+        refusal === 'database'
+          ? `it has no database ${events.options.db ?? 0}: name one it has in the URL ('redis://host:6379/0'), or raise 'databases' in its redis.conf`
+          : refusalFix(refusal, 'it');
+      this.refused = new MasterRequestError(name, `${error.message.replace(/\.+$/, '')}: ${fix}.`, { cause: error });
+      // ioredis would go on in database 0, where this master's votes would not be where the others' are.
+      if (refusal === 'database') events.disconnect?.();
+    });
+    events.on('ready', () => {
+      this.lastError = undefined;
+      this.refused = undefined;
+    });
+  }
 
   get up(): boolean {
     return !DOWN.has(this.client.status);
+  }
+
+  /** Why this master does not answer, in words about the server (not ioredis's about its retries). */
+  unreachable(): string {
+    if (this.refused) return this.refused.message;
+    return `master ${this.name}: ${this.why()}`;
+  }
+
+  private why(): string {
+    const code = (this.lastError as { code?: string } | undefined)?.code;
+    if (code === 'ECONNREFUSED') return 'refused the connection (is it running, on this host and port?)';
+    if (code === 'ENOTFOUND' || code === 'EAI_AGAIN') return 'cannot be reached: its host name does not resolve';
+    if (this.lastError) return `cannot be reached (${this.lastError.message.replace(/\.+$/, '')})`;
+    return `not connected (${this.client.status})`;
   }
 
   evalsha(sha: string, numKeys: number, args: (string | number)[]): Promise<unknown> {
@@ -142,8 +187,9 @@ export class RedlockMaster {
 
   /** `what` names the request among those to send again; built only when one failed. */
   private request(patient: boolean, send: () => Promise<unknown>, what?: () => string): Promise<unknown> {
+    if (!patient && this.refused) return Promise.reject(this.refused);
     if (!patient && !this.up) {
-      return Promise.reject(new MasterRequestError(this.name, `not connected (${this.client.status})`));
+      return Promise.reject(new MasterRequestError(this.name, this.why()));
     }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new MasterRequestError(this.name, `no answer within ${this.timeoutMs} ms`)), this.timeoutMs);

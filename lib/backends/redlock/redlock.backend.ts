@@ -2,7 +2,8 @@ import { inspect } from 'node:util';
 import { Logger } from '@nestjs/common';
 import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
-import { LockBackendError } from '../../lock.errors.js';
+import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
+import { refusalOf } from '../redis/redis.refusals.js';
 import type { BackendHealth, ExtendResult, LockBackend, LockState } from '../lock-backend.interface.js';
 import { dropConnection, RedlockMaster, type RedlockMasterClient } from './redlock-master.js';
 import { describeMaster, resolveRedlockOptions, type RedlockLockBackendOptions, type ResolvedRedlockOptions } from './redlock.options.js';
@@ -61,7 +62,8 @@ export class RedlockLockBackend implements LockBackend {
     this.quorum = this.options.quorum;
     const patient = new Set([RELEASE_SCRIPT, sha1(RELEASE_SCRIPT), CLEANUP_SCRIPT]);
     this.masters = this.options.clients.map(
-      (client) => new RedlockMaster(client, describeMaster(client), this.options.masterTimeout, patient),
+      (client) =>
+        new RedlockMaster(client, describeMaster(client), this.options.masterTimeout, patient, this.options.owned.includes(client)),
     );
     for (const master of this.masters) master.preload([ACQUIRE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT]);
     // retryCount 0: we never call its retrying methods (their expiry counts from the first
@@ -210,11 +212,38 @@ export class RedlockLockBackend implements LockBackend {
     const down = this.masters.filter((_, i) => answers[i].status === 'rejected').map((master) => master.name);
     const details = { mastersUp: this.masters.length - down.length, masters: this.masters.length, quorum: this.quorum, down };
     if (details.mastersUp >= this.quorum) return { up: true, details };
+    const why = this.masters.filter((_, i) => answers[i].status === 'rejected').map((master) => master.unreachable());
     return {
       up: false,
       details,
-      message: `${details.mastersUp} of ${this.masters.length} Redlock masters answer, fewer than the quorum of ${this.quorum}: no lock can be taken.`,
+      message:
+        `${details.mastersUp} of ${this.masters.length} Redlock masters answer, fewer than the quorum of ${this.quorum}: ` +
+        `no lock can be taken (${why.join('; ')}).`,
     };
+  }
+
+  /**
+   * At start-up: masters that are not distinct masters (one server under two names, a replica, a
+   * Cluster node), or so many masters refusing this client for good (credentials, no such
+   * database, ACL) that no quorum is left, reject with a permanent LockBackendError. Masters that
+   * cannot be reached do not: lock operations fail until a quorum is back.
+   */
+  async verify(): Promise<void> {
+    try {
+      await this.identities.verified();
+    } catch (error) {
+      if (!(error instanceof InvalidLockOptionsError)) throw error;
+      throw new LockBackendError(this.name, error.message, error, { permanent: true });
+    }
+    const answers = await Promise.allSettled(this.masters.map((master) => master.eval('return 1', 0, [])));
+    const failures: MasterFailure[] = [];
+    answers.forEach((answer, i) => {
+      if (answer.status === 'rejected') failures.push({ master: this.masters[i].name, error: toError(answer.reason) });
+    });
+    const refusals = failures.filter((failure) => refusalOf(failure.error) !== undefined);
+    if (refusals.length > this.masters.length - this.quorum) {
+      throw new RedlockQuorumError('verify', [], this.quorum, this.masters.length, failures);
+    }
   }
 
   watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {

@@ -1,6 +1,7 @@
 import { Logger } from '@nestjs/common';
 import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
 import { BackendOptionChecks } from '../backend-options.checks.js';
+import { shownUrl } from '../redis/redis.options.js';
 import type { RedlockMasterClient } from './redlock-master.js';
 
 /** Options of `new RedlockLockBackend(...)`; every field but `clients` has a default. */
@@ -92,7 +93,16 @@ export function resolveRedlockOptions(
   if (!Array.isArray(entries))
     checks.fail('clients', 'option `clients` must be an array of ioredis clients or redis:// URLs, one per independent Redis master.');
   entries.forEach((entry, i) => {
-    if (typeof entry === 'string' ? !/^rediss?:\/\//.test(entry) : !isClient(entry)) {
+    if (typeof entry === 'string' && !/^rediss?:\/\//.test(entry)) {
+      const written = shownUrl(entry);
+      checks.fail(
+        'clients',
+        entry.includes('://')
+          ? `clients[${i}] is '${written}': a master's URL must start with redis:// or rediss://.`
+          : `clients[${i}] is '${written}', which has no scheme: write it as 'redis://${written}' ('rediss://' for TLS).`,
+      );
+    }
+    if (typeof entry !== 'string' && !isClient(entry)) {
       checks.fail(
         'clients',
         `clients[${i}] is neither an ioredis client (it needs evalsha, eval and duplicate) nor a redis:// URL. Pass \`new Redis(url)\` or the URL for each master.`,

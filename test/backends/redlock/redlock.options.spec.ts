@@ -69,7 +69,11 @@ describe('RedlockLockBackend options', () => {
     rejects({ clients: clients(3), retryCount: 3 }, 'retryCount', /unknown option 'retryCount'/);
     rejects({ clients: 'redis://a' }, 'clients', /must be an array of ioredis clients or redis:\/\/ URLs/);
     rejects([{ get: () => 1 }, client(7010), client(7011)], 'clients', /clients\[0\] is neither an ioredis client .* nor a redis:\/\/ URL/);
-    rejects(['localhost:6379', client(7010), client(7011)], 'clients', /clients\[0\] is neither/);
+    rejects(
+      ['localhost:6379', client(7010), client(7011)],
+      'clients',
+      /clients\[0\] is 'localhost:6379', which has no scheme: write it as 'redis:\/\/localhost:6379'/,
+    );
   });
 
   it('warns about an even number of masters, which buys no extra fault tolerance', () => {
