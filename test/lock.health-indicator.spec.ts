@@ -7,6 +7,7 @@ import type { AddressInfo } from 'node:net';
 import {
   DistributedLockModule,
   InvalidLockOptionsError,
+  LockBackendError,
   LockHealthIndicator,
   LockService,
   MemoryLockBackend,
@@ -31,6 +32,16 @@ class HealthController {
 class HangingBackend extends MemoryLockBackend {
   override inspect(): Promise<never> {
     return new Promise(() => {});
+  }
+  override tryAcquire(): Promise<never> {
+    return new Promise(() => {});
+  }
+}
+
+/** A store that answers reads and refuses every write, as a read-only role or server does. */
+class ReadOnlyBackend extends MemoryLockBackend {
+  override async tryAcquire(): Promise<never> {
+    throw new LockBackendError('memory', 'cannot execute a write in a read-only transaction', undefined, { permanent: true });
   }
 }
 
@@ -77,6 +88,29 @@ describe('LockHealthIndicator with @nestjs/terminus', () => {
     expect(result).toEqual({
       locks: { status: 'down', backend: 'memory', latencyMs: expect.any(Number), role: 'slave', message: 'Redis is a slave.' },
     });
+  });
+
+  it('is down when the store answers reads but refuses to take a lock (a read-only role or server)', async () => {
+    const result = await new LockHealthIndicator(new LockService(new ReadOnlyBackend())).isHealthy();
+    expect(result).toEqual({
+      locks: {
+        status: 'down',
+        backend: 'memory',
+        latencyMs: expect.any(Number),
+        message: expect.stringContaining('read-only transaction'),
+      },
+    });
+  });
+
+  it('takes and releases its probe key, and is up when another instance holds the probe at that moment', async () => {
+    const backend = new MemoryLockBackend();
+    const locks = new LockService(backend);
+    const indicator = new LockHealthIndicator(locks);
+    expect(await indicator.isHealthy()).toMatchObject({ locks: { status: 'up' } });
+    expect(await backend.inspect('lock:health:probe')).toBeUndefined();
+    const probing = await new LockService(backend).acquire('health:probe');
+    expect(await indicator.isHealthy()).toMatchObject({ locks: { status: 'up' } });
+    await probing.release();
   });
 
   it('refuses a timeout that is not a positive number, naming it', async () => {
