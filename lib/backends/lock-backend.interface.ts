@@ -92,8 +92,8 @@ export interface ImmediateLockSteps {
   /**
    * tryAcquire, with its answer. `now` is a performance.now() reading taken before the call: the
    * service counts the lease from it (to `now + ttlMs`, or `now + validityMs` when the answer has
-   * one), so the backend must keep the lease at least that long. A lease granted for less than
-   * half the ttl is not extended before its holder runs, as it is through tryAcquire when
+   * one), so the backend must keep the lease at least that long. A lease granted shorter than
+   * the ttl is not brought to the full ttl before its holder runs, as it is through tryAcquire when
    * autoExtend is off: a backend that hands locks over with a shorter lease leaves this out.
    */
   tryAcquire(keys: readonly string[], owner: string, ttlMs: number, now: number): AcquireResult;
