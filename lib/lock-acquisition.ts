@@ -116,7 +116,14 @@ export class LockAcquisition {
     this.signal?.throwIfAborted();
     if (this.host.shuttingDown) throw this.shutDownError();
     // A caller that does not wait tries once, whoever else is queued here.
-    if (this.wait === 0) return (await this.attempt()) ?? this.giveUp();
+    if (this.wait === 0) {
+      try {
+        return (await this.attempt()) ?? this.giveUp();
+      } finally {
+        // An attempt that failed for good gives up here (what it may have won is released).
+        this.leaveLine();
+      }
+    }
 
     // Callers of this process queue up here: only the first of them talks to the backend, so a
     // newcomer never overtakes a waiter of the same process. The exception: while nobody of ours
@@ -215,10 +222,17 @@ export class LockAcquisition {
       // Not tracked on its own: the host tracks run() for shutdown, and run() awaits it.
       result = await backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire });
     } catch (error) {
-      // A caller's mistake the backend found (keys a Redis Cluster cannot lock together), or a
-      // store that refuses this request for good (credentials, rights, read-only): no retry can
-      // fix it, so it is not a backend failure to wait out.
-      if (error instanceof DistributedLockError && (!(error instanceof LockBackendError) || error.permanent)) throw error;
+      // A caller's mistake the backend found before anything was sent (keys a Redis Cluster
+      // cannot lock together): no retry can fix it, so it is not a backend failure to wait out.
+      if (error instanceof DistributedLockError && !(error instanceof LockBackendError)) throw error;
+      // A store that refuses for good (credentials, rights, read-only) fails the caller at once
+      // too, but the refusal may come for a request it applied (the connection dropped after
+      // sending it, and the reconnection was refused; a script that set the key, then was refused
+      // on the next one): giving up releases, which frees a lock it may have won.
+      if (error instanceof LockBackendError && error.permanent) {
+        this.inLine = true;
+        throw error;
+      }
       // Applied or not, nobody knows, and an answer lost with its connection never comes late:
       // giving up releases, even without waiting, which frees a lock it may have won.
       this.inLine = true;

@@ -286,6 +286,46 @@ describe('LockService and LockHandle', () => {
     expect(attempts).toBe(1);
   });
 
+  it('a permanent refusal of a request the store applied still frees what it won, waiting or not', async () => {
+    // A store that applied the acquire, then refused for good (the reconnection's AUTH was
+    // refused and the command already sent is reported failed with it).
+    class AppliedThenRefused implements LockBackend {
+      readonly name = 'refusing';
+      readonly fencing = true;
+      readonly won: string[] = [];
+      readonly releases: string[] = [];
+      readonly store = new MemoryLockBackend();
+      async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<never> {
+        if ((await this.store.tryAcquire(keys, owner, ttlMs)).acquired) this.won.push(owner);
+        throw new LockBackendError('refusing', 'authentication failed: check the password', undefined, { permanent: true });
+      }
+      extend(keys: readonly string[], owner: string, ttlMs: number) {
+        return this.store.extend(keys, owner, ttlMs);
+      }
+      release(keys: readonly string[], owner: string): Promise<boolean> {
+        this.releases.push(owner);
+        return this.store.release(keys, owner);
+      }
+      inspect(key: string) {
+        return this.store.inspect(key);
+      }
+    }
+    const backend = new AppliedThenRefused();
+    locks = new LockService(backend, { pollInterval: 20 });
+    for (const [key, wait] of [
+      ['waits', 60_000],
+      ['does-not-wait', 0],
+    ] as const) {
+      const error = await locks.acquire(key, { wait }).catch((e: unknown) => e);
+      expect((error as LockBackendError).permanent).toBe(true);
+      const owner = backend.won.at(-1)!;
+      await eventually(async () => {
+        expect(backend.releases).toContain(owner);
+        expect(await backend.inspect(`lock:${key}`)).toBeUndefined();
+      }, 10_000);
+    }
+  });
+
   it('an acquire aborted while its attempt is in flight rejects with the reason, and frees what the attempt won', async () => {
     const memory = new MemoryLockBackend();
     let answer!: () => void;
