@@ -1,5 +1,6 @@
 import { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { ExtendResult, LockBackend } from './backends/lock-backend.interface.js';
 import { leaseScheduler } from './lease-scheduler.js';
 import type { LockEvents } from './lock.events.js';
@@ -13,6 +14,10 @@ export interface LeaseTracker {
   leaseFreed(lease: Lease): void;
   /** Where 'lost' and 'extended' go. */
   readonly events?: LockEvents;
+  /** Aborts on application shutdown: a lease's requests after its end (a resend) stop then. */
+  readonly stopping: AbortSignal;
+  /** Keeps a request in the set that shutdown waits for before it closes the backend. */
+  track(request: Promise<unknown>): void;
 }
 
 const logger = new Logger('DistributedLock');
@@ -156,7 +161,7 @@ export class Lease {
       // waiters are not woken; they wait for that end as for any lease.
       const kept = await this.keepForMinHold().catch((error: unknown) => {
         // Not lost: sent again until it lands, or the old lease ends, and the caller hears of it.
-        this.resendMinHold();
+        this.tracker.track(this.resendMinHold());
         throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'release failed', error);
       });
       if (kept) return;
@@ -200,22 +205,23 @@ export class Lease {
 
   /**
    * A shortening to the rest of minHold that failed (store unreachable) would leave the key for
-   * its old lease, a whole ttl: sent again until it lands or that lease ends (past minHold, a
-   * release instead). Owner-checked on the store, so a late one never touches another's lock.
+   * its old lease, a whole ttl: sent again until it lands. Past minHold, at the old lease's end or
+   * at shutdown (after one last try) it gives up with a release, which the backend sends again if
+   * it fails: else a late extension of the old lease (a watchdog's, still queued in a client) could
+   * keep the key a whole ttl with no holder. Owner-checked, so never another's lock. Shutdown
+   * cuts its pause short and waits for it.
    */
-  private resendMinHold(): void {
-    const left = this.deadline - performance.now();
-    if (left <= 0) return;
-    const resend = (): void => {
-      if (performance.now() >= this.deadline) return;
+  private async resendMinHold(): Promise<void> {
+    const stopping = this.tracker.stopping;
+    while (performance.now() < this.deadline) {
+      const pause = Math.min(1_000, Math.max(50, (this.deadline - performance.now()) / 5));
+      await sleep(pause, undefined, { signal: stopping, ref: false }).catch(ignore);
       const keep = Math.ceil((this.holds?.minUntil ?? 0) - performance.now());
-      const sent = keep > 0 ? this.backend.extend(this.keys, this.owner, keep) : this.backend.release(this.keys, this.owner);
-      sent.then(
-        () => (keep > 0 ? undefined : this.tracker.leaseFreed(this)),
-        () => this.resendMinHold(),
-      );
-    };
-    setTimeout(resend, Math.min(1_000, Math.max(50, left / 5))).unref();
+      if (keep <= 0 || performance.now() >= this.deadline) break;
+      if (await this.backend.extend(this.keys, this.owner, keep).then(() => true, ignore)) return;
+      if (stopping.aborted) break;
+    }
+    await this.backend.release(this.keys, this.owner).then(() => this.tracker.leaseFreed(this), ignore);
   }
 
   /** The scheduler's call comes late when the event loop stalls: a read past the deadline declares the loss itself. */

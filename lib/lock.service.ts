@@ -51,8 +51,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private readonly leases = new Set<Lease>();
   /** Requests that run in the background (releases after a scope returned, acquisitions under way); shutdown waits for them. */
   private readonly releasing = new Set<Promise<void>>();
-  /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
-  private shutDown = false;
+  /** Aborted on application shutdown: no acquisition starts or keeps waiting after it. */
+  private readonly stopper = new AbortController();
   private verifying: Promise<void> | undefined;
   private closing: Promise<void> | undefined;
 
@@ -196,7 +196,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private async shutdown(): Promise<void> {
     // Waiters give up now, not at the end of their wait: their timers would keep the process
     // alive, and the backend they wait on is about to close. They leave its line on the way out.
-    this.shutDown = true;
+    this.stopper.abort();
     this.queue.wakeAll();
     // Every lease still here has a holder that is running: its signal aborts (LockLostError
     // 'shutdown') before its keys are deleted, so it can stop before another instance enters.
@@ -219,7 +219,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   /** @internal Whether the application is shutting down: no acquisition starts or keeps waiting. */
   get shuttingDown(): boolean {
-    return this.shutDown;
+    return this.stopper.signal.aborted;
+  }
+
+  /** @internal Aborts when shuttingDown turns true: what waits on a timer in the background stops. */
+  get stopping(): AbortSignal {
+    return this.stopper.signal;
   }
 
   /** @internal An acquisition won this lease: inspect() and shutdown know it until it ends. */

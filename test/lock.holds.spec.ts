@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
+import { createHook } from 'node:async_hooks';
 import {
   InvalidLockOptionsError,
   LockBackendError,
@@ -54,6 +55,7 @@ class DroppingBackend implements LockBackend {
   readonly fencing = true;
   failExtends = 0;
   readonly extends: number[] = [];
+  readonly releases: string[] = [];
   constructor(readonly store = new MemoryLockBackend()) {}
   get immediate() {
     return this.store.immediate;
@@ -70,6 +72,7 @@ class DroppingBackend implements LockBackend {
     return this.store.extend(keys, owner, ttlMs);
   }
   release(keys: readonly string[], owner: string): Promise<boolean> {
+    this.releases.push(owner);
     return this.store.release(keys, owner);
   }
   inspect(key: string): Promise<LockState | undefined> {
@@ -77,6 +80,20 @@ class DroppingBackend implements LockBackend {
   }
   watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {
     return this.store.watch(keys, onRelease);
+  }
+}
+
+/** Timeouts created while it listens and still pending (neither fired nor cleared), unref'd ones included. */
+class TimersCreated {
+  private readonly created: { _destroyed?: boolean }[] = [];
+  private readonly hook = createHook({
+    init: (_id, type, _trigger, timeout) => void (type === 'Timeout' && this.created.push(timeout as { _destroyed?: boolean })),
+  }).enable();
+  live(): number {
+    return this.created.filter((timeout) => !timeout._destroyed).length;
+  }
+  stop(): void {
+    this.hook.disable();
   }
 }
 
@@ -92,6 +109,36 @@ describe('minHold', () => {
     await until(async () => (await backend.inspect('lock:job:nightly')) === undefined, 20_000, 'the key to be free');
     expect(backend.extends.length).toBeGreaterThanOrEqual(2);
     await locks.onApplicationShutdown();
+  });
+
+  it('gives the key back when the shortening has not landed by the end of the old lease', async () => {
+    const backend = new DroppingBackend();
+    const locks = new LockService(backend);
+    // minHold longer than the ttl: the watchdog's extensions kept the lease until the release.
+    const handle = await locks.acquire('job:longer', { ttl: 1_000, minHold: 60_000 });
+    backend.failExtends = Number.POSITIVE_INFINITY;
+    await expect(handle.release()).rejects.toBeInstanceOf(LockBackendError);
+    // A late extension of the old lease can no longer keep the key: the owner has released it.
+    await until(() => backend.releases.length > 0, 20_000, 'a release once the shortening gave up');
+    await locks.onApplicationShutdown();
+  });
+
+  it('stops sending the shortening again at shutdown: one last try, a release, and no timer left', async () => {
+    const backend = new DroppingBackend();
+    const locks = new LockService(backend);
+    const handle = await locks.acquire('job:stopping', { ttl: 60_000, minHold: 30_000 });
+    backend.failExtends = Number.POSITIVE_INFINITY;
+    // From here, the timers created (unref'd ones too, which the process's own count leaves out).
+    const timers = new TimersCreated();
+    try {
+      await expect(handle.release()).rejects.toBeInstanceOf(LockBackendError);
+      await locks.onApplicationShutdown();
+      // Given back before the backend closed, not kept for the old lease's minute.
+      expect(await backend.inspect('lock:job:stopping')).toBeUndefined();
+      expect(timers.live()).toBe(0);
+    } finally {
+      timers.stop();
+    }
   });
 
   it('keeps the lock after a fast job until minHold, then lets it run out, without logging a lost lock', async () => {
