@@ -180,13 +180,25 @@ export class PostgresConnection {
     if (!this.poolWatch) return (await pool.query(statement.text, statement.values as unknown[])).rows as Record<string, unknown>[];
     // The app's pool: as pool.query() does, but the wait for a connection is watched.
     const client = await this.poolWatch.connect();
+    // pg-pool takes its own 'error' listener off a checked-out connection, and pg emits 'error' on
+    // it when the connection ends unexpectedly: without this one, an uncaught exception. Whichever
+    // comes first, the error or the answer, gives the connection back, once (an error: closed
+    // rather than reused).
+    let released = false;
+    const giveBack = (error?: unknown) => {
+      if (released) return;
+      released = true;
+      client.removeListener('error', onError);
+      client.release(error === undefined ? undefined : error instanceof Error ? error : new Error(String(error)));
+    };
+    const onError = (error: Error) => giveBack(error);
+    client.once('error', onError);
     try {
       const result = await client.query(statement.text, statement.values as unknown[]);
-      client.release();
+      giveBack();
       return result.rows as Record<string, unknown>[];
     } catch (error) {
-      // As pool.query(): a connection whose statement failed is closed rather than reused.
-      client.release(error instanceof Error ? error : new Error(String(error)));
+      giveBack(error);
       throw error;
     }
   }
