@@ -156,7 +156,7 @@ export class PostgresLockBackend implements LockBackend {
   /**
    * At start-up: the database exists, the credentials and the role's rights are accepted, the lock
    * tables exist or were created, and a lock can be written (not a hot standby, not a read-only
-   * role). It runs the release of a key nobody holds, by an owner that never held it: the
+   * role). A hot standby is refused here, while lock operations retry on one (a failover). It runs the release of a key nobody holds, by an owner that never held it: the
    * statements of a real release, which change nothing. Resolves when PostgreSQL cannot be
    * reached: lock operations fail until it is back.
    */
@@ -174,6 +174,17 @@ export class PostgresLockBackend implements LockBackend {
       });
     } catch (error) {
       if (error instanceof LockBackendError && error.permanent) throw error;
+      // A server in recovery: locks retry there (a failover ends it), but an application that
+      // starts on a hot standby was most likely given the replica's address by mistake.
+      if (this.connection.inRecovery(error)) {
+        throw new LockBackendError(
+          this.name,
+          'verify failed: PostgreSQL is a hot standby (in recovery), where no lock can be taken: connect to the primary. ' +
+            '(During a failover, a server being promoted answers so for a few seconds: start again once it is done.)',
+          error,
+          { permanent: true },
+        );
+      }
       return;
     }
     if (row.writable !== true) {
@@ -203,7 +214,9 @@ export class PostgresLockBackend implements LockBackend {
       return {
         up: false,
         details,
-        message: 'PostgreSQL is a hot standby (in recovery): no lock can be taken there. Connect to the primary.',
+        message:
+          'PostgreSQL is a hot standby (in recovery): no lock can be taken there until it is promoted (a failover). ' +
+          'Connect to the primary.',
       };
     }
     if (readOnly) {
