@@ -62,6 +62,16 @@ export function permanentCause(
         `tokens again that your stores have seen: give the backend a new table (option 'table'), whose tokens start at 1, ` +
         `and reset the fencing tokens your stores keep.`
       );
+    // invalid_parameter_value, from the ALTER SEQUENCE ... MAXVALUE that brings the lock tables of
+    // an older version up to date, on a token sequence already past it: it stays so.
+    case '22023':
+      if (!/MAXVALUE/.test((error as { message?: unknown }).message as string)) return undefined;
+      return (
+        `The fencing-token sequence ${names.tokens} is already past ${MAX_FENCING_TOKEN}, the greatest integer a JavaScript ` +
+        `number holds exactly, so it cannot be given that maximum: its tokens no longer reach the application exactly. ` +
+        `Moving it back would hand out tokens again that your stores have seen: give the backend a new table (option ` +
+        `'table'), whose tokens start at 1, and reset the fencing tokens your stores keep.`
+      );
     default:
       return undefined;
   }
