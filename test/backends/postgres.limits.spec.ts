@@ -1,7 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import { randomBytes } from 'node:crypto';
-import { InvalidLockKeyError, LockBackendError, LockService, PostgresLockBackend } from '../../lib/index.js';
+import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError, LockService, PostgresLockBackend } from '../../lib/index.js';
 import { POSTGRES_MAX_KEY_BYTES } from '../../lib/backends/postgres/postgres.backend.js';
+import { SCHEMA_VERSION } from '../../lib/backends/postgres/postgres.schema.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
 import { until } from '../support/wait.js';
 
@@ -58,6 +59,27 @@ describe('PostgreSQL backend: fencing tokens up to the last exact one', () => {
   });
 });
 
+describe('PostgreSQL backend: a token sequence already past the last exact token', () => {
+  it('the lock tables of an older version cannot be brought up to date: refused at once, with the fix', async () => {
+    await (await service().acquire('start')).release(); // creates the tables
+    // As an operator's setval on the tables of a version whose sequence had no maximum.
+    await fixture.admin.query('ALTER SEQUENCE distributed_locks_fencing_tokens NO MAXVALUE');
+    await fixture.admin.query(`SELECT setval('distributed_locks_fencing_tokens', ${Number.MAX_SAFE_INTEGER} + 10)`);
+    await fixture.admin.query(`COMMENT ON TABLE distributed_locks IS 'nest-distributed-lock lock table, version 2'`);
+    fixture.cleanup(async () => {
+      await fixture.admin.query('ALTER SEQUENCE distributed_locks_fencing_tokens RESTART WITH 1');
+      await fixture.admin.query(`ALTER SEQUENCE distributed_locks_fencing_tokens MAXVALUE ${Number.MAX_SAFE_INTEGER}`);
+      await fixture.admin.query(`COMMENT ON TABLE distributed_locks IS '${SCHEMA_VERSION}'`);
+    });
+    const error = await service()
+      .acquire('order:1', { wait: 600_000 })
+      .catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as LockBackendError).permanent).toBe(true);
+    expect((error as LockBackendError).message).toMatch(/past 9007199254740991.*option 'table'/);
+  });
+});
+
 describe('PostgreSQL backend: keys as long as it can index', () => {
   /** A key of `bytes` ASCII characters that does not compress, as a hash or a payload would not. */
   const longKey = (bytes: number) => randomBytes(bytes).toString('base64url').slice(0, bytes);
@@ -72,6 +94,14 @@ describe('PostgreSQL backend: keys as long as it can index', () => {
     const handle = await next;
     expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
     await handle.release();
+  });
+
+  it('the bound is on the key alone: a shorter owner does not let a longer key in, which its waiters could not wait for', async () => {
+    const backend = new PostgresLockBackend(fixture.url);
+    fixture.cleanup(() => backend.close());
+    const key = longKey(POSTGRES_MAX_KEY_BYTES + 1);
+    await expect(backend.tryAcquire([key], 'a', 60_000)).rejects.toBeInstanceOf(InvalidLockKeyError);
+    await expect(backend.tryAcquire(['order:1'], 'o'.repeat(33), 60_000)).rejects.toBeInstanceOf(InvalidLockOptionsError);
   });
 
   it('a longer key is refused up front with InvalidLockKeyError, free or not, and leaves nothing behind', async () => {

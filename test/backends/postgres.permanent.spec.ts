@@ -82,6 +82,16 @@ describe('PostgreSQL backend: errors that waiting cannot heal fail at once, nami
     expect((await refusal(locks.backend.verify!())).message).toMatch(/GRANT/);
   });
 
+  it("verify(): a role without USAGE on the waiters' sequence is refused (every wait would fail), naming the grants", async () => {
+    await tables();
+    const name = await role((n) => [
+      `GRANT SELECT, INSERT, UPDATE, DELETE ON distributed_locks, distributed_locks_waiters TO ${n}`,
+      `GRANT USAGE, SELECT ON SEQUENCE distributed_locks_fencing_tokens TO ${n}`,
+    ]);
+    const locks = service(urlAs(name));
+    expect((await refusal(locks.backend.verify!())).message).toMatch(/GRANT USAGE, SELECT ON SEQUENCE .*distributed_locks_waiter_places/);
+  });
+
   it('a database that does not exist', async () => {
     const locks = service(urlAs('postgres', undefined, 'no_such_db'));
     const error = await refusal(locks.acquire('order:1', { wait: WAIT }));

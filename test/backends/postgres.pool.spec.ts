@@ -1,8 +1,9 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import pg from 'pg';
-import { LockService, PostgresLockBackend } from '../../lib/index.js';
+import { LockBackendError, LockService, PostgresLockBackend } from '../../lib/index.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
 import { until } from '../support/wait.js';
 
 const fixture = usePostgresServer();
@@ -33,5 +34,53 @@ describe("PostgreSQL backend on the application's own pg.Pool", () => {
       client.release();
     }
     await (await locking).release();
+  });
+
+  it('a connection that drops while a lock statement is in flight: the caller is told or gets its lock, the process lives on', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    fixture.cleanup(() => warn.mockRestore());
+    // An error nobody listens for would end the process; Jest would fail the file. Seen here, by the test.
+    const uncaught: unknown[] = [];
+    const onUncaught = (error: unknown) => void uncaught.push(error);
+    process.on('uncaughtException', onUncaught);
+    fixture.cleanup(() => process.off('uncaughtException', onUncaught));
+    const proxy = await TcpProxy.start(fixture.server.port);
+    fixture.cleanup(() => proxy.close());
+    const url = new URL(fixture.url);
+    url.port = String(proxy.port);
+    // The app's pool, with its own listener for idle connections that break, as pg asks of an app.
+    const pool = new pg.Pool({ connectionString: url.toString(), max: 2 }).on('error', () => undefined);
+    fixture.cleanup(() => pool.end());
+    const locks = new LockService(new PostgresLockBackend(pool, { commandTimeout: 60_000 }), { keyPrefix: '' });
+    fixture.cleanup(() => locks.onApplicationShutdown());
+    await (await locks.acquire('order:1')).release(); // creates the tables
+
+    // A migration holds the lock table: the acquire's statement waits behind it, in flight.
+    const migration = await fixture.admin.connect();
+    fixture.cleanup(() => migration.release());
+    await migration.query('BEGIN');
+    await migration.query('LOCK TABLE distributed_locks IN ACCESS EXCLUSIVE MODE');
+    const locking = locks.acquire('order:1', { wait: 60_000 }).then(
+      (handle) => handle,
+      (error: unknown) => error,
+    );
+    await until(
+      async () =>
+        (
+          await fixture.admin.query(
+            `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%_acquire%'`,
+          )
+        ).rows[0].n > 0,
+      20_000,
+      'the acquire to wait behind the table lock',
+    );
+    proxy.set({ kind: 'drop' });
+    proxy.set({ kind: 'pass' });
+    await migration.query('COMMIT');
+
+    const outcome = await locking;
+    if (outcome instanceof Error) expect(outcome).toBeInstanceOf(LockBackendError);
+    else await (outcome as { release(): Promise<unknown> }).release();
+    expect(uncaught).toEqual([]);
   });
 });

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
+import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import { PostgresConnection } from './postgres.connection.js';
 import { PostgresWaiterLine } from './postgres.line.js';
@@ -14,14 +14,17 @@ import {
 } from './postgres.options.js';
 
 /**
- * The longest key, in UTF-8 bytes, that every statement of the backend can index, with the owner
- * tokens of LockService (32 characters): a waiter's row is indexed on (key, owner), and a B-tree
- * entry holds at most 2 704 bytes on PostgreSQL's 8 kB pages (measured with keys that do not
- * compress: 2 659 bytes fit, 2 660 do not).
+ * The longest key, in UTF-8 bytes, that every statement of the backend can index, whoever holds
+ * or waits for it: a waiter's row is indexed on (key, owner), and a B-tree entry holds at most
+ * 2 704 bytes on PostgreSQL's 8 kB pages (measured with keys that do not compress and owners of
+ * MAX_OWNER_BYTES: 2 659 bytes fit, 2 660 do not).
  */
 export const POSTGRES_MAX_KEY_BYTES = 2_659;
-/** The same entry's bound on key and owner together (both under 127 bytes of header, see above). */
-const MAX_KEY_AND_OWNER_BYTES = POSTGRES_MAX_KEY_BYTES + 32;
+/**
+ * The longest owner the bound above holds for: LockService's owner tokens (32 hex characters).
+ * A longer owner would make a key that fits fail for its waiters.
+ */
+const MAX_OWNER_BYTES = 32;
 
 /** How often a backend deletes leases and places in line that ran out long ago (see sweep()). */
 const SWEEP_EVERY_MS = 5 * 60_000;
@@ -156,7 +159,7 @@ export class PostgresLockBackend implements LockBackend {
   /**
    * At start-up: the database exists, the credentials and the role's rights are accepted, the lock
    * tables exist or were created, and a lock can be written (not a hot standby, not a read-only
-   * role). It runs the release of a key nobody holds, by an owner that never held it: the
+   * role). A hot standby is refused here, while lock operations retry on one (a failover). It runs the release of a key nobody holds, by an owner that never held it: the
    * statements of a real release, which change nothing. Resolves when PostgreSQL cannot be
    * reached: lock operations fail until it is back.
    */
@@ -169,11 +172,30 @@ export class PostgresLockBackend implements LockBackend {
         keys: [],
         text:
           `SELECT ${names.release}($1, $2) AS released, has_table_privilege($3, 'SELECT, INSERT, UPDATE, DELETE') ` +
-          `AND has_table_privilege($4, 'SELECT, INSERT, UPDATE, DELETE') AND has_sequence_privilege($5, 'USAGE') AS writable`,
-        values: [['nest-distributed-lock:verify'], `verify-${randomBytes(16).toString('hex')}`, names.locks, names.waiters, names.tokens],
+          `AND has_table_privilege($4, 'SELECT, INSERT, UPDATE, DELETE') AND has_sequence_privilege($5, 'USAGE') ` +
+          `AND has_sequence_privilege($6, 'USAGE') AS writable`,
+        values: [
+          ['nest-distributed-lock:verify'],
+          `verify-${randomBytes(16).toString('hex')}`,
+          names.locks,
+          names.waiters,
+          names.tokens,
+          names.places,
+        ],
       });
     } catch (error) {
       if (error instanceof LockBackendError && error.permanent) throw error;
+      // A server in recovery: locks retry there (a failover ends it), but an application that
+      // starts on a hot standby was most likely given the replica's address by mistake.
+      if (this.connection.inRecovery(error)) {
+        throw new LockBackendError(
+          this.name,
+          'verify failed: PostgreSQL is a hot standby (in recovery), where no lock can be taken: connect to the primary. ' +
+            '(During a failover, a server being promoted answers so for a few seconds: start again once it is done.)',
+          error,
+          { permanent: true },
+        );
+      }
       return;
     }
     if (row.writable !== true) {
@@ -203,7 +225,9 @@ export class PostgresLockBackend implements LockBackend {
       return {
         up: false,
         details,
-        message: 'PostgreSQL is a hot standby (in recovery): no lock can be taken there. Connect to the primary.',
+        message:
+          'PostgreSQL is a hot standby (in recovery): no lock can be taken there until it is promoted (a failover). ' +
+          'Connect to the primary.',
       };
     }
     if (readOnly) {
@@ -273,15 +297,22 @@ export class PostgresLockBackend implements LockBackend {
 
 /**
  * Refuses, before anything is sent, a key PostgreSQL could not index: it would be taken while
- * free, and its waiters would fail (their (key, owner) entry is longer than the lock's own).
+ * free, and its waiters would fail (their (key, owner) entry is longer than the lock's own). The
+ * bound is on the key alone, so a key one caller may take, every other may wait for.
  */
 function checkKeySizes(keys: readonly string[], owner: string): void {
-  const ownerBytes = Buffer.byteLength(owner);
+  if (Buffer.byteLength(owner) > MAX_OWNER_BYTES) {
+    throw new InvalidLockOptionsError(
+      'owner',
+      `PostgresLockBackend takes owners of at most ${MAX_OWNER_BYTES} bytes (LockService's owner tokens), got ` +
+        `${Buffer.byteLength(owner)}: lock through LockService, or pass a token of at most ${MAX_OWNER_BYTES} bytes.`,
+    );
+  }
   for (const key of keys) {
     const bytes = Buffer.byteLength(key);
-    if (bytes + ownerBytes <= MAX_KEY_AND_OWNER_BYTES) continue;
+    if (bytes <= POSTGRES_MAX_KEY_BYTES) continue;
     throw new InvalidLockKeyError(
-      `Lock key '${key.slice(0, 60)}…' is ${bytes} bytes long in UTF-8, over the ${MAX_KEY_AND_OWNER_BYTES - ownerBytes} that ` +
+      `Lock key '${key.slice(0, 60)}…' is ${bytes} bytes long in UTF-8, over the ${POSTGRES_MAX_KEY_BYTES} that ` +
         `the PostgreSQL backend can index (a B-tree entry holds at most 2 704 bytes). Lock an identifier rather than a payload ` +
         `(or a hash of a long one), and set maxKeyLength in DistributedLockModule.forRoot() to refuse longer keys.`,
     );

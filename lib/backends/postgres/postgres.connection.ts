@@ -4,7 +4,7 @@ import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js'
 import { requirePeer } from '../../peer-require.cjs';
 import { CommandDeadlines } from '../redis/command-deadlines.js';
 import { PoolStarvationWatch } from './postgres.pool-watch.js';
-import { permanentCause, quoteIdent, type ConnectionIdentity } from './postgres.errors.js';
+import { IN_RECOVERY_NOTE, permanentCause, quoteIdent, READ_ONLY_SQL_TRANSACTION, type ConnectionIdentity } from './postgres.errors.js';
 import type { CheckedConnection, ResolvedPostgresOptions } from './postgres.options.js';
 import { lockNames, postgresLockTablesSql, SCHEMA_VERSION, type PostgresLockNames } from './postgres.schema.js';
 
@@ -47,6 +47,8 @@ export class PostgresConnection {
   private lastError: Error | undefined;
   /** For the app's own pool: warns when lock statements wait long for one of its connections. */
   private readonly poolWatch: PoolStarvationWatch | undefined;
+  /** For read-only errors (25006): whether the server said it was in recovery (see readOnlyCheck()). */
+  private readonly recovery = new WeakMap<object, boolean | undefined>();
   /** Called after each statement answered in time: PostgreSQL is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
 
@@ -89,7 +91,9 @@ export class PostgresConnection {
           ),
         ),
       );
-      const sent = this.tablesReady ? this.query(statement) : this.ensureTables().then(() => this.query(statement));
+      const sent = (this.tablesReady ? this.query(statement) : this.ensureTables().then(() => this.query(statement))).catch(
+        (error: unknown) => this.readOnlyCheck(error),
+      );
       sent.then(
         (rows) => {
           if (this.deadlines.answered(command)) {
@@ -149,13 +153,37 @@ export class PostgresConnection {
     const hint = error instanceof Error && 'hint' in error && typeof error.hint === 'string' ? ` ${sentence(error.hint)}` : '';
     const down =
       this.lastError && this.lastError !== error ? ` (The pool's last connection error: ${sentence(this.lastError.message)})` : '';
-    const cause = permanentCause(error, this.names, this.identity());
+    const inRecovery = typeof error === 'object' && error !== null ? this.recovery.get(error) : undefined;
+    const cause = permanentCause(error, this.names, this.identity(), inRecovery);
+    const note = !cause && isReadOnly(error) ? ` ${IN_RECOVERY_NOTE}` : '';
     return new LockBackendError(
       this.backendName,
-      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}${hint}${cause ? ` ${cause}` : down}`,
+      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}${hint}${note}${cause ? ` ${cause}` : down}`,
       error,
       { permanent: cause !== undefined },
     );
+  }
+
+  /**
+   * A write refused as read-only (25006) is either a server in recovery, which a failover ends in
+   * seconds, or a read-only role or database, which waiting never heals: the server says which.
+   * Asked on this error only; unknown (no answer) counts as one that may pass. Rethrows `error`.
+   */
+  private async readOnlyCheck(error: unknown): Promise<never> {
+    if (isReadOnly(error) && !this.recovery.has(error as object)) {
+      const inRecovery = await this.openPool()
+        .query<{ in_recovery: boolean }>('SELECT pg_is_in_recovery() AS in_recovery')
+        .then(({ rows }) => rows[0]?.in_recovery === true)
+        .catch(() => undefined);
+      this.recovery.set(error as object, inRecovery);
+    }
+    throw error;
+  }
+
+  /** Whether a failure is a read-only error (25006) the server said came from recovery. */
+  inRecovery(error: unknown): boolean {
+    const cause = error instanceof LockBackendError ? error.cause : error;
+    return typeof cause === 'object' && cause !== null && this.recovery.get(cause) === true;
   }
 
   /** The role and database the settings name, for fixes (never the password). */
@@ -180,13 +208,25 @@ export class PostgresConnection {
     if (!this.poolWatch) return (await pool.query(statement.text, statement.values as unknown[])).rows as Record<string, unknown>[];
     // The app's pool: as pool.query() does, but the wait for a connection is watched.
     const client = await this.poolWatch.connect();
+    // pg-pool takes its own 'error' listener off a checked-out connection, and pg emits 'error' on
+    // it when the connection ends unexpectedly: without this one, an uncaught exception. Whichever
+    // comes first, the error or the answer, gives the connection back, once (an error: closed
+    // rather than reused).
+    let released = false;
+    const giveBack = (error?: unknown) => {
+      if (released) return;
+      released = true;
+      client.removeListener('error', onError);
+      client.release(error === undefined ? undefined : error instanceof Error ? error : new Error(String(error)));
+    };
+    const onError = (error: Error) => giveBack(error);
+    client.once('error', onError);
     try {
       const result = await client.query(statement.text, statement.values as unknown[]);
-      client.release();
+      giveBack();
       return result.rows as Record<string, unknown>[];
     } catch (error) {
-      // As pool.query(): a connection whose statement failed is closed rather than reused.
-      client.release(error instanceof Error ? error : new Error(String(error)));
+      giveBack(error);
       throw error;
     }
   }
@@ -254,7 +294,9 @@ export class PostgresConnection {
       await client.query('ROLLBACK').catch(() => undefined);
       // 42501: insufficient privilege.
       const denied = (error as { code?: unknown }).code === '42501';
-      const fix = denied ? await this.createFix(client) : permanentCause(error, this.names, this.identity());
+      if (isReadOnly(error)) await this.readOnlyCheck(error).catch(() => undefined);
+      const inRecovery = isReadOnly(error) ? this.recovery.get(error as object) : undefined;
+      const fix = denied ? await this.createFix(client) : permanentCause(error, this.names, this.identity(), inRecovery);
       throw new LockBackendError(
         this.backendName,
         `could not create the lock table ${this.names.qualified}: ${sentence(error instanceof Error ? error.message : String(error))}` +
@@ -310,6 +352,10 @@ function loadPg(option: string): PgPackage {
         `(${error instanceof Error ? error.message : String(error)})`,
     );
   }
+}
+
+function isReadOnly(error: unknown): boolean {
+  return typeof error === 'object' && error !== null && (error as { code?: unknown }).code === READ_ONLY_SQL_TRANSACTION;
 }
 
 /** Messages from pg and our own may end in '.' or '?' already. */

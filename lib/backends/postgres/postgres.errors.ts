@@ -10,10 +10,16 @@ export interface ConnectionIdentity {
 
 /**
  * For an error that waiting cannot heal, what is wrong and how to fix it, in words; undefined for
- * an error that may pass (a server down, a timeout, a lock another transaction holds). PostgreSQL
- * says which by its SQLSTATE code.
+ * an error that may pass (a server down, a timeout, a lock another transaction holds, a server in
+ * recovery during a failover). PostgreSQL says which by its SQLSTATE code.
  */
-export function permanentCause(error: unknown, names: PostgresLockNames, who: ConnectionIdentity): string | undefined {
+export function permanentCause(
+  error: unknown,
+  names: PostgresLockNames,
+  who: ConnectionIdentity,
+  /** For a read-only error (25006): pg_is_in_recovery() of the server, undefined if unknown. */
+  inRecovery?: boolean,
+): string | undefined {
   const code = (error as { code?: unknown } | undefined)?.code;
   const role = who.role === undefined ? '<role>' : quoteIdent(who.role);
   switch (code) {
@@ -30,11 +36,14 @@ export function permanentCause(error: unknown, names: PostgresLockNames, who: Co
         `The database ${who.database ?? '(the default)'} does not exist on this server: correct the database name of the ` +
         `connection, or create it (CREATE DATABASE ${who.database === undefined ? '<name>' : quoteIdent(who.database)}).`
       );
-    // read_only_sql_transaction: a hot standby, or default_transaction_read_only on for the role or database
+    // read_only_sql_transaction: a server in recovery (a hot standby, or a replica a failover is
+    // promoting: may pass), or default_transaction_read_only on for the role or the database
+    // (waiting will not change it). Which, the caller asked the server (inRecovery).
     case '25006':
+      if (inRecovery !== false) return undefined;
       return (
-        `The server or the session is read-only, so no lock can be taken: connect to the primary if this is a hot standby ` +
-        `(a replica), or, if the role or the database is read-only, ALTER ROLE ${role} SET default_transaction_read_only = off ` +
+        `The session is read-only on a server that is not in recovery: the role or the database has ` +
+        `default_transaction_read_only on. ALTER ROLE ${role} SET default_transaction_read_only = off ` +
         `(or the same on the database), or use a role that may write.`
       );
     // insufficient_privilege
@@ -53,6 +62,16 @@ export function permanentCause(error: unknown, names: PostgresLockNames, who: Co
         `tokens again that your stores have seen: give the backend a new table (option 'table'), whose tokens start at 1, ` +
         `and reset the fencing tokens your stores keep.`
       );
+    // invalid_parameter_value, from the ALTER SEQUENCE ... MAXVALUE that brings the lock tables of
+    // an older version up to date, on a token sequence already past it: it stays so.
+    case '22023':
+      if (!/MAXVALUE/.test((error as { message?: unknown }).message as string)) return undefined;
+      return (
+        `The fencing-token sequence ${names.tokens} is already past ${MAX_FENCING_TOKEN}, the greatest integer a JavaScript ` +
+        `number holds exactly, so it cannot be given that maximum: its tokens no longer reach the application exactly. ` +
+        `Moving it back would hand out tokens again that your stores have seen: give the backend a new table (option ` +
+        `'table'), whose tokens start at 1, and reset the fencing tokens your stores keep.`
+      );
     default:
       return undefined;
   }
@@ -62,3 +81,11 @@ export function permanentCause(error: unknown, names: PostgresLockNames, who: Co
 export function quoteIdent(name: string): string {
   return /^[a-z_][a-z0-9_$]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`;
 }
+
+/** The SQLSTATE of a write refused by a read-only server or session. */
+export const READ_ONLY_SQL_TRANSACTION = '25006';
+
+/** What a read-only error says when the server is in recovery: it may pass (a failover). */
+export const IN_RECOVERY_NOTE =
+  'PostgreSQL is in recovery (a hot standby, or a replica during a failover): locks are retried within the wait. If this ' +
+  'is not a failover, connect to the primary.';

@@ -5,6 +5,9 @@ import type { PostgresConnection } from './postgres.connection.js';
 
 const logger = new Logger('DistributedLock');
 
+/** Messages sent and not heard before the backend concludes LISTEN delivers nothing here. */
+const PROBES = 2;
+
 /**
  * The backend's LISTEN connection: one per backend, on a channel of its own, so a release that
  * NOTIFYs it reaches this process and no other. LISTEN belongs to a session, so it needs a
@@ -129,17 +132,28 @@ export class PostgresListener {
     if (this.reconnectTimer === undefined && this.connecting === undefined) this.reconnect();
   }
 
-  /** Sends a message to our channel through the pool, as a release does; true if it arrived. */
+  /**
+   * Sends a message to our channel through the pool, as a release does; true if it arrived. A pool
+   * that is slow to answer says nothing about LISTEN: the wait for the message starts once the
+   * NOTIFY was answered (committed), and a failure to send it rejects, which is no verdict. Only
+   * a message sent and not heard, twice, says the connection delivers nothing.
+   */
   private async probe(): Promise<boolean> {
+    for (let attempt = 0; attempt < PROBES; attempt++) {
+      if (await this.probeOnce()) return true;
+    }
+    return false;
+  }
+
+  private async probeOnce(): Promise<boolean> {
     const payload = `probe ${randomBytes(9).toString('base64url')}`;
     let timer: NodeJS.Timeout | undefined;
-    const heard = new Promise<boolean>((resolve) => {
-      this.probes.set(payload, () => resolve(true));
-      timer = setTimeout(() => resolve(false), this.timeoutMs);
-    });
+    // Listening before it is sent: the message may come before the NOTIFY's answer.
+    const heard = new Promise<boolean>((resolve) => this.probes.set(payload, () => resolve(true)));
     try {
       await this.connection.run({ op: 'listen', keys: [], text: 'SELECT pg_notify($1, $2)', values: [this.channel, payload] });
-      return await heard;
+      const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), this.timeoutMs)));
+      return await Promise.race([heard, late]);
     } finally {
       clearTimeout(timer);
       this.probes.delete(payload);
