@@ -29,6 +29,11 @@ export class RedisConnection {
    * operations fail at once with it instead of after their whole wait. See refusalOf.
    */
   private refused: LockBackendError | undefined;
+  /**
+   * A database the server does not have: kept apart from `refused`, which a 'ready' clears, since
+   * ioredis may still report ready after the failed SELECT (ready check off) of a client it closed.
+   */
+  private wrongDatabase: LockBackendError | undefined;
   /** Pending reconnections of clients of ours that ioredis gave up on: see keepConnecting(). */
   private readonly reconnections = new Set<NodeJS.Timeout>();
 
@@ -55,7 +60,7 @@ export class RedisConnection {
 
   /** The client once it exists, without awaiting anything: an await per operation adds up. */
   open(): Redis | Cluster | undefined {
-    return this.stopped || this.awaitingClient > 0 || this.refused ? undefined : this.client;
+    return this.stopped || this.awaitingClient > 0 || this.refusal ? undefined : this.client;
   }
 
   /** The client, also while the server refuses it (a failed release is sent again once it is ready). */
@@ -65,7 +70,7 @@ export class RedisConnection {
 
   /** What the server refuses for good, if anything: see `refused`. */
   get refusal(): LockBackendError | undefined {
-    return this.refused;
+    return this.wrongDatabase ?? this.refused;
   }
 
   /** Whether a READONLY answer may heal by waiting: behind Sentinel it is a failover in progress. */
@@ -91,7 +96,8 @@ export class RedisConnection {
    */
   async connected(op: string, keys: readonly string[]): Promise<Redis | Cluster> {
     if (this.stopped) throw this.closedError(op, keys);
-    if (this.refused) throw this.refused;
+    const refusal = this.refusal;
+    if (refusal) throw refusal;
     if (this.client && this.awaitingClient === 0) return this.client;
     this.awaitingClient++;
     try {
@@ -167,6 +173,9 @@ export class RedisConnection {
       const options = connection.options ?? {};
       client = new Cluster(connection.nodes, { ...options, redisOptions: { ...CREATED_CLIENT_DEFAULTS, ...options.redisOptions } });
     } else throw new Error('unreachable: a client needs no creating');
+    // No lock may reach the server before its SELECT is answered: without the ready check, ioredis
+    // sends the queued commands right behind a SELECT that may fail, and they run in database 0.
+    if (!client.isCluster && ((client as Redis).options.db ?? 0) !== 0) (client as Redis).options.enableReadyCheck = true;
     let down = false;
     client.on('error', (error: Error) => {
       this.lastError = error;
@@ -223,7 +232,7 @@ export class RedisConnection {
    * every operation fails with an error that names the database and the server's limit.
    */
   private refuseDatabase(client: Redis, error: Error): void {
-    if (this.refused) return;
+    if (this.wrongDatabase) return;
     const db = client.options.db ?? 0;
     const message = (limit?: number) =>
       `${this.where(client)} has no database ${db}: ` +
@@ -232,7 +241,8 @@ export class RedisConnection {
         : `it has ${limit} (0 to ${limit - 1}, its 'databases' setting). `) +
       `Name a database it has in the URL ('redis://host:6379/0') or the 'db' option, or raise 'databases' in its redis.conf. ` +
       `No lock was taken in another database.`;
-    this.refused = new LockBackendError(this.backendName, message(), error, { permanent: true });
+    let refusal = new LockBackendError(this.backendName, message(), error, { permanent: true });
+    this.wrongDatabase = refusal;
     client.disconnect();
     // The limit, from a connection to database 0, for the log and later errors.
     const probe = client.duplicate({ db: 0, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
@@ -247,9 +257,9 @@ export class RedisConnection {
       .then((limit) => {
         probe.disconnect();
         if (limit !== undefined && Number.isInteger(limit)) {
-          this.refused = new LockBackendError(this.backendName, message(limit), error, { permanent: true });
+          this.wrongDatabase = refusal = new LockBackendError(this.backendName, message(limit), error, { permanent: true });
         }
-        logger.error(this.refused!.message);
+        logger.error(refusal.message);
       });
   }
 
