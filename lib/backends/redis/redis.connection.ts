@@ -34,6 +34,11 @@ export class RedisConnection {
    * ioredis may still report ready after the failed SELECT (ready check off) of a client it closed.
    */
   private wrongDatabase: LockBackendError | undefined;
+  /**
+   * Whether the server has answered a lock script of ours: a READONLY after that is the master
+   * demoted under us (see readOnlyForGood), not a backend pointed at a replica.
+   */
+  private masterSeen = false;
   /** Pending reconnections of clients of ours that ioredis gave up on: see keepConnecting(). */
   private readonly reconnections = new Set<NodeJS.Timeout>();
 
@@ -78,6 +83,41 @@ export class RedisConnection {
     const client = this.client;
     if (client) return client.isCluster || Boolean((client as Redis).options.sentinels);
     return this.connection.kind === 'cluster' || (this.connection.kind === 'options' && Boolean(this.connection.options.sentinels));
+  }
+
+  /** A lock script was answered: the server took our writes, so it has been a master. */
+  answered(): void {
+    this.masterSeen = true;
+  }
+
+  /**
+   * Whether a READONLY answer of a standalone server is for good. Behind one name for the master
+   * (a managed service's primary endpoint, a Kubernetes Service) a failover demotes the server
+   * our connection is on, and Redis does not close a normal client's connection then: a client
+   * of ours reconnects on READONLY (see createClient), which finds the new master. So it is for
+   * good only for a backend that never had a master and whose fresh connection still finds a
+   * replica: one pointed at a replica by mistake.
+   */
+  async readOnlyForGood(client: Redis | Cluster, timeoutMs: number): Promise<boolean> {
+    if (this.readOnlyHeals || this.masterSeen) return false;
+    return (await this.freshRole(client as Redis, timeoutMs)) === 'slave';
+  }
+
+  /** The server's role as a new connection finds it (a name may point elsewhere by now). */
+  async freshRole(client: Redis, timeoutMs: number): Promise<string | undefined> {
+    const probe = client.duplicate({ lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: timeoutMs });
+    probe.on('error', () => undefined);
+    try {
+      const info = await withTimeout(
+        probe.connect().then(() => probe.info('replication')),
+        timeoutMs,
+      );
+      return info === undefined ? undefined : /^role:(\S+)/m.exec(info)?.[1];
+    } catch {
+      return undefined;
+    } finally {
+      probe.disconnect();
+    }
   }
 
   /** Where the client points, for messages: never its URL, which may hold a password. */
@@ -165,10 +205,13 @@ export class RedisConnection {
     const { Redis, Cluster } = this.ioredis!;
     const connection = this.connection;
     let client: Redis | Cluster;
-    if (connection.kind === 'url') client = new Redis(connection.url, CREATED_CLIENT_DEFAULTS);
-    else if (connection.kind === 'options') {
+    if (connection.kind === 'url') {
+      client = new Redis(connection.url, CREATED_CLIENT_DEFAULTS);
+      reconnectOnReadOnly(client);
+    } else if (connection.kind === 'options') {
       const sentinel = connection.options.sentinels ? CREATED_SENTINEL_CLIENT_DEFAULTS : {};
       client = new Redis({ ...CREATED_CLIENT_DEFAULTS, ...sentinel, ...connection.options });
+      if (!connection.options.sentinels) reconnectOnReadOnly(client);
     } else if (connection.kind === 'cluster') {
       const options = connection.options ?? {};
       client = new Cluster(connection.nodes, { ...options, redisOptions: { ...CREATED_CLIENT_DEFAULTS, ...options.redisOptions } });
@@ -289,6 +332,15 @@ export class RedisConnection {
       this.reconnections.add(timer);
     });
   }
+}
+
+/**
+ * A client of ours that meets READONLY reconnects (the failed command is not sent again): after a
+ * failover behind one name for the master, its connection stays on the demoted server, which
+ * Redis does not close. The user's own reconnectOnError, if any, decides instead.
+ */
+function reconnectOnReadOnly(client: Redis): void {
+  client.options.reconnectOnError ??= (error: Error) => (/^READONLY\b/.test(error.message) ? 1 : false);
 }
 
 function withoutStop(text: string): string {
