@@ -12,7 +12,16 @@ export function show(value: unknown): string {
 /**
  * A connection string fit for a message or a log: its password masked, whether it sits in the user
  * info or in a `password` parameter (which ioredis honours), and whether or not the string parses.
+ * The user info runs from after the scheme and its slashes (one, two, or none: 'user:pw@host') to
+ * the LAST '@', since a password may hold '@' and '/' unencoded and parsers take the last one. Of
+ * it only the user name before the first ':' is kept; without a ':' all of it is masked, as a lone
+ * name may be a password.
  */
 export function redactUrl(text: string): string {
-  return text.replace(/(\/\/[^/@]*?:)[^/@]*@/, '$1***@').replace(/([?&]password=)[^&#]*/gi, '$1***');
+  return text
+    .replace(/^((?:[a-z][a-z0-9+.-]*:(?=\/))?\/*)([^]*)@/i, (_, start: string, userInfo: string) => {
+      const colon = userInfo.indexOf(':');
+      return `${start}${colon === -1 ? '' : userInfo.slice(0, colon + 1)}***@`;
+    })
+    .replace(/([?&]password=)[^&#]*/gi, '$1***');
 }

@@ -4,6 +4,7 @@ import { Redis } from 'ioredis';
 import { InvalidLockOptionsError, LockBackendError, LockHealthIndicator, LockService, RedisLockBackend } from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
 import { freePort, RedisServer } from '../support/redis-server.js';
+import { until } from '../support/wait.js';
 
 /**
  * What a Redis server refuses for good (no such database, credentials, rights, a replica) fails at
@@ -91,6 +92,39 @@ describe('a database the server does not have', () => {
       message: expect.stringMatching(/has no database 99: it has 16 \(0 to 15\)/),
     });
   });
+
+  it.each([
+    ['the ready check off', {}],
+    ['the ready check off and no client info', { disableClientInfo: true }],
+  ])(
+    'with %s, fails clearly and sends nothing to database 0',
+    async (_, more) => {
+      // A user that may not read CONFIG: the server's limit stays unknown.
+      await fixture.admin.call('ACL', 'SETUSER', 'noconfig', 'reset', 'on', `>${PASSWORD}`, '~*', '&*', '+@all', '-config');
+      closing.push(() => fixture.admin.call('ACL', 'DELUSER', 'noconfig'));
+      const unhandled: unknown[] = [];
+      const onUnhandled = (reason: unknown) => void unhandled.push(reason);
+      process.on('unhandledRejection', onUnhandled);
+      closing.push(() => process.off('unhandledRejection', onUnhandled));
+      const backend = new RedisLockBackend({
+        host: '127.0.0.1',
+        port: fixture.server.port,
+        db: 99,
+        username: 'noconfig',
+        password: PASSWORD,
+        enableReadyCheck: false,
+        ...more,
+      });
+      const error = await refusedAcquire(backend);
+      expect(error.message).toMatch(/has no database 99/);
+      // The look-up of the limit ends with a log of the refusal, whatever it found.
+      await until(() => logged.some((line) => /has no database 99/.test(line)), 20_000, 'the refusal logged');
+      expect(unhandled).toEqual([]);
+      expect(await fixture.admin.dbsize()).toBe(0);
+      await expect(backend.verify()).rejects.toMatchObject({ permanent: true, message: expect.stringMatching(/has no database 99/) });
+    },
+    30_000,
+  );
 
   it('verify() resolves for a database the server has', async () => {
     const backend = new RedisLockBackend(`${fixture.server.url}/3`);

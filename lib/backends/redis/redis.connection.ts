@@ -29,6 +29,16 @@ export class RedisConnection {
    * operations fail at once with it instead of after their whole wait. See refusalOf.
    */
   private refused: LockBackendError | undefined;
+  /**
+   * A database the server does not have: kept apart from `refused`, which a 'ready' clears, since
+   * ioredis may still report ready after the failed SELECT (ready check off) of a client it closed.
+   */
+  private wrongDatabase: LockBackendError | undefined;
+  /**
+   * Whether the server has answered a lock script of ours: a READONLY after that is the master
+   * demoted under us (see readOnlyForGood), not a backend pointed at a replica.
+   */
+  private masterSeen = false;
   /** Pending reconnections of clients of ours that ioredis gave up on: see keepConnecting(). */
   private readonly reconnections = new Set<NodeJS.Timeout>();
 
@@ -55,7 +65,7 @@ export class RedisConnection {
 
   /** The client once it exists, without awaiting anything: an await per operation adds up. */
   open(): Redis | Cluster | undefined {
-    return this.stopped || this.awaitingClient > 0 || this.refused ? undefined : this.client;
+    return this.stopped || this.awaitingClient > 0 || this.refusal ? undefined : this.client;
   }
 
   /** The client, also while the server refuses it (a failed release is sent again once it is ready). */
@@ -65,7 +75,7 @@ export class RedisConnection {
 
   /** What the server refuses for good, if anything: see `refused`. */
   get refusal(): LockBackendError | undefined {
-    return this.refused;
+    return this.wrongDatabase ?? this.refused;
   }
 
   /** Whether a READONLY answer may heal by waiting: behind Sentinel it is a failover in progress. */
@@ -73,6 +83,41 @@ export class RedisConnection {
     const client = this.client;
     if (client) return client.isCluster || Boolean((client as Redis).options.sentinels);
     return this.connection.kind === 'cluster' || (this.connection.kind === 'options' && Boolean(this.connection.options.sentinels));
+  }
+
+  /** A lock script was answered: the server took our writes, so it has been a master. */
+  answered(): void {
+    this.masterSeen = true;
+  }
+
+  /**
+   * Whether a READONLY answer of a standalone server is for good. Behind one name for the master
+   * (a managed service's primary endpoint, a Kubernetes Service) a failover demotes the server
+   * our connection is on, and Redis does not close a normal client's connection then: a client
+   * of ours reconnects on READONLY (see createClient), which finds the new master. So it is for
+   * good only for a backend that never had a master and whose fresh connection still finds a
+   * replica: one pointed at a replica by mistake.
+   */
+  async readOnlyForGood(client: Redis | Cluster, timeoutMs: number): Promise<boolean> {
+    if (this.readOnlyHeals || this.masterSeen) return false;
+    return (await this.freshRole(client as Redis, timeoutMs)) === 'slave';
+  }
+
+  /** The server's role as a new connection finds it (a name may point elsewhere by now). */
+  async freshRole(client: Redis, timeoutMs: number): Promise<string | undefined> {
+    const probe = client.duplicate({ lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: timeoutMs });
+    probe.on('error', () => undefined);
+    try {
+      const info = await withTimeout(
+        probe.connect().then(() => probe.info('replication')),
+        timeoutMs,
+      );
+      return info === undefined ? undefined : /^role:(\S+)/m.exec(info)?.[1];
+    } catch {
+      return undefined;
+    } finally {
+      probe.disconnect();
+    }
   }
 
   /** Where the client points, for messages: never its URL, which may hold a password. */
@@ -91,7 +136,8 @@ export class RedisConnection {
    */
   async connected(op: string, keys: readonly string[]): Promise<Redis | Cluster> {
     if (this.stopped) throw this.closedError(op, keys);
-    if (this.refused) throw this.refused;
+    const refusal = this.refusal;
+    if (refusal) throw refusal;
     if (this.client && this.awaitingClient === 0) return this.client;
     this.awaitingClient++;
     try {
@@ -159,14 +205,20 @@ export class RedisConnection {
     const { Redis, Cluster } = this.ioredis!;
     const connection = this.connection;
     let client: Redis | Cluster;
-    if (connection.kind === 'url') client = new Redis(connection.url, CREATED_CLIENT_DEFAULTS);
-    else if (connection.kind === 'options') {
+    if (connection.kind === 'url') {
+      client = new Redis(connection.url, CREATED_CLIENT_DEFAULTS);
+      reconnectOnReadOnly(client);
+    } else if (connection.kind === 'options') {
       const sentinel = connection.options.sentinels ? CREATED_SENTINEL_CLIENT_DEFAULTS : {};
       client = new Redis({ ...CREATED_CLIENT_DEFAULTS, ...sentinel, ...connection.options });
+      if (!connection.options.sentinels) reconnectOnReadOnly(client);
     } else if (connection.kind === 'cluster') {
       const options = connection.options ?? {};
       client = new Cluster(connection.nodes, { ...options, redisOptions: { ...CREATED_CLIENT_DEFAULTS, ...options.redisOptions } });
     } else throw new Error('unreachable: a client needs no creating');
+    // No lock may reach the server before its SELECT is answered: without the ready check, ioredis
+    // sends the queued commands right behind a SELECT that may fail, and they run in database 0.
+    if (!client.isCluster && ((client as Redis).options.db ?? 0) !== 0) (client as Redis).options.enableReadyCheck = true;
     let down = false;
     client.on('error', (error: Error) => {
       this.lastError = error;
@@ -223,7 +275,7 @@ export class RedisConnection {
    * every operation fails with an error that names the database and the server's limit.
    */
   private refuseDatabase(client: Redis, error: Error): void {
-    if (this.refused) return;
+    if (this.wrongDatabase) return;
     const db = client.options.db ?? 0;
     const message = (limit?: number) =>
       `${this.where(client)} has no database ${db}: ` +
@@ -232,7 +284,8 @@ export class RedisConnection {
         : `it has ${limit} (0 to ${limit - 1}, its 'databases' setting). `) +
       `Name a database it has in the URL ('redis://host:6379/0') or the 'db' option, or raise 'databases' in its redis.conf. ` +
       `No lock was taken in another database.`;
-    this.refused = new LockBackendError(this.backendName, message(), error, { permanent: true });
+    let refusal = new LockBackendError(this.backendName, message(), error, { permanent: true });
+    this.wrongDatabase = refusal;
     client.disconnect();
     // The limit, from a connection to database 0, for the log and later errors.
     const probe = client.duplicate({ db: 0, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
@@ -247,9 +300,9 @@ export class RedisConnection {
       .then((limit) => {
         probe.disconnect();
         if (limit !== undefined && Number.isInteger(limit)) {
-          this.refused = new LockBackendError(this.backendName, message(limit), error, { permanent: true });
+          this.wrongDatabase = refusal = new LockBackendError(this.backendName, message(limit), error, { permanent: true });
         }
-        logger.error(this.refused!.message);
+        logger.error(refusal.message);
       });
   }
 
@@ -279,6 +332,15 @@ export class RedisConnection {
       this.reconnections.add(timer);
     });
   }
+}
+
+/**
+ * A client of ours that meets READONLY reconnects (the failed command is not sent again): after a
+ * failover behind one name for the master, its connection stays on the demoted server, which
+ * Redis does not close. The user's own reconnectOnError, if any, decides instead.
+ */
+function reconnectOnReadOnly(client: Redis): void {
+  client.options.reconnectOnError ??= (error: Error) => (/^READONLY\b/.test(error.message) ? 1 : false);
 }
 
 function withoutStop(text: string): string {

@@ -97,16 +97,16 @@ export function checkConnection(connection: unknown): CheckedConnection {
   if (typeof connection === 'string') {
     // 'localhost:6379' parses as a URL of scheme 'localhost:': say what was written, and the fix.
     if (!connection.includes('://')) {
-      fail(`'${shownUrl(connection)}' has no scheme: write it as 'redis://${shownUrl(connection)}' ('rediss://' for TLS)`);
+      fail(`'${redactUrl(connection)}' has no scheme: write it as 'redis://${redactUrl(connection)}' ('rediss://' for TLS)`);
     }
     let url: URL | undefined;
     try {
       url = new URL(connection);
     } catch {
-      fail(`'${shownUrl(connection)}' is not a URL`);
+      fail(`'${redactUrl(connection)}' is not a URL`);
     }
     if (url!.protocol !== 'redis:' && url!.protocol !== 'rediss:') {
-      fail(`the URL must start with redis:// or rediss://, got '${shownUrl(connection)}'`);
+      fail(`the URL must start with redis:// or rediss://, got '${redactUrl(connection)}'`);
     }
     return { kind: 'url', url: connection };
   }
@@ -137,15 +137,6 @@ export function checkConnection(connection: unknown): CheckedConnection {
     if (typeof name !== 'string' || name === '') fail("Sentinel needs option 'name', the master group name (e.g. 'mymaster')");
   }
   return { kind: 'options', options: connection as RedisOptions };
-}
-
-/**
- * A connection string as a message may show it: its password masked, also when it has no scheme
- * (`user:secret@host:6379`), which a URL's masking does not recognise.
- */
-export function shownUrl(text: string): string {
-  const masked = redactUrl(text);
-  return masked.includes('://') ? masked : masked.replace(/^([^/@:]*:)[^/@]*@/, '$1***@');
 }
 
 /**

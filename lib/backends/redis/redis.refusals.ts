@@ -7,8 +7,9 @@ export type RedisRefusal = 'credentials' | 'rights' | 'read-only' | 'database';
  * What kind of refusal `error` is, if it is one waiting cannot heal: credentials refused
  * (WRONGPASS, NOAUTH, ioredis's "Ready check failed: NOAUTH ..."), a command the user's ACL
  * refuses (NOPERM and its script wordings), a replica refusing writes (READONLY), or a database
- * the server does not have. `readOnlyHeals`: behind Sentinel a READONLY answer is a failover in
- * progress, which does heal.
+ * the server does not have. `readOnlyHeals`: behind Sentinel or Cluster, or from a standalone
+ * server that was a master before (a failover behind one name), a READONLY answer heals: see
+ * RedisConnection.readOnlyForGood.
  */
 export function refusalOf(error: unknown, readOnlyHeals = false): RedisRefusal | undefined {
   const message = error instanceof Error ? error.message : String(error);

@@ -50,11 +50,17 @@ export class RedisScriptRunner {
         ),
       );
       const answered = (reply: unknown) => {
+        this.connection.answered();
         if (this.deadlines.answered(command)) resolve(reply);
         else call.onLateAnswer?.(reply);
       };
       const failed = (error: unknown) => {
-        if (this.deadlines.answered(command)) reject(this.failure(call, client, error));
+        if (!this.deadlines.answered(command)) return;
+        if (!isReadOnly(error)) return reject(this.failure(call, client, error, this.connection.readOnlyHeals));
+        // A fresh connection tells a demoted master (heals) from a replica (for good).
+        void this.connection
+          .readOnlyForGood(client, this.commandTimeout)
+          .then((forGood) => reject(this.failure(call, client, error, !forGood)));
       };
       const sent = call.behindPing
         ? (client as Redis)
@@ -76,12 +82,17 @@ export class RedisScriptRunner {
     });
   }
 
-  private failure({ op, keys, redisKeys }: ScriptCall, client: Redis | Cluster, error: unknown): LockBackendError {
+  private failure(
+    { op, keys, redisKeys }: ScriptCall,
+    client: Redis | Cluster,
+    error: unknown,
+    readOnlyHeals = this.connection.readOnlyHeals,
+  ): LockBackendError {
     // Refused for good while connecting (no such database, credentials): that is the news, not the
     // "Connection is closed" or "max retries" the call itself met.
     const refused = this.connection.refusal;
     if (refused) return refused;
-    const refusal = refusalOf(error, this.connection.readOnlyHeals);
+    const refusal = refusalOf(error, readOnlyHeals);
     // ioredis's "max retries per request" names an option of a client the user may not have made:
     // the state of the connection, which follows, says what is wrong.
     const unsent = error instanceof Error && error.name === 'MaxRetriesPerRequestError' && client.status !== 'ready';
@@ -110,6 +121,10 @@ function aclAdvice(op: string, redisKeys: readonly string[], client: Redis | Clu
     ` The Redis user's ACL refused it: this call needs EVALSHA, EVAL and the commands of the lock scripts ` +
     `on the keys ${redisKeys.map((key) => prefix + key).join(', ')}${publish}. ${ACL_RULE_DOCS}.`
   );
+}
+
+function isReadOnly(error: unknown): boolean {
+  return error instanceof Error && /\bREADONLY\b/.test(error.message);
 }
 
 /** Messages from ioredis and our own may end in '.' or '?' already; no 'cache..' or 'overloaded?.'. */

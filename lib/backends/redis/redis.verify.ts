@@ -6,7 +6,8 @@ import { refusalFix, refusalOf } from './redis.refusals.js';
 /**
  * The Redis backend's start-up check (see LockBackend.verify): what connecting shows is wrong and
  * waiting cannot heal. A database the server does not have, credentials refused, a replica
- * (outside Sentinel, which follows failovers, and Cluster, which routes writes to masters): each
+ * (outside Sentinel, which follows failovers, and Cluster, which routes writes to masters; and
+ * found again by a fresh connection, as a demoted master is found by a stale one): each
  * rejects with a permanent LockBackendError. A server that does not answer within `timeoutMs`
  * is not an error here: lock operations fail until it is back.
  */
@@ -43,7 +44,10 @@ export async function verifyRedis(connection: RedisConnection, backendName: stri
   }
   if (!redis.options.sentinels) {
     const info = await ask(() => redis.info('replication'));
-    const role = info === undefined ? undefined : /^role:(\S+)/m.exec(info)?.[1];
+    let role = info === undefined ? undefined : /^role:(\S+)/m.exec(info)?.[1];
+    // A failover behind one name for the master leaves this connection on the demoted server:
+    // a replica only if a fresh connection still finds one (see RedisConnection.readOnlyForGood).
+    if (role !== undefined && role !== 'master') role = await connection.freshRole(redis, timeoutMs);
     if (role !== undefined && role !== 'master') {
       throw refuse(
         `${connection.where(client)} is a ${role === 'slave' ? 'replica' : role}: ${refusalFix('read-only', connection.where(client))}`,

@@ -1,7 +1,7 @@
 import { Logger } from '@nestjs/common';
 import { MAX_TIMER_MS } from '../../distributed-lock.options.js';
 import { BackendOptionChecks } from '../backend-options.checks.js';
-import { shownUrl } from '../redis/redis.options.js';
+import { redactUrl } from '../../option-value.js';
 import type { RedlockMasterClient } from './redlock-master.js';
 
 /** Options of `new RedlockLockBackend(...)`; every field but `clients` has a default. */
@@ -94,7 +94,7 @@ export function resolveRedlockOptions(
     checks.fail('clients', 'option `clients` must be an array of ioredis clients or redis:// URLs, one per independent Redis master.');
   entries.forEach((entry, i) => {
     if (typeof entry === 'string' && !/^rediss?:\/\//.test(entry)) {
-      const written = shownUrl(entry);
+      const written = redactUrl(entry);
       checks.fail(
         'clients',
         entry.includes('://')
