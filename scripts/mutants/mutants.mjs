@@ -115,7 +115,7 @@ export const MUTANTS = [
     name: 'memory-token-reuse',
     bug: 'the in-memory store hands out the same fencing token again',
     file: 'lib/backends/memory.backend.ts',
-    replace: [['const fencingToken = ++this.lastToken;', 'const fencingToken = this.lastToken + 1;']],
+    replace: [['    this.lastToken = token;\n', '']],
     detector: 'model',
   },
   {
