@@ -12,6 +12,7 @@ import {
   LockService,
   type LockHandle,
 } from '../../lib/index.js';
+import { EtcdReleases } from '../../lib/backends/etcd/etcd.releases.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
 import { EtcdRequestGate, isDeletion, isFirstAttempt, isLeaseMove, isPromotion, names } from '../support/etcd-request-gate.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
@@ -739,6 +740,68 @@ describe('etcd backend, attacked', () => {
       await handle.release().catch(() => undefined);
       expect(taken.isHeld).toBe(true);
       expect((await rival.inspect('revoked'))?.fencingToken).toBe(taken.fencingToken);
+    });
+  });
+  describe('releases sent again', () => {
+    /**
+     * EtcdReleases on a connection of the test's own: each revoke is answered (and says so, as
+     * the real connection does; the lease of owner 'slow' a turn of the event loop later), each
+     * transaction fails at once with `txnError`, the first 100. Each owner's last request went
+     * unanswered: its release revokes its lease, then deletes its entries.
+     */
+    function releasesOn(txnError: () => Error): { releases: EtcdReleases; answer: () => void; txns: () => number } {
+      let txns = 0;
+      const connection = {
+        closed: false,
+        onAnswer: undefined as (() => void) | undefined,
+        revoke: async (lease: string) => {
+          if (lease === 'slow') await turn();
+          connection.onAnswer?.();
+          return true;
+        },
+        txn: async () => {
+          if (++txns > 100) return { responses: [] };
+          throw txnError();
+        },
+        revokeQuietly: () => undefined,
+      };
+      const line = { deleteOwn: () => ({}), deleteWaiting: () => ({}), deletedOf: () => [] };
+      const places = {
+        get: (owner: string) => ({ state: 'unknown', hold: { id: owner }, moving: false, movingTo: undefined }),
+        drop: () => undefined,
+      };
+      const releases = new EtcdReleases(connection as never, line as never, places as never, 60_000);
+      fixture.cleanup(() => releases.close());
+      return { releases, answer: () => connection.onAnswer!(), txns: () => txns };
+    }
+
+    const turn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+    async function turns(count: number): Promise<void> {
+      for (let i = 0; i < count; i++) await turn();
+    }
+
+    it('releases sent again that fail again at once, after their revokes were answered, wait for the next answer instead of looping', async () => {
+      const { releases, answer, txns } = releasesOn(() => new LockBackendError('etcd', 'release failed: etcd is unavailable'));
+      for (const owner of ['fast', 'slow']) await expect(releases.release(['k'], owner)).rejects.toBeInstanceOf(LockBackendError);
+      await turns(20);
+      // The slow revoke's answer sent the first release again, once.
+      expect(txns()).toBe(3);
+      answer();
+      await turns(20);
+      expect(txns()).toBe(5);
+      answer();
+      await turns(20);
+      expect(txns()).toBe(7);
+    });
+
+    it('a release whose keys are too large for etcd is not sent again', async () => {
+      const { releases, answer, txns } = releasesOn(() => new InvalidLockKeyError('the keys are too large for one etcd request'));
+      await expect(releases.release(['k'], 'owner')).rejects.toBeInstanceOf(InvalidLockKeyError);
+      answer();
+      await turns(20);
+      // Its lease was revoked again; its entries, which no request can delete, were not sent again.
+      expect(txns()).toBe(1);
     });
   });
 });

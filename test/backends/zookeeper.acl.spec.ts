@@ -3,10 +3,14 @@ import { createHash } from 'node:crypto';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only use it as an operator's client.
 import zookeeper from 'node-zookeeper-client';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import { ZooKeeperError } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
 import { LockBackendError } from '../../lib/lock.errors.js';
 import { LockService } from '../../lib/lock.service.js';
 import { freePort } from '../support/redis-server.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
+import { tappedClients } from '../support/zookeeper-client-tap.js';
+import { until } from '../support/wait.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 
 type Callback<T> = (error: (Error & { getName?(): string }) | null, value: T) => void;
@@ -229,6 +233,143 @@ describe('ZooKeeper backend on a digest-protected root', () => {
       const nobody = await freePort();
       await expect(backend({ connectionString: `127.0.0.1:${nobody}`, commandTimeout: 300 }).verify()).resolves.toBeUndefined();
     });
+  });
+
+  describe('operations sent while the connection is down (the session lives on)', () => {
+    /**
+     * A backend of the lock identity behind a proxy the test cuts: the client queues what it is
+     * asked while it has no connection, and on reconnection its credentials must reach the
+     * server before those requests, or the server refuses them (NO_AUTH, INVALID_ACL) as
+     * coming from nobody.
+     */
+    async function cutOffBackend(): Promise<{ proxy: TcpProxy; cutOff: ZooKeeperLockBackend }> {
+      const proxy = await TcpProxy.start(Number(fixture.connectionString.split(':').at(-1)));
+      fixture.cleanup(() => proxy.close());
+      const cutOff = backend({ auth: LOCKS, connectionString: `127.0.0.1:${proxy.port}`, sessionTimeout: 10_000, commandTimeout: 8_000 });
+      return { proxy, cutOff };
+    }
+
+    async function cut(proxy: TcpProxy, cutOff: ZooKeeperLockBackend): Promise<void> {
+      proxy.set({ kind: 'drop' });
+      await until(() => cutOff.state === 'suspended', 10_000, 'the backend to see its connection cut');
+    }
+
+    it('releases sent then free their keys once the connection is back', async () => {
+      await protectedRoot();
+      const { proxy, cutOff } = await cutOffBackend();
+      // Many holders: the requests queued during the cut go out together on reconnection.
+      const keys = Array.from({ length: 50 }, (_, i) => `order:${i}`);
+      for (const key of keys) expect(await cutOff.tryAcquire([key], `holder-${key}`, 60_000)).toMatchObject({ acquired: true });
+
+      await cut(proxy, cutOff);
+      const released = keys.map((key) => cutOff.release([key], `holder-${key}`).catch((error: unknown) => error));
+      proxy.set({ kind: 'pass' });
+      await Promise.all(released);
+
+      // Another process of the same identity takes each: the nodes went, the session lives on.
+      const other = backend({ auth: LOCKS });
+      for (const key of keys) {
+        await until(async () => (await other.tryAcquire([key], 'next', 60_000, { willWait: false })).acquired, 8_000, `${key} to be free`);
+      }
+      expect(cutOff.state).toBe('connected');
+    }, 60_000);
+
+    /**
+     * A backend behind a proxy the test cuts, whose multi requests (creates and deletes) go through
+     * `multi`; every other request goes to the real server. No credentials: the tap plays the
+     * server that refuses a request read before them.
+     */
+    async function tappedBackend(
+      multi: (send: () => Promise<string[]>) => Promise<string[]>,
+    ): Promise<{ proxy: TcpProxy; cutOff: ZooKeeperLockBackend }> {
+      const proxy = await TcpProxy.start(Number(fixture.connectionString.split(':').at(-1)));
+      fixture.cleanup(() => proxy.close());
+      const options = { root: fixture.root, sessionTimeout: 10_000, commandTimeout: 8_000 };
+      const connection = `127.0.0.1:${proxy.port}`;
+      const cutOff = new ZooKeeperLockBackend(
+        connection,
+        options,
+        tappedClients(connection, options.sessionTimeout, { multi: (_, send) => multi(send) }),
+      );
+      fixture.cleanup(() => cutOff.close());
+      return { proxy, cutOff };
+    }
+
+    const noAuth = (): ZooKeeperError => new ZooKeeperError('NO_AUTH', 'NO_AUTH');
+
+    async function freed(key: string): Promise<void> {
+      const other = backend();
+      await until(async () => (await other.tryAcquire([key], 'next', 60_000, { willWait: false })).acquired, 8_000, `${key} to be free`);
+    }
+
+    it('a release the server refuses as sent before the credentials is sent again after them, and frees the key', async () => {
+      // The client queues its credentials on reconnection behind the requests made during the
+      // cut: a server that reads such a request first refuses it as coming from nobody.
+      const { proxy, cutOff } = await tappedBackend(async (send) => {
+        if (cutOff.state !== 'suspended') return send();
+        await until(() => cutOff.state === 'connected', 10_000, 'the connection to be back');
+        throw noAuth();
+      });
+      expect(await cutOff.tryAcquire(['order:1'], 'first', 60_000)).toMatchObject({ acquired: true });
+
+      await cut(proxy, cutOff);
+      // Nothing goes out while the session is suspended: the release waits for the connection.
+      const released = cutOff.release(['order:1'], 'first');
+      proxy.set({ kind: 'pass' });
+      expect(await released).toBe(true);
+      await freed('order:1');
+    }, 40_000);
+
+    it('a refusal of a request whose connection dropped before the answer is not final: the caller may retry', async () => {
+      let refuseAfterCut: { cut: Promise<void> } | undefined;
+      let cutDone = (): void => undefined;
+      const { proxy, cutOff } = await tappedBackend(async (send) => {
+        if (!refuseAfterCut) return send();
+        // Sent on a connection that then dropped: it reaches the server after the reconnection.
+        await refuseAfterCut.cut;
+        throw noAuth();
+      });
+      expect(await cutOff.tryAcquire(['order:1'], 'first', 60_000)).toMatchObject({ acquired: true });
+
+      refuseAfterCut = { cut: new Promise<void>((resolve) => (cutDone = resolve)) };
+      const released = cutOff.release(['order:1'], 'first').catch((error: unknown) => error);
+      await cut(proxy, cutOff);
+      refuseAfterCut = undefined;
+      proxy.set({ kind: 'pass' });
+      await until(() => cutOff.state === 'connected', 10_000, 'the connection to be back');
+      cutDone();
+      const error = await released;
+      expect(error).toBeInstanceOf(LockBackendError);
+      expect(error).toMatchObject({ permanent: false });
+      await freed('order:1');
+    }, 40_000);
+
+    it('a release refused on an authenticated connection is still sent again, and frees the key once allowed', async () => {
+      // An identity refused the delete (an ACL an admin fixes later): kept, and sent at the next answer.
+      let refuse = false;
+      const { cutOff } = await tappedBackend(async (send) => {
+        if (!refuse) return send();
+        refuse = false;
+        throw noAuth();
+      });
+      expect(await cutOff.tryAcquire(['order:1'], 'first', 60_000)).toMatchObject({ acquired: true });
+
+      refuse = true;
+      expect(await cutOff.release(['order:1'], 'first').catch((error: unknown) => error)).toMatchObject({ permanent: true });
+      await cutOff.health();
+      await freed('order:1');
+    }, 40_000);
+
+    it('an acquire sent then takes the lock once the connection is back', async () => {
+      await protectedRoot();
+      const { proxy, cutOff } = await cutOffBackend();
+      expect(await cutOff.tryAcquire(['order:0'], 'warm-up', 60_000)).toMatchObject({ acquired: true });
+
+      await cut(proxy, cutOff);
+      const acquired = cutOff.tryAcquire(['order:2'], 'first', 60_000);
+      proxy.set({ kind: 'pass' });
+      expect(await acquired).toMatchObject({ acquired: true });
+    }, 40_000);
   });
 
   it('health() reports the session after the server answered', async () => {

@@ -632,18 +632,28 @@ describe('ZooKeeper backend under attack', () => {
       quietWarnings();
       const line = await proxy();
       let creates = 0;
+      let cutDone: (() => void) | undefined;
+      const cut = new Promise<void>((resolve) => (cutDone = resolve));
       const cutBackend = backend(
         { connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 8_000, commandTimeout: 500 },
-        { multi: (ops, send) => (ops[0]?.op === 'create' && creates++, send()) },
+        {
+          // The create of the second attempt, sent on a connected session, reaches the client
+          // once its connection dropped: the client queues it until it is back.
+          multi: async (ops, send) => {
+            if (ops[0]?.op === 'create' && ++creates === 2) await cut;
+            return send();
+          },
+        },
       );
       const locks = service(cutBackend);
-      // The parents are known: the caller's first request is the create, queued by the client.
+      // The parents are known: the caller's first request is the create.
       await (await locks.acquire(['queued-a', 'queued-b'])).release();
-      line.set({ kind: 'drop' });
-      await until(() => cutBackend.state === 'suspended', 10_000, 'the client to lose its connection');
       const controller = new AbortController();
       const waiting = locks.acquire(['queued-a', 'queued-b'], { signal: controller.signal, wait: 20_000 });
-      await until(() => creates === 2, 5_000, 'the create to be queued');
+      await until(() => creates === 2, 5_000, 'the create to be sent');
+      line.set({ kind: 'drop' });
+      await until(() => cutBackend.state === 'suspended', 10_000, 'the client to lose its connection');
+      cutDone!();
       controller.abort(new Error('the caller left'));
       await expect(waiting).rejects.toThrow('the caller left');
       line.set({ kind: 'pass' });

@@ -1,4 +1,4 @@
-import { LockBackendError } from '../../lock.errors.js';
+import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import type { EtcdConnection } from './etcd.connection.js';
 import { HELD } from './etcd.keys.js';
@@ -19,6 +19,8 @@ interface Leftover {
  */
 export class EtcdReleases {
   private readonly failed: FailedReleases<Leftover>;
+  /** Releases sent again and still out: their own answers say nothing new (see the constructor). */
+  private resending = 0;
 
   constructor(
     private readonly connection: EtcdConnection,
@@ -32,7 +34,12 @@ export class EtcdReleases {
     this.failed = new FailedReleases<Leftover>((keys, owner, left) => this.releaseAgain(keys, owner, left!), {
       retryEveryMs: waiterTimeout / 3,
     });
-    connection.onAnswer = this.failed.sendAgain;
+    // Not the answers of a batch sent again: one that fails again at once after its revoke was
+    // answered would start the next batch at once, and so on without end. What fails again waits
+    // for the next other answer, or the timer.
+    connection.onAnswer = () => {
+      if (this.resending === 0) this.failed.sendAgain();
+    };
   }
 
   /** The owner asks again (its own later request): its entries are its place, not leftovers. */
@@ -85,6 +92,12 @@ export class EtcdReleases {
   private later(keys: readonly string[], owner: string, left: Leftover, error: unknown): void {
     // Refused (credentials, rights): sending it again cannot help, nor after shutdown.
     if (this.connection.closed || (error instanceof LockBackendError && error.permanent)) return;
+    // Keys too large for a request of etcd's (the caller's mistake, told to it): no resend can
+    // delete its entries. Its leases, if any, still go.
+    if (error instanceof InvalidLockKeyError) {
+      if (left.leases.length === 0) return;
+      left = { leases: left.leases, waiting: false };
+    }
     this.failed.add(keys, owner, left);
   }
 
@@ -95,11 +108,14 @@ export class EtcdReleases {
    */
   private async releaseAgain(keys: readonly string[], owner: string, left: Leftover): Promise<void> {
     const what = { op: 'release', keys };
+    this.resending++;
     try {
       for (const lease of left.leases) await this.connection.revoke(lease, what);
       if (left.waiting) await Promise.all(keys.map((key) => this.connection.txn(this.line.deleteWaiting(key, owner), what)));
     } catch (error) {
       this.later(keys, owner, left, error);
+    } finally {
+      this.resending--;
     }
   }
 }

@@ -149,8 +149,12 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.parents.maybeEmpty(keys.map((key) => this.paths.parent(key)));
     const held = request.held;
     await this.requests.remove(request).catch((error: unknown) => {
-      // Refused for good (the identity may not delete here): sending it again would not help.
-      if (!(error instanceof LockBackendError && error.permanent)) this.requests.removeLater(request, false);
+      // Kept to send again whatever the answer, a refusal too: left there, the node would stand
+      // first in its line for nobody for as long as the session lives. A refusal may be one of a
+      // request the server read before the credentials (see ZooKeeperSession.run), and a refused
+      // identity that an admin grants the rights later frees it then. It is sent again at each
+      // answer and reconnection (the session's pings answer at least every third of its timeout).
+      this.requests.removeLater(request, false);
       throw error;
     });
     return held;

@@ -1,5 +1,4 @@
 import { performance } from 'node:perf_hooks';
-import { LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import { findNodes, removeNodes, type LinePaths, type LineRequest } from './zookeeper.line.js';
 import type { ZooKeeperSession } from './zookeeper.session.js';
@@ -133,13 +132,13 @@ export class LineRequests {
     this.leftovers.clear();
   }
 
-  /** FailedReleases' release: the owner's leftover nodes, deleted; added again when that fails, unless refused for good. */
+  /** FailedReleases' release: the owner's leftover nodes, deleted; added again when that fails, however (see release()). */
   private async removeLeftover(owner: string): Promise<void> {
     const leftover = this.leftovers.get(owner);
     if (!leftover) return;
     this.leftovers.delete(owner);
-    await this.remove(leftover).catch((error: unknown) => {
-      if (!(error instanceof LockBackendError && error.permanent)) this.removeLater(leftover, false);
+    await this.remove(leftover).catch(() => {
+      this.removeLater(leftover, false);
     });
   }
 

@@ -7,7 +7,8 @@ const logger = new Logger('DistributedLock');
 
 /**
  * ZooKeeper's answers that waiting cannot change, by code, with what to do: the session's
- * identity may not do this under the lock root, or its credentials were refused.
+ * identity may not do this under the lock root, or its credentials were refused. NO_AUTH and
+ * INVALID_ACL only count on a connection known to be authenticated (see `run`).
  */
 const REFUSED: Readonly<Record<string, string>> = {
   NO_AUTH:
@@ -54,6 +55,10 @@ export class ZooKeeperSession {
   private watchdog: NodeJS.Timeout | undefined;
   private closed = false;
   private pinging = false;
+  /** Counts the client's changes of connection: a request sent on an earlier one may have gone before the credentials. */
+  private connection = 0;
+  /** Operations waiting for a suspended session to connect again (or for close()). */
+  private readonly resuming = new Set<() => void>();
   private readonly listeners = new Set<(state: ZooKeeperSessionState) => void>();
   /** Called after each operation ZooKeeper answered in time: it is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
@@ -90,8 +95,13 @@ export class ZooKeeperSession {
         this.commandTimeout,
       );
     });
+    let sentOn = -1;
     try {
-      const result = await Promise.race([this.session().then(operation), timeout]);
+      const sent = this.session().then((session) => {
+        sentOn = this.connection;
+        return operation(session);
+      });
+      const result = await Promise.race([sent, timeout]);
       this.heard();
       this.onAnswer?.();
       return result;
@@ -100,7 +110,13 @@ export class ZooKeeperSession {
       // ZooKeeper's own errors stay inside the backend: callers (and LockService.inspect's) get a LockBackendError.
       if (error instanceof DistributedLockError) throw error;
       // Refused for this identity: no retry within the wait can change that, the caller hears it at once.
-      const refused = error instanceof ZooKeeperError ? REFUSED[error.code] : undefined;
+      // Unless the request may have reached the server before the credentials: on reconnection
+      // the client sends them behind what it queued meanwhile, and the server refuses such a
+      // request (NO_AUTH, INVALID_ACL) as coming from nobody. Only a connection that stayed up
+      // from before the operation to its answer was surely authenticated.
+      const code = error instanceof ZooKeeperError ? error.code : undefined;
+      const authenticated = code === 'AUTH_FAILED' || (sentOn === this.connection && this.current === 'connected');
+      const refused = code && authenticated ? REFUSED[code] : undefined;
       if (refused) throw this.error(what, keys, `ZooKeeper refused it (${(error as ZooKeeperError).code}): ${refused}`, error, true);
       throw this.error(what, keys, String(error), error);
     } finally {
@@ -112,6 +128,7 @@ export class ZooKeeperSession {
   close(): void {
     this.closed = true;
     clearInterval(this.watchdog);
+    for (const resume of [...this.resuming]) resume();
     this.live?.client.close();
     this.live = undefined;
   }
@@ -122,9 +139,30 @@ export class ZooKeeperSession {
   }
 
   private session(): Promise<LiveSession> {
-    if (this.live && this.current !== 'lost') return Promise.resolve(this.live);
-    this.connecting ??= this.open().finally(() => (this.connecting = undefined));
+    if (this.closed) return Promise.reject(this.error('operation', [], 'the backend is closed (the application shut down).'));
+    // A session being made is handed out once connected, for the same reason as a suspended one.
+    if (this.connecting) return this.connecting;
+    if (this.live && this.current === 'connected') return Promise.resolve(this.live);
+    if (this.live && this.current === 'suspended') return this.resumed();
+    this.connecting = this.open().finally(() => (this.connecting = undefined));
     return this.connecting;
+  }
+
+  /**
+   * The session once it is connected again (or a new one once it is lost): nothing is sent while
+   * it is suspended. The client would queue it and, on reconnection, send it before its
+   * credentials, and the server would refuse it as coming from nobody. Bounded by run()'s timeout.
+   */
+  private resumed(): Promise<LiveSession> {
+    return new Promise<void>((resolve) => {
+      const resume = (): void => {
+        stop();
+        this.resuming.delete(resume);
+        resolve();
+      };
+      const stop = this.onState((state) => state !== 'suspended' && resume());
+      this.resuming.add(resume);
+    }).then(() => this.session());
   }
 
   private open(): Promise<LiveSession> {
@@ -144,6 +182,7 @@ export class ZooKeeperSession {
   }
 
   private onClientState(session: LiveSession, state: ZooKeeperClientState): void {
+    this.connection++;
     if (state === 'connected') {
       this.heard();
       this.set('connected');
