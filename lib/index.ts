@@ -53,8 +53,10 @@ export {
   type BackendHealth,
   type ExtendResult,
   type ImmediateLockSteps,
+  type LockHolderState,
   type LockState,
   type TryAcquireOptions,
+  SHARED,
 } from './backends/lock-backend.interface.js';
 export { MemoryLockBackend } from './backends/memory.backend.js';
 export { RedisLockBackend } from './backends/redis/redis.backend.js';

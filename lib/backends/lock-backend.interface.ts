@@ -17,6 +17,13 @@ export interface LockBackend {
   readonly fencing: boolean;
 
   /**
+   * Whether the backend honours `TryAcquireOptions.limits` (shared locks and semaphores: more than
+   * one holder of a key). Without it the service refuses `mode: 'shared'` and `permits` at once
+   * with an InvalidLockOptionsError, rather than take them as exclusive locks.
+   */
+  readonly sharedHolders?: boolean;
+
+  /**
    * Optional, for a backend that keeps waiters in a line: how long (ms) a waiter keeps its place
    * there without asking again. The service refuses a `pollInterval` that is not below it, as its
    * waiters would lose their place between polls.
@@ -128,6 +135,12 @@ export type AcquireResult =
       acquired: false;
       /** Remaining lease of the current holder, when known: the earliest a retry can succeed. */
       retryAfterMs?: number;
+      /**
+       * The key's holders admit a different number of holders than this caller asked for
+       * (`permits: 3` against `permits: 5`, or permits against shared): the limit they use, and
+       * the key it was found on. Waiting cannot heal it; the service throws InvalidLockOptionsError.
+       */
+      limitMismatch?: { key: string; limit: number };
     };
 
 export interface TryAcquireOptions {
@@ -144,12 +157,42 @@ export interface TryAcquireOptions {
    * must be freed), so the backend leaves it to this callback; without one it frees the keys.
    */
   onLateAcquire?: () => void;
+  /**
+   * How many holders each key admits at once, aligned with `keys`; absent: 1 for every key.
+   * Only passed to a backend whose `sharedHolders` is true.
+   * - `1`: an exclusive lock;
+   * - `n > 1`: a semaphore of n permits, one per holder;
+   * - `SHARED` (Infinity): a shared (read) lock: any number of shared holders, no exclusive one.
+   *
+   * A caller with limit L enters a key when nobody is ahead of it in the key's line and the key has
+   * fewer holders than L and than the limit of every holder already in (an exclusive caller waits
+   * for every holder to leave; while it holds, nobody enters). Holders whose limits are both above
+   * 1 and differ disagree on what the key is: the attempt fails with `limitMismatch`.
+   */
+  limits?: readonly number[];
 }
+
+/** The limit of a shared (read) holder: any number of them at once (see TryAcquireOptions.limits). */
+export const SHARED = Number.POSITIVE_INFINITY;
 
 export type ExtendResult = { extended: true; validityMs?: number } | { extended: false };
 
 export interface LockState {
   key: string;
+  /** The holder (the first of them when the key has several). */
+  owner: string;
+  /** Remaining lease in milliseconds (the longest, when the key has several holders). */
+  ttlMs: number;
+  /** The holder's token (the greatest, when the key has several holders). */
+  fencingToken?: number;
+  /** How many holders the key admits (see TryAcquireOptions.limits); absent: 1. */
+  limit?: number;
+  /** Every holder, when the key admits more than one. */
+  holders?: LockHolderState[];
+}
+
+/** One holder of a key that admits several. */
+export interface LockHolderState {
   owner: string;
   /** Remaining lease in milliseconds. */
   ttlMs: number;
