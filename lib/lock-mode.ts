@@ -98,8 +98,12 @@ export function checkReentry(key: string, held: number, asked: number): void {
   );
 }
 
-/** What events and handles say of a lock's kind: `mode`, and `permits` for a semaphore. */
-export function kindFields(limit: number): { mode: LockKind; permits?: number } {
-  const mode = kindOf(limit);
+/**
+ * What events say of a lock's kind: `mode`, and `permits` for a semaphore; nothing for an
+ * exclusive lock, whose events stay as they were before there were other kinds.
+ */
+export function kindFields(limit: number): { mode?: Exclude<LockKind, 'exclusive'>; permits?: number } {
+  if (limit === 1) return {};
+  const mode = kindOf(limit) as Exclude<LockKind, 'exclusive'>;
   return mode === 'permits' ? { mode, permits: limit } : { mode };
 }

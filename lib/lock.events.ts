@@ -12,8 +12,8 @@ export interface LockEventBase {
    * Undefined for LockService calls, whose keys are plain strings.
    */
   readonly template?: string;
-  /** What kind of lock: 'exclusive', 'shared' (a read lock), or 'permits' (one of a semaphore's). */
-  readonly mode?: LockKind;
+  /** For a shared (read) lock, 'shared'; for one of a semaphore's permits, 'permits'. Absent: an exclusive lock. */
+  readonly mode?: Exclude<LockKind, 'exclusive'>;
   /** The semaphore's number of permits, when `mode` is 'permits'. */
   readonly permits?: number;
 }

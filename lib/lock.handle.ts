@@ -3,7 +3,7 @@ import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { Lease } from './lock-lease.js';
 import type { LockEvents } from './lock.events.js';
-import { kindFields, type LockKind } from './lock-mode.js';
+import { kindFields, kindOf, type LockKind } from './lock-mode.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -41,7 +41,7 @@ export class LockHandle implements AsyncDisposable {
    * 'permits' (one of a semaphore's `permits`). A re-entry into an exclusive lock says what it asked for.
    */
   get mode(): LockKind {
-    return kindFields(this.limit).mode;
+    return kindOf(this.limit);
   }
 
   /** The semaphore's number of permits, when `mode` is 'permits'. */
@@ -151,7 +151,7 @@ export class LockHandle implements AsyncDisposable {
     expiresAt: Date;
   } {
     const { keys, fencingToken, isHeld, reentrant, expiresAt } = this;
-    return { keys, ...kindFields(this.limit), fencingToken, isHeld, reentrant, expiresAt };
+    return { keys, mode: this.mode, ...kindFields(this.limit), fencingToken, isHeld, reentrant, expiresAt };
   }
 
   [inspect.custom](depth: number, options: object): string {

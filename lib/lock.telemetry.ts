@@ -53,7 +53,7 @@ export function instrumentLocks(events: LockEvents, backendName: string, options
   // The kind of lock is bounded (three values), so it may label metrics; exclusive locks keep the labels they had.
   const named = (event: LockEventBase): Attributes => {
     const attributes: Attributes = event.template === undefined ? { ...backend } : { ...backend, 'lock.key.template': event.template };
-    if (event.mode !== undefined && event.mode !== 'exclusive') attributes['lock.mode'] = event.mode;
+    if (event.mode !== undefined) attributes['lock.mode'] = event.mode;
     return attributes;
   };
 
