@@ -134,7 +134,15 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const limit = state.limit ?? 1;
     const holders = state.holders?.map(({ ttlMs, fencingToken, owner }) => ({ ttlMs, fencingToken, heldHere: owners.has(owner) }));
     const heldHere = holders ? holders.some((holder) => holder.heldHere) : owners.has(state.owner);
-    return { key: full, ttlMs: state.ttlMs, fencingToken: state.fencingToken, heldHere, mode: kindOf(limit), limit, ...(holders && { holders }) };
+    return {
+      key: full,
+      ttlMs: state.ttlMs,
+      fencingToken: state.fencingToken,
+      heldHere,
+      mode: kindOf(limit),
+      limit,
+      ...(holders && { holders }),
+    };
   }
 
   /**
