@@ -124,14 +124,22 @@ describe('LockService against a model of its promises, with faulty store calls',
     await fc.assert(property(memoryStore, true, true), { numRuns: Number(process.env.MODEL_RUNS ?? 300), ...replay });
   }, 120_000);
 
+  /** One in-memory store that two services share (one shutting down does not empty it for the other). */
+  const sharedStore = () => {
+    const made = memoryStore();
+    made.store.close = async () => undefined;
+    return made;
+  };
+
   it('keeps every promise with shared locks and semaphores on the store called directly, and passes no waiter', async () => {
-    const sharedStore = () => {
-      const made = memoryStore();
-      made.store.close = async () => undefined;
-      return made;
-    };
     await fc.assert(property(sharedStore, false, true), { numRuns: Number(process.env.MODEL_RUNS ?? 300), ...replay });
   }, 120_000);
+
+  for (const seed of process.env.MODEL_SEEDS?.split(',').map(Number) ?? []) {
+    it(`keeps every promise with shared locks and semaphores on the store called directly, and passes no waiter, seed ${seed}`, async () => {
+      await fc.assert(property(sharedStore, false, true), { numRuns: Number(process.env.MODEL_RUNS ?? 300), seed, endOnFailure: true });
+    }, 120_000);
+  }
 
   it.each([
     ['a release without its owner check', releaseWithoutOwnerCheck],
