@@ -43,8 +43,8 @@ export const CALL_KINDS = {
   'abort-wait': 8,
   /** A reader: a shared lock on the register's key, reading it beside other readers. */
   read: 30,
-  /** A holder of one of a semaphore's permits (its own key, `permits:<key>`), writing nothing. */
-  permit: 12,
+  /** A holder of one of the permits of the run's one semaphore (`permits:pool`), writing nothing. */
+  permit: 25,
 } as const;
 /** The kinds a backend without shared holders does not run. */
 const SHARED_KINDS: ReadonlySet<CallKind> = new Set<CallKind>(['read', 'permit']);
@@ -53,7 +53,11 @@ export type CallKind = keyof typeof CALL_KINDS;
 /** A key's register name (`register:<key>`) as a lock key, and its full key (default prefix). */
 const lockKey = (key: string) => `register:${key}`;
 const fullKey = (key: string) => `lock:register:${key}`;
-/** A key's semaphore, as the history names its holds (apart from the register's lock). */
+/**
+ * The semaphore every permit call shares (its holds apart from the registers' locks): one key,
+ * so that more callers want a permit at once than there are permits.
+ */
+const PERMIT_KEY = 'pool';
 const permitKey = (key: string) => `permits:${key}`;
 
 type Body = (handle: LockHandle) => Promise<void>;
@@ -135,7 +139,7 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
   const kind = drawKind(ctx.next, ctx.shared);
   const drawn = kind === 'multi-key' && keys.length > 1 ? keys : keys.slice(0, 1);
   // A permit holder's holds are on its semaphore's key; every other call's on the register's.
-  const callKeys = kind === 'permit' ? drawn.map(permitKey) : drawn;
+  const callKeys = kind === 'permit' ? [permitKey(PERMIT_KEY)] : drawn;
   const key = callKeys[0];
   const startedAt = now();
   const stalledAtStart = ctx.stalledSince(0);
@@ -247,7 +251,7 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
         await writer.read(key, whole);
         break;
       case 'permit':
-        await writer.permit(drawn[0], whole);
+        await writer.permit(PERMIT_KEY, whole);
         break;
       case 'abort-wait':
         // Gives up waiting somewhere within the wait: the call must leave the line.
