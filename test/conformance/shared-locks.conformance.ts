@@ -204,13 +204,17 @@ export function describeSharedConformance(name: string, target: ConformanceTarge
       try {
         // A writer the readers starve times out here, and fails the test with LockNotAcquiredError.
         handle = await a.acquire('stream', { wait: 10_000 });
-      } finally {
+      } catch (error) {
         stop = true;
         await Promise.allSettled(readers);
+        throw error;
       }
+      stop = true;
       const failed = log.attempts.find((x) => x.limit === 1 && x.acquired === false);
       const won = log.attempts.find((x) => x.limit === 1 && x.acquired)!;
+      // Released before the readers end: those queued behind the writer wait for it.
       await handle.release();
+      await Promise.all(readers);
       if (failed) {
         // Every reader that entered while the writer waited had asked before the writer was in line.
         const passed = log.attempts.filter(
