@@ -21,6 +21,11 @@ export class FaultyBackend implements LockBackend {
   readonly fencing = true;
   private next = 0;
 
+  /** Shared locks and semaphores go through when the store holds them. */
+  get sharedHolders(): boolean | undefined {
+    return this.inner.sharedHolders;
+  }
+
   constructor(
     readonly inner: LockBackend,
     private readonly faults: readonly Fault[],

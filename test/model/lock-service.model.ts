@@ -192,23 +192,33 @@ export async function run(
   for (const service of services) {
     service.events.on('acquired', (event) => {
       if (event.reentrant || event.fencingToken === undefined) return;
+      // It began no earlier than its call: a grant answered late (a slow network) may come after
+      // a later holder came and went beside it, which shared holders allow.
+      const asked = now() - event.waitedMs;
       for (const key of event.keys) {
-        const ended = endedToken.get(key);
-        if (ended !== undefined && !(event.fencingToken > ended) && !toldWithin(key, MAX_TTL_MS))
-          violations.push(`at ${now()} ms token ${event.fencingToken} on ${key} is not above ${ended}, of a holder that ended before`);
+        const before = (endedHolders.get(key) ?? []).filter((h) => h.at < asked).map((h) => h.token);
+        const ended = Math.max(-Infinity, ...before);
+        if (!(event.fencingToken > ended) && !toldWithin(key, MAX_TTL_MS))
+          violations.push(
+            `at ${now()} ms token ${event.fencingToken} on ${key} is not above ${ended}, of a holder that ended before it asked`,
+          );
       }
     });
   }
   /** A holder's section ended and its release went out (marked a little late: the rule only gets looser). */
   const ended = (handle: LockHandle | undefined) => {
     for (const lease of handle?.leases ?? [])
-      for (const key of lease.keys)
-        if (lease.fencingToken !== undefined) endedToken.set(key, Math.max(endedToken.get(key) ?? -Infinity, lease.fencingToken));
+      for (const key of lease.keys) {
+        if (lease.fencingToken === undefined) continue;
+        const list = endedHolders.get(key) ?? [];
+        list.push({ token: lease.fencingToken, at: now() });
+        endedHolders.set(key, list);
+      }
   };
   const seen = new WeakSet<object>();
   const now = () => clock.now();
-  /** Per key, the greatest token of a holder that ended (released) so far. */
-  const endedToken = new Map<string, number>();
+  /** Per key, the holders that ended (released) so far: their tokens and when they ended. */
+  const endedHolders = new Map<string, { token: number; at: number }[]>();
   /** Per key, the leases inside a section now, with how many sections use each (re-entries share one). */
   const inside = new Map<string, Map<Lease, number>>();
   /** Top-level calls that wait (`using` with a wait), in order of arrival, while they wait or hold. */
