@@ -207,7 +207,7 @@ export class MemoryLockBackend implements LockBackend {
    */
   private sweep(now: number): void {
     for (const [key, state] of this.states) {
-      for (const owner of state.prune(now)) this.pendingWakes.delete(owner);
+      for (const owner of state.prune(now, this.listening(key))) this.pendingWakes.delete(owner);
       if (state.empty) this.states.delete(key);
     }
     this.sweepAbove = Math.max(SWEEP_FLOOR, 2 * this.states.size);
@@ -220,12 +220,19 @@ export class MemoryLockBackend implements LockBackend {
   private live(key: string, now: number): KeyHolders | undefined {
     const state = this.states.get(key);
     if (!state) return undefined;
-    const dropped = state.prune(now);
+    const dropped = state.prune(now, this.listening(key));
     if (dropped.length === 0) return state;
     for (const owner of dropped) this.pendingWakes.delete(owner);
     if (state.empty) this.states.delete(key);
     this.notify(key);
     return state.empty ? undefined : state;
+  }
+
+  /** Whether an owner listens for `key` to admit it (watch with its owner): a waiter that has not gone. */
+  private listening(key: string): (owner: string) => boolean {
+    const map = this.watchers.get(key);
+    if (!map) return () => false;
+    return (owner) => [...map.values()].includes(owner);
   }
 
   /** Wakes the waiters of `key` that fit now, and every watcher not waiting in its line. */
