@@ -117,8 +117,14 @@ describe('shared locks and semaphores: fairness of the in-memory line', () => {
       await locks.acquire('sem', { permits: 3 }),
     ];
     const entered: LockHandle[] = [];
+    let finishing = false;
     const waiting = Array.from({ length: 6 }, () =>
-      pending(locks.acquire('sem', { permits: 3, wait: 20_000 }).then((h) => entered.push(h))),
+      pending(
+        locks.acquire('sem', { permits: 3, wait: 20_000 }).then(async (h) => {
+          entered.push(h);
+          if (finishing) await h.release();
+        }),
+      ),
     );
     await settle();
     await until(() => locks.queue.waiting === 6, 5_000, 'six waiters');
@@ -129,9 +135,11 @@ describe('shared locks and semaphores: fairness of the in-memory line', () => {
     await settle();
     await settle();
     expect(attempts() - before).toBe(1);
+    // Every waiter enters in turn, once the permits are given back.
+    finishing = true;
     for (const h of [...holders.slice(1), ...entered]) await h.release();
     await Promise.all(waiting);
-    for (const h of entered.slice(1)) await h.release();
+    expect(entered).toHaveLength(6);
   });
 
   it('does not wake a queued writer while readers still hold the key', async () => {
