@@ -13,8 +13,7 @@ function pending<T>(promise: Promise<T>): Promise<T> {
 }
 
 /** The in-memory store, counting the attempts that reach it (no `immediate`: shared locks never take it). */
-function countingBackend(): { backend: LockBackend; attempts: () => number } {
-  const inner = new MemoryLockBackend();
+function countingBackend(inner = new MemoryLockBackend()): { backend: LockBackend; attempts: () => number } {
   let attempts = 0;
   const backend: LockBackend = {
     name: inner.name,
@@ -186,5 +185,40 @@ describe('shared locks and semaphores: fairness of the in-memory line', () => {
     expect(attempts() - before).toBe(0);
     await readers[1].release();
     await (await writer).release();
+  });
+
+  it('leaves nothing held or queued in the store after waiters gave up, were aborted, timed out or were shut down', async () => {
+    const backend = new MemoryLockBackend();
+    const locks = service(backend, { pollInterval: 60_000 });
+    // Another service of the process on the same store, shut down alone (the store stays open).
+    const { backend: shared } = countingBackend(backend);
+    const other = new LockService({ ...shared, close: undefined }, { pollInterval: 60_000 });
+    const writer = await locks.acquire('doc');
+    const aborted = new AbortController();
+    const calls = [
+      locks.acquire('doc', { mode: 'shared', wait: 20_000, signal: aborted.signal }),
+      locks.acquire('doc', { mode: 'shared', wait: 50 }),
+      locks.acquire(['doc', 'toc'], { permits: 2, wait: 50 }),
+      other.acquire('doc', { mode: 'shared', wait: 20_000 }),
+      other.acquire(['doc', 'toc'], { mode: 'shared', wait: 20_000 }),
+    ].map((call) =>
+      call.then(
+        () => 'acquired',
+        (error: unknown) => (error as Error).name,
+      ),
+    );
+    await settle();
+    aborted.abort();
+    await other.onApplicationShutdown();
+    expect(await Promise.all(calls)).toEqual([
+      'AbortError',
+      'LockNotAcquiredError',
+      'LockNotAcquiredError',
+      'LockBackendError',
+      'LockBackendError',
+    ]);
+    await writer.release();
+    expect(await backend.inspect('lock:doc')).toBeUndefined();
+    expect(backend.footprint).toEqual({ keys: 0, watchedKeys: 0 });
   });
 });
