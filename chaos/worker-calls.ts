@@ -44,7 +44,7 @@ export const CALL_KINDS = {
   /** A reader: a shared lock on the register's key, reading it beside other readers. */
   read: 30,
   /** A holder of one of the permits of the run's one semaphore (`permits:pool`), writing nothing. */
-  permit: 25,
+  permit: 40,
 } as const;
 /** The kinds a backend without shared holders does not run. */
 const SHARED_KINDS: ReadonlySet<CallKind> = new Set<CallKind>(['read', 'permit']);

@@ -13,6 +13,7 @@
  *   called directly, where no waiter may be passed by a later caller of its process;
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
+ * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
  * - `chaos-<backend>`: `npm run chaos` on that backend, for its seconds, with its seed.
  */
 
@@ -56,6 +57,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/memory.conformance.spec.ts',
     test: 'never lets a stream of readers keep a queued writer waiting longer than the holders ahead of it',
+    env: {},
+    seeded: false,
+  },
+  'local-queue-shared': {
+    kind: 'jest',
+    file: 'test/shared-locks.spec.ts',
+    test: 'in one process: readers queued together enter together, and a queued writer blocks later readers',
     env: {},
     seeded: false,
   },
@@ -224,6 +232,6 @@ export const MUTANTS = [
         'while (size < queue.length && size < limit) size++;',
       ],
     ],
-    detector: 'model-shared',
+    detector: 'local-queue-shared',
   },
 ];
