@@ -71,7 +71,7 @@ CREATE OR REPLACE FUNCTION ${n.acquire}(
   p_keys text[], p_owner text, p_ttl_ms integer, p_waiter_timeout_ms integer, p_will_wait boolean, p_channel text,
   p_limits double precision[],
   OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint, OUT mismatch_key text, OUT mismatch_limit double precision
-) LANGUAGE plpgsql AS $fn$
+) LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $fn$
 DECLARE
   now_ts timestamptz;
   i integer;
@@ -80,7 +80,6 @@ DECLARE
   held record;
   head record;
   mine text[] := '{}';
-  stale boolean := false;
   left_line integer;
   kept_place bigint;
 BEGIN
@@ -89,25 +88,31 @@ BEGIN
   FOR i IN 1 .. cardinality(p_keys) LOOP
     k := p_keys[i];
     lim := coalesce(p_limits[i], 1);
-    SELECT count(*) FILTER (WHERE l.expires_at > now_ts) AS holders,
-           bool_or(l.owner = p_owner AND l.expires_at > now_ts) AS mine,
-           min(l.max_holders) FILTER (WHERE l.expires_at > now_ts) AS least_limit,
-           max(l.max_holders) FILTER (WHERE l.expires_at > now_ts AND l.max_holders > 1) AS shared_limit,
-           min(l.expires_at) FILTER (WHERE l.expires_at > now_ts) AS first_end,
-           max(l.expires_at) AS last_end,
-           bool_or(l.expires_at <= now_ts) AS stale
-      INTO held FROM ${n.locks} l WHERE l.key = k;
-    stale := stale OR coalesce(held.stale, false);
+    IF lim = 1 THEN
+      -- Exclusive: any other live holder is in the way, and it waits for the last lease to end.
+      SELECT bool_or(l.owner = p_owner) AS mine, max(l.expires_at) FILTER (WHERE l.owner <> p_owner) AS last_end
+        INTO held FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts;
+      IF held.mine THEN
+        mine := mine || k;
+      ELSIF held.last_end IS NOT NULL THEN
+        retry_after_ms := greatest(retry_after_ms, ${ms('held.last_end')});
+      END IF;
+      CONTINUE;
+    END IF;
+    SELECT count(*) AS holders, bool_or(l.owner = p_owner) AS mine, min(l.max_holders) AS least_limit,
+           max(l.max_holders) FILTER (WHERE l.max_holders > 1) AS shared_limit,
+           min(l.expires_at) AS first_end, max(l.expires_at) AS last_end
+      INTO held FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts;
     IF held.mine THEN
       mine := mine || k;
-    ELSIF lim > 1 AND held.shared_limit <> lim THEN
+    ELSIF held.shared_limit <> lim THEN
       acquired := false;
       mismatch_key := k;
       mismatch_limit := held.shared_limit;
       RETURN;
     ELSIF held.holders >= least(lim, held.least_limit) THEN
-      -- An exclusive caller waits for the last lease to end; one of several, for the first.
-      retry_after_ms := greatest(retry_after_ms, ${ms('CASE WHEN lim = 1 OR held.least_limit = 1 THEN held.last_end ELSE held.first_end END')});
+      -- Behind an exclusive holder it waits for its lease; among several, for the first to end.
+      retry_after_ms := greatest(retry_after_ms, ${ms('CASE WHEN held.least_limit = 1 THEN held.last_end ELSE held.first_end END')});
     END IF;
   END LOOP;
   IF retry_after_ms IS NULL THEN
@@ -148,10 +153,6 @@ BEGIN
   END IF;
 
   token := nextval('${n.tokens}');
-  -- Leases of other owners that ran out: their rows go (a holder's own is overwritten).
-  IF stale THEN
-    DELETE FROM ${n.locks} l WHERE l.key = ANY (p_keys) AND l.expires_at <= now_ts AND l.owner <> p_owner;
-  END IF;
   INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at, max_holders)
     SELECT u.key, p_owner, token, now_ts + p_ttl_ms * interval '1 millisecond', coalesce(u.lim, 1)
       FROM unnest(p_keys, p_limits) AS u(key, lim)
@@ -202,7 +203,7 @@ $fn$;
 -- trip. A waiter for several keys (lease_ms 0) is told '<owner>' and asks again; so is one whose
 -- limit disagrees with the holders' (its attempt reports the mismatch). Called with the key
 -- locked, by the caller's transaction.
-CREATE OR REPLACE FUNCTION ${n.admit}(p_key text, p_now timestamptz) RETURNS void LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION ${n.admit}(p_key text, p_now timestamptz) RETURNS void LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $fn$
 DECLARE
   holders bigint;
   least_limit double precision;
@@ -211,10 +212,13 @@ DECLARE
   handed bigint;
 BEGIN
   DELETE FROM ${n.waiters} x WHERE x.key = p_key AND x.deadline <= p_now;
-  SELECT count(*), min(l.max_holders), max(l.max_holders) FILTER (WHERE l.max_holders > 1)
-    INTO holders, least_limit, shared_limit
-    FROM ${n.locks} l WHERE l.key = p_key AND l.expires_at > p_now;
   FOR w IN SELECT x.owner, x.channel, x.lease_ms, x.max_holders FROM ${n.waiters} x WHERE x.key = p_key ORDER BY x.place LOOP
+    -- Read once someone waits: most releases find an empty line.
+    IF holders IS NULL THEN
+      SELECT count(*), min(l.max_holders), max(l.max_holders) FILTER (WHERE l.max_holders > 1)
+        INTO holders, least_limit, shared_limit
+        FROM ${n.locks} l WHERE l.key = p_key AND l.expires_at > p_now;
+    END IF;
     IF w.max_holders > 1 AND shared_limit <> w.max_holders THEN
       PERFORM pg_notify(w.channel, w.owner);
       EXIT;
