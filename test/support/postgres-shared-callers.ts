@@ -22,11 +22,16 @@ export interface Entering {
  * and callers that wait on them the way LockService does: an attempt that waits, then a wake-up
  * (a release named it) or the retry time the attempt gave, then another attempt.
  */
-export function sharedCallers(fixture: PostgresFixture, defaults: PostgresLockBackendOptions = {}) {
+export function sharedCallers(
+  fixture: PostgresFixture,
+  defaults: PostgresLockBackendOptions = {},
+  /** Where lock statements go: the fixture's database, unless a pooler stands in front of it. */
+  connection: () => string = () => fixture.url,
+) {
   let owners = 0;
 
   async function backend(options: PostgresLockBackendOptions = {}): Promise<PostgresLockBackend> {
-    const created = new PostgresLockBackend(fixture.url, { waiterTimeout: 20_000, ...defaults, ...options });
+    const created = new PostgresLockBackend(connection(), { waiterTimeout: 20_000, ...defaults, ...options });
     fixture.cleanup(() => created.close());
     if (created.watching() || options.listenConnection === false || defaults.listenConnection === false) return created;
     (await created.watch(['warm-up'], () => undefined, 'nobody'))();
@@ -51,7 +56,9 @@ export function sharedCallers(fixture: PostgresFixture, defaults: PostgresLockBa
           }
           if (result.limitMismatch) throw Object.assign(new Error('limit mismatch'), result.limitMismatch);
           let timer: NodeJS.Timeout | undefined;
-          const retry = new Promise<void>((resolve) => (timer = setTimeout(resolve, result.retryAfterMs ?? 1_000)));
+          // A process that does not listen polls, as LockService does every pollInterval.
+          const pause = b.watching() ? (result.retryAfterMs ?? 1_000) : Math.min(result.retryAfterMs ?? 100, 100);
+          const retry = new Promise<void>((resolve) => (timer = setTimeout(resolve, pause)));
           await Promise.race([woken, retry]).finally(() => clearTimeout(timer));
         }
         throw new Error('gave up');
