@@ -30,6 +30,7 @@ describe('PostgreSQL backend: shared locks and semaphores', () => {
       expect(result.acquired).toBe(true);
       tokens.push((result as { fencingToken: number }).fencingToken);
     }
+    expect(new Set(tokens).size).toBe(4);
     expect(tokens).toEqual([...tokens].sort((x, y) => x - y));
     const state = await a.inspect('r');
     expect(state).toMatchObject({ key: 'r', limit: SHARED, fencingToken: tokens[3] });
@@ -77,6 +78,37 @@ describe('PostgreSQL backend: shared locks and semaphores', () => {
     expect(lateTokens).toEqual([...lateTokens].sort((x, y) => x - y));
     expect(Math.min(...lateTokens)).toBeGreaterThan(writerToken);
     expect(await line('q')).toBe(0);
+  });
+
+  it('a waiter that gives up lets in those behind it that can enter now, and only them', async () => {
+    const [a, b] = [await backend(), await backend()];
+    // Readers behind a writer that gives up: they enter beside the reader that holds.
+    const reader = enter(a, 'gone', SHARED);
+    await reader.entered;
+    const writer = enter(b, 'gone', EXCLUSIVE);
+    await until(async () => (await line('gone')) === 1, 5_000, 'the writer in line');
+    const behind = enter(a, 'gone', SHARED);
+    await until(async () => (await line('gone')) === 2, 5_000, 'the reader behind it');
+    await writer.leave();
+    await behind.entered;
+    expect(behind.wakes()).toBe(1);
+    // Readers behind a reader that gives up, while a writer holds: they stay out.
+    await reader.leave();
+    await behind.leave();
+    const holder = enter(b, 'gone', EXCLUSIVE);
+    await holder.entered;
+    const first = enter(a, 'gone', SHARED);
+    await until(async () => (await line('gone')) === 1, 5_000, 'the first reader in line');
+    const second = enter(b, 'gone', SHARED);
+    await until(async () => (await line('gone')) === 2, 5_000, 'the second reader in line');
+    await first.leave();
+    expect(await line('gone')).toBe(1);
+    expect(second.inside()).toBe(false);
+    expect(second.wakes()).toBe(0);
+    expect((await a.inspect('gone'))?.owner).toBeDefined();
+    expect((await a.inspect('gone'))?.holders).toBeUndefined();
+    await holder.leave();
+    await second.entered;
   });
 
   it('a semaphore never has more holders than permits, and a caller for a permit waits its turn', async () => {
