@@ -9,7 +9,10 @@
  * Detectors (see DETECTORS):
  * - `model`: the model on fake time and the in-memory store (test/model/lock-service.model.spec.ts);
  * - `model-redis`, `model-postgres`: the same programs on a real Redis or PostgreSQL;
+ * - `model-shared`: the model's programs with shared locks and semaphores on the in-memory store
+ *   called directly, where no waiter may be passed by a later caller of its process;
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
+ * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `chaos-<backend>`: `npm run chaos` on that backend, for its seconds, with its seed.
  */
 
@@ -42,6 +45,20 @@ export const DETECTORS = {
     env: { MODEL_RUNS_POSTGRES: '25', MODEL_SHRINK_MS: '0', MODEL_WAIT_BOUNDS: 'off' },
     seeded: true,
   },
+  'model-shared': {
+    kind: 'jest',
+    file: 'test/model/lock-service.model.spec.ts',
+    test: 'keeps every promise with shared locks and semaphores on the store called directly, and passes no waiter',
+    env: { MODEL_RUNS: '300' },
+    seeded: true,
+  },
+  'conformance-memory-line': {
+    kind: 'jest',
+    file: 'test/backends/memory.conformance.spec.ts',
+    test: 'never lets a stream of readers keep a queued writer waiting longer than the holders ahead of it',
+    env: {},
+    seeded: false,
+  },
   'conformance-zookeeper': {
     kind: 'jest',
     file: 'test/backends/zookeeper.conformance.spec.ts',
@@ -51,6 +68,7 @@ export const DETECTORS = {
     seeded: false,
   },
   'chaos-etcd': { kind: 'chaos', backend: 'etcd', seconds: 15, kinds: SAFETY },
+  'chaos-memory': { kind: 'chaos', backend: 'memory', seconds: 15, kinds: SAFETY },
   // With --seed 1 the unchanged tree had one overlap no fault explained, on a machine at load 22.
   'chaos-redlock': { kind: 'chaos', backend: 'redlock', seconds: 15, kinds: SAFETY, seeds: [2, 3] },
 };
@@ -169,5 +187,43 @@ export const MUTANTS = [
       ],
     ],
     detector: 'conformance-zookeeper',
+  },
+  {
+    name: 'memory-reader-beside-writer',
+    bug: 'the in-memory store lets a caller in when the holders are fewer than its own limit, whatever theirs: a reader beside a writer',
+    file: 'lib/backends/memory.key-holders.ts',
+    replace: [['const fits = (limit: number) => count < limit && count < least;', 'const fits = (limit: number) => count < limit;']],
+    detector: 'chaos-memory',
+  },
+  {
+    name: 'memory-permit-over-n',
+    bug: 'the in-memory store lets one permit holder more in than the semaphore has permits',
+    file: 'lib/backends/memory.key-holders.ts',
+    replace: [
+      [
+        'const fits = (limit: number) => count < limit && count < least;',
+        'const fits = (limit: number) => (limit > 1 && limit < least + 1 && limit !== Infinity ? count <= limit : count < limit && count < least);',
+      ],
+    ],
+    detector: 'chaos-memory',
+  },
+  {
+    name: 'memory-line-ignored',
+    bug: 'the in-memory store lets a caller in past the waiters ahead of it in the line: readers starve a queued writer',
+    file: 'lib/backends/memory.key-holders.ts',
+    replace: [['      if (!room.take(waiting.limit)) return false;\n', '']],
+    detector: 'conformance-memory-line',
+  },
+  {
+    name: 'local-reader-passes-writer',
+    bug: "this process's queue lets shared waiters behind a queued exclusive one try with the readers at its head",
+    file: 'lib/lock-wait-queue.ts',
+    replace: [
+      [
+        'while (size < queue.length && size < limit && queue[size].limit === limit) size++;',
+        'while (size < queue.length && size < limit) size++;',
+      ],
+    ],
+    detector: 'model-shared',
   },
 ];
