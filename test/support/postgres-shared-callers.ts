@@ -45,7 +45,8 @@ export function sharedCallers(
     let gaveUp = false;
     let wake: () => void = () => undefined;
     const entered = (async () => {
-      const stop = await b.watch([key], () => (wakes++, wake()), owner);
+      // Without LISTEN, watch refuses and the caller polls (as LockService does).
+      const stop = await b.watch([key], () => (wakes++, wake()), owner).catch(() => () => undefined);
       try {
         while (!gaveUp) {
           const woken = new Promise<void>((resolve) => (wake = resolve));
