@@ -31,10 +31,12 @@ const SWEEP_EVERY_MS = 5 * 60_000;
 
 /**
  * Leases in a PostgreSQL table, through `pg`. Every operation is one statement, one round trip:
- * a function call (see postgres.schema.ts). Leases expire by the server's clock; fencing tokens
- * come from a sequence, so they increase per key across restarts. Waiters stand in a fair line in
- * the database; a release hands the lock to the first of them (or, for several keys, tells it to
- * ask again), telling only that waiter's process, by NOTIFY on a channel that process LISTENs on.
+ * a function call (see postgres.functions.ts). A key has a lease per holder (one, or several for a
+ * shared lock or a semaphore), expiring by the server's clock; fencing tokens come from one
+ * sequence for every kind, so they increase per key across restarts. Waiters stand in a fair line
+ * in the database; a release hands the key to every waiter at the head that can now enter (or, for
+ * several keys, tells it to ask again), telling only their processes, by NOTIFY on a channel each
+ * process LISTENs on.
  *
  * Exclusive while PostgreSQL keeps its committed data: a failover to an asynchronous replica that
  * had not received a lease can grant it twice, and hand out tokens again. Synchronous replication
