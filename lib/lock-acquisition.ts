@@ -196,6 +196,7 @@ export class LockAcquisition {
       if (await this.watchThenTryNow(waiter)) {
         const lease = await this.attempt();
         if (lease) return lease;
+        waiter.listening = this.listening();
       }
       const remaining = this.deadline - performance.now();
       if (remaining <= 0) return this.giveUp();
@@ -211,7 +212,13 @@ export class LockAcquisition {
     const backend = this.host.backend;
     if (this.unwatch || !backend.watch) return true;
     this.unwatch = await backend.watch(this.keys, waiter.wake, this.owner).catch(() => undefined);
+    waiter.listening = this.listening();
     return !(this.heard && this.unwatch);
+  }
+
+  /** In the backend's line, and watched by owner on a backend that wakes a waiter whose turn it is. */
+  private listening(): boolean {
+    return this.inLine && this.unwatch !== undefined && this.host.backend.watching !== undefined;
   }
 
   /** Polling is only the fallback for a missed wake-up; a known lease end comes first. */

@@ -8,6 +8,12 @@ export class Waiter {
 
   /** Its first attempt is on its way to the backend (see LockWaitQueue.allTrying). */
   trying = false;
+  /**
+   * It waits in the backend's line and the backend wakes it by its owner once the key admits it
+   * (LockBackend.watching): for a shared lock or a semaphore, waking it here too would only add
+   * an attempt that fails (see LockWaitQueue.leave and wakeHead).
+   */
+  listening = false;
   private pending = false;
   private resolve: (() => void) | undefined;
 
@@ -117,8 +123,12 @@ export class LockWaitQueue {
     if (queue.length === 0) this.queues.delete(id);
     else if (index < before) {
       // Those who joined the head group now; the rest of it was awake already.
+      // A shared or permit waiter the backend wakes itself is left to it: joining the head group
+      // does not mean the key admits it (a permit is free, or the writer ahead has left).
       const after = frontGroup(queue);
-      for (let i = index === 0 && before === 1 ? 0 : before - 1; i < after; i++) queue[i].wake();
+      for (let i = index === 0 && before === 1 ? 0 : before - 1; i < after; i++) {
+        if (queue[i].limit === 1 || !queue[i].listening) queue[i].wake();
+      }
     }
   }
 
@@ -137,12 +147,16 @@ export class LockWaitQueue {
     for (const queue of this.queues.values()) for (const waiter of queue) waiter.wake();
   }
 
-  /** A lock on this key set was released in this process: the head (its group) may try now. */
-  wakeHead(id: string): void {
+  /**
+   * A lock on this key set was released in this process: the head (its group) may try now. After
+   * a shared or permit holder's release (`exclusive` false) other holders may remain, so a waiter
+   * the backend wakes itself is left to it: it knows whether the key admits the waiter now.
+   */
+  wakeHead(id: string, exclusive = true): void {
     const queue = this.queues.get(id);
     if (!queue) return;
     const group = frontGroup(queue);
-    for (let i = 0; i < group; i++) queue[i].wake();
+    for (let i = 0; i < group; i++) if (exclusive || !queue[i].listening) queue[i].wake();
   }
 }
 

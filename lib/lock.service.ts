@@ -269,7 +269,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   /** @internal A local release wakes the next local waiter at once, without waiting for pub/sub. */
   leaseFreed(lease: Lease): void {
-    if (this.queue.waiting > 0) this.queue.wakeHead(lease.keys.join('\n'));
+    if (this.queue.waiting > 0) this.queue.wakeHead(lease.keys.join('\n'), lease.limit === 1);
   }
 
   /**

@@ -88,6 +88,8 @@ export class MemoryLockBackend implements LockBackend {
     const states = keys.map((key) => this.live(key, now) ?? new KeyHolders());
     let retryAfterMs: number | undefined;
     let admitted = true;
+    /** The first key (in the caller's order: the service's is sorted) that does not admit it now. */
+    let blocked = -1;
     for (const [i, state] of states.entries()) {
       const limit = limits?.[i] ?? 1;
       const theirs = state.mismatch(limit);
@@ -96,15 +98,24 @@ export class MemoryLockBackend implements LockBackend {
       // A second hold by the same owner (an attempt applied twice) is refused, as a held key is.
       if (state.holder(owner) === undefined && state.admits(owner, limit)) continue;
       admitted = false;
+      if (blocked < 0) blocked = i;
       const after = state.retryAfter(limit, now);
       if (after !== undefined) retryAfterMs = Math.max(retryAfterMs ?? 0, after);
     }
     if (!admitted) {
       if (willWait) {
+        // A place in line up to the first key that keeps it out, none after it: a place in the line
+        // of a later key would keep that key from a holder of an earlier one that takes it next
+        // (sorted order), while this caller waits for the earlier one: both would wait for good.
         for (const [i, state] of states.entries()) {
           if (state.holder(owner)) continue;
-          state.join(owner, limits?.[i] ?? 1, now + ttlMs);
-          this.states.set(keys[i], state);
+          if (i <= blocked) {
+            state.join(owner, limits?.[i] ?? 1, now + ttlMs);
+            this.states.set(keys[i], state);
+          } else if (state.remove(owner).changed) {
+            if (state.empty) this.states.delete(keys[i]);
+            this.notify(keys[i]);
+          }
         }
       }
       return { acquired: false, retryAfterMs: retryAfterMs === undefined ? undefined : Math.ceil(retryAfterMs) };
@@ -207,7 +218,7 @@ export class MemoryLockBackend implements LockBackend {
    */
   private sweep(now: number): void {
     for (const [key, state] of this.states) {
-      for (const owner of state.prune(now)) this.pendingWakes.delete(owner);
+      for (const owner of state.prune(now, this.listening(key))) this.pendingWakes.delete(owner);
       if (state.empty) this.states.delete(key);
     }
     this.sweepAbove = Math.max(SWEEP_FLOOR, 2 * this.states.size);
@@ -220,12 +231,19 @@ export class MemoryLockBackend implements LockBackend {
   private live(key: string, now: number): KeyHolders | undefined {
     const state = this.states.get(key);
     if (!state) return undefined;
-    const dropped = state.prune(now);
+    const dropped = state.prune(now, this.listening(key));
     if (dropped.length === 0) return state;
     for (const owner of dropped) this.pendingWakes.delete(owner);
     if (state.empty) this.states.delete(key);
     this.notify(key);
     return state.empty ? undefined : state;
+  }
+
+  /** Whether an owner listens for `key` to admit it (watch with its owner): a waiter that has not gone. */
+  private listening(key: string): (owner: string) => boolean {
+    const map = this.watchers.get(key);
+    if (!map) return () => false;
+    return (owner) => [...map.values()].includes(owner);
   }
 
   /** Wakes the waiters of `key` that fit now, and every watcher not waiting in its line. */

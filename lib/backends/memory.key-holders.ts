@@ -14,7 +14,8 @@ interface LineEntry {
   limit: number;
   /**
    * Each attempt of the owner renews it for the attempt's ttl: a waiter that vanished without
-   * leaving the line (its process died) holds the others up no longer than a holder that vanished.
+   * leaving the line holds the others up no longer than a holder that vanished. A waiter that
+   * still listens for its turn has not vanished, and keeps its place past it (see prune).
    */
   expiresAt: number;
 }
@@ -36,12 +37,18 @@ export class KeyHolders {
     return this.holders.length === 0 && this.line.length === 0;
   }
 
-  /** Drops holders and waiters whose time ran out; returns the owners dropped (their key may now admit others). */
-  prune(now: number): string[] {
+  /**
+   * Drops holders and waiters whose time ran out; returns the owners dropped (their key may now
+   * admit others). A waiter that still listens for its turn stays: the service's waiters listen
+   * from their first failed attempt until they leave, and only the head of a process's queue asks
+   * again (every pollInterval, which may be longer than its ttl), so a place kept only for the
+   * ttl would be lost while the waiter sleeps, and every newcomer would pass it.
+   */
+  prune(now: number, listening: (owner: string) => boolean = () => false): string[] {
     const dropped: string[] = [];
     for (const list of [this.holders, this.line]) {
       for (let i = list.length - 1; i >= 0; i--) {
-        if (list[i].expiresAt > now) continue;
+        if (list[i].expiresAt > now || (list === this.line && listening(list[i].owner))) continue;
         dropped.push(list[i].owner);
         list.splice(i, 1);
       }

@@ -98,7 +98,7 @@ export const MUTANTS = [
   {
     name: 'postgres-release-no-owner',
     bug: 'PostgreSQL release deletes the key whoever holds it',
-    file: 'lib/backends/postgres/postgres.schema.ts',
+    file: 'lib/backends/postgres/postgres.functions.ts',
     replace: [
       [
         'DELETE FROM ${n.locks} l WHERE l.key = k AND l.owner = p_owner RETURNING l.expires_at INTO expired_at;',
@@ -117,7 +117,7 @@ export const MUTANTS = [
   {
     name: 'postgres-extend-no-owner',
     bug: 'PostgreSQL extend extends the key whoever holds it',
-    file: 'lib/backends/postgres/postgres.schema.ts',
+    file: 'lib/backends/postgres/postgres.functions.ts',
     replace: [
       [
         'WHERE l.key = ANY (p_keys) AND l.owner = p_owner AND l.expires_at > now_ts)',
