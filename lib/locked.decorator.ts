@@ -103,7 +103,8 @@ export function Locked(key: LockKeySource, options?: LockedOptions): LockedDecor
         return Promise.reject(
           new LockModuleNotImportedError(
             `@Locked on ${spec.className}.${methodName} ran without a lock backend. Import DistributedLockModule.forRoot() ` +
-              `in your application module, and let Nest create ${spec.className} (a provider or controller, not \`new\`).`,
+              `in your application module, and let Nest create ${spec.className} (a provider or controller, not \`new\`). ` +
+              `In a test, call \`await moduleRef.init()\` after \`compile()\`: @Locked methods are bound when the module initialises.`,
           ),
         );
       }

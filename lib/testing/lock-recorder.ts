@@ -79,7 +79,11 @@ export class LockRecorder implements Disposable {
       timer = setTimeout(() => {
         this.waiters.delete(waiter);
         const recorded = this.events.map((e) => `${e.type} ${e.keys.join(',')}`).join('; ') || 'nothing';
-        reject(new Error(`No '${type}' lock event${key === undefined ? '' : ` on '${key}'`} within ${options.timeoutMs} ms. Recorded: ${recorded}.`));
+        reject(
+          new Error(
+            `No '${type}' lock event${key === undefined ? '' : ` on '${key}'`} within ${options.timeoutMs} ms. Recorded: ${recorded}.`,
+          ),
+        );
       }, options.timeoutMs);
     });
   }
