@@ -79,6 +79,22 @@ describe('under jest.useFakeTimers()', () => {
   });
 });
 
+describe('after jest.useRealTimers()', () => {
+  it('the watchdog runs again, though the timer it had under fake timers was dropped', async () => {
+    jest.useFakeTimers();
+    const before = service({ ttl: 200 });
+    await (await before.acquire('order:1')).release(); // its watchdog's (fake) timer stays set, to fire for nothing
+    jest.useRealTimers(); // drops that timer: it will never fire
+
+    const locks = service({ ttl: 1_500 }); // due later than the dropped timer
+    const recorder = recordLocks(locks);
+    const held = await locks.acquire('order:2');
+    await recorder.waitFor('extended', 'order:2', { timeoutMs: 10_000 }); // due 500 ms after the acquisition
+    expect(held.isHeld).toBe(true);
+    await held.release();
+  });
+});
+
 describe('under jest.useFakeTimers({ advanceTimers: true })', () => {
   it('waits end and the watchdog extends, on real time', async () => {
     jest.useFakeTimers({ advanceTimers: true });
