@@ -110,7 +110,7 @@ describe('OrdersController, unit', () => {
   afterEach(() => moduleRef.close());
 
   it('loads the CommonJS build of the testing helpers', () => {
-    expect(require.resolve('nest-distributed-lock/testing')).toMatch(/nest-distributed-lock\/dist\/cjs\/testing\/index\.js$/);
+    expect(require.resolve('nest-distributed-lock/testing')).toMatch(/nest-distributed-lock\\/dist\\/cjs\\/testing\\/index\\.js$/);
   });
 
   it('records the key a handler locked, and takes a held lock from its holder', async () => {
