@@ -65,7 +65,16 @@ export class LockRecorder implements Disposable {
     const seen = this.events.find((event) => this.matches(event, type, key));
     if (seen) return Promise.resolve(seen);
     return new Promise((resolve, reject) => {
-      let timer: ReturnType<typeof setTimeout> | undefined;
+      const timeoutMs = options?.timeoutMs;
+      const timer =
+        timeoutMs === undefined
+          ? undefined
+          : setTimeout(() => {
+              this.waiters.delete(waiter);
+              const recorded = this.events.map((e) => `${e.type} ${e.keys.join(',')}`).join('; ') || 'nothing';
+              const on = key === undefined ? '' : ` on '${key}'`;
+              reject(new Error(`No '${type}' lock event${on} within ${timeoutMs} ms. Recorded: ${recorded}.`));
+            }, timeoutMs);
       const waiter: Waiter = {
         type,
         key,
@@ -75,16 +84,6 @@ export class LockRecorder implements Disposable {
         },
       };
       this.waiters.add(waiter);
-      if (options?.timeoutMs === undefined) return;
-      timer = setTimeout(() => {
-        this.waiters.delete(waiter);
-        const recorded = this.events.map((e) => `${e.type} ${e.keys.join(',')}`).join('; ') || 'nothing';
-        reject(
-          new Error(
-            `No '${type}' lock event${key === undefined ? '' : ` on '${key}'`} within ${options.timeoutMs} ms. Recorded: ${recorded}.`,
-          ),
-        );
-      }, options.timeoutMs);
     });
   }
 

@@ -47,7 +47,7 @@ describe('a busy lock', () => {
     await using held = await locks.acquire('order:42');
     const response = await request(app.getHttpServer()).post('/orders/42/pay').expect(409);
     expect(response.headers['retry-after']).toBe('1');
-    expect(response.body).toMatchObject({ keys: ['lock:order:42'] });
+    expect(response.body).toMatchObject({ keys: held.keys }); // ['lock:order:42']: full keys, with the prefix
     await request(app.getHttpServer()).post('/orders/7/pay').expect(201); // other orders go on
   });
 
