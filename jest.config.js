@@ -10,6 +10,7 @@ const base = {
     // The sample app imports the package by name; in tests that is the library's sources, the one
     // copy every test file loads (decorator metadata and AsyncLocalStorage must be shared).
     '^nest-distributed-lock$': '<rootDir>/lib/index.ts',
+    '^nest-distributed-lock/testing$': '<rootDir>/lib/testing/index.ts',
   },
   // Transpiled file by file, not type-checked: `npm test` type-checks the whole tree once first
   // (tsc in pretest), and checking each test file again cost four times the run of a fast suite.

@@ -21,6 +21,14 @@ export class LeaseScheduler {
   private readonly heap: Scheduled[] = [];
   private timer: NodeJS.Timeout | undefined;
   private timerAt = Number.POSITIVE_INFINITY;
+  /**
+   * The setTimeout that set `timer`, and its clearTimeout. A test's fake timers replace both
+   * globals, and putting the real ones back drops the fake timers pending: a timer set under them
+   * would never fire, and every lease scheduled after it would wait for it (no watchdog, no
+   * deadline). A setTimeout other than the one that set the timer means the timer is re-set.
+   */
+  private setWith: typeof setTimeout | undefined;
+  private clearWith: typeof clearTimeout = clearTimeout;
 
   /** Runs `item.fire()` at `at` (performance.now() time), replacing its earlier schedule. */
   schedule(item: Scheduled, at: number): void {
@@ -29,7 +37,7 @@ export class LeaseScheduler {
     item.heapIndex = this.heap.length;
     this.heap.push(item);
     this.up(item.heapIndex);
-    if (at < this.timerAt) this.arm(at);
+    if (at < this.timerAt || setTimeout !== this.setWith) this.arm(at);
   }
 
   /** How many items wait for their time. */
@@ -42,8 +50,10 @@ export class LeaseScheduler {
   }
 
   private arm(at: number): void {
-    clearTimeout(this.timer);
+    this.clearWith(this.timer);
     this.timerAt = at;
+    this.setWith = setTimeout;
+    this.clearWith = clearTimeout;
     // A held lock must not keep a finished process alive.
     this.timer = setTimeout(this.run, Math.max(0, at - performance.now())).unref();
   }

@@ -60,12 +60,23 @@ type Method = (...args: any[]) => any;
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- any method: with unknown[], (id: number) => ... would not be assignable
 export type LockableMethod = (...args: any[]) => PromiseLike<unknown> | Observable<unknown>;
 
-/** The decorator @Locked returns: any other method fails to compile, the error saying what to do. */
-export type LockedDecorator = <M extends Method>(
+/** The key functions among what @Locked was given (a function, or the functions of an array). */
+type KeyFunctionsOf<K> = Extract<K extends readonly (infer Item)[] ? Item : K, Method>;
+
+/**
+ * The decorator @Locked returns: any other method fails to compile, the error saying what to do.
+ * `K` is the key it was given: a key function whose parameters are annotated must accept the
+ * method's arguments (an unannotated one takes them as `any`, as TypeScript cannot type it from a
+ * method it has not seen yet).
+ */
+export type LockedDecorator<K = LockKeySource> = <M extends Method>(
   target: object,
   propertyKey: string | symbol,
   descriptor: TypedPropertyDescriptor<M> &
-    (M extends LockableMethod ? unknown : '@Locked needs a method that returns a Promise (make it async) or an Observable'),
+    (M extends LockableMethod ? unknown : '@Locked needs a method that returns a Promise (make it async) or an Observable') &
+    ([KeyFunctionsOf<K>] extends [(...args: Parameters<M>) => unknown]
+      ? unknown
+      : "@Locked key function: its parameters must accept the method's arguments (same types, in the same order, no more required ones)"),
 ) => void;
 
 const activeServices = processShared('fallback-services@1', (): LockService[] => []);
@@ -85,7 +96,7 @@ export function registerFallbackService(service: LockService): () => void {
  * `@Locked(['account:<from>', 'account:<to>'])`. The method must return a Promise or an
  * Observable; an Observable holds the lock while it is subscribed (lock-observable.ts).
  */
-export function Locked(key: LockKeySource, options?: LockedOptions): LockedDecorator {
+export function Locked<K extends LockKeySource>(key: K, options?: LockedOptions): LockedDecorator<K> {
   return (target, propertyKey, descriptor) => {
     const original = descriptor.value as unknown as Method;
     const methodName = String(propertyKey);
@@ -103,7 +114,8 @@ export function Locked(key: LockKeySource, options?: LockedOptions): LockedDecor
         return Promise.reject(
           new LockModuleNotImportedError(
             `@Locked on ${spec.className}.${methodName} ran without a lock backend. Import DistributedLockModule.forRoot() ` +
-              `in your application module, and let Nest create ${spec.className} (a provider or controller, not \`new\`).`,
+              `in your application module, and let Nest create ${spec.className} (a provider or controller, not \`new\`). ` +
+              `In a test, call \`await moduleRef.init()\` after \`compile()\`: @Locked methods are bound when the module initialises.`,
           ),
         );
       }

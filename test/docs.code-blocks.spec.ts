@@ -92,7 +92,10 @@ function typeCheck(blocks: CodeBlock[]): string[] {
       esModuleInterop: true,
       noEmit: true,
       types: ['node'],
-      paths: { 'nest-distributed-lock': [join(root, 'lib', 'index.ts')] },
+      paths: {
+        'nest-distributed-lock': [join(root, 'lib', 'index.ts')],
+        'nest-distributed-lock/testing': [join(root, 'lib', 'testing', 'index.ts')],
+      },
     });
     const byFile = new Map(files.map((path, i) => [path, blocks[i]]));
     return ts.getPreEmitDiagnostics(program).map((d) => {

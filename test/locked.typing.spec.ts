@@ -57,6 +57,52 @@ export class Usages {
   static staticSync(id: string) {
     return id;
   }
+
+  // Key functions: annotated parameters must accept the method's arguments.
+  @Locked((id: string) => `a:${id}`)
+  async keyOfFirst(id: string, quantity: number) {
+    return { id, quantity };
+  }
+
+  @Locked(['a:<id>', (id: string, quantity: number) => `q:${id}:${quantity}`])
+  async keysOfBoth(id: string, quantity: number) {
+    return { id, quantity };
+  }
+
+  @Locked((id: string | number, note?: string) => `a:${id}${note ?? ''}`)
+  async wider(id: number) {
+    return id;
+  }
+
+  // Unannotated: TypeScript types the parameters before it sees the method, so they are \`any\`.
+  @Locked((id) => `a:${id}`)
+  async unannotated(id: string) {
+    return id;
+  }
+
+  // @ts-expect-error the key function takes a number, the method gets a string
+  @Locked((id: number) => `a:${id}`)
+  async wrongType(id: string) {
+    return id;
+  }
+
+  // @ts-expect-error the key function needs a second argument that the method never gets
+  @Locked((id: string, quantity: number) => `a:${id}:${quantity}`)
+  async tooFew(id: string) {
+    return id;
+  }
+
+  // @ts-expect-error one function of a key array is checked like a single one
+  @Locked(['a:<id>', (id: number) => `a:${id}`])
+  async inArray(id: string) {
+    return id;
+  }
+
+  // @ts-expect-error static methods too
+  @Locked((id: number) => `a:${id}`)
+  static async staticWrongType(id: string) {
+    return id;
+  }
 }
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -106,5 +152,23 @@ describe('@Locked types', () => {
     `);
     expect(errors).toHaveLength(1);
     expect(errors[0]).toContain('@Locked needs a method that returns a Promise (make it async) or an Observable');
+  }, 60_000);
+
+  it("refuses a key function whose parameters do not accept the method's arguments, saying so", () => {
+    const errors = typeErrors(`
+      import { Locked } from '../lib/index.js';
+      export class Orders {
+        @Locked((id: number) => 'order:' + id)
+        async pay(id: string) {
+          return id;
+        }
+        @Locked((id: string) => 'order:' + id)
+        async refund(id: string, amount: number) {
+          return amount;
+        }
+      }
+    `);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toContain("@Locked key function: its parameters must accept the method's arguments");
   }, 60_000);
 });

@@ -88,6 +88,45 @@ describe('OrdersController', () => {
 });
 `;
 
+// A unit test of the same controller as docs/testing-your-app.md writes it: the in-memory backend,
+// and the helpers of nest-distributed-lock/testing, from the CommonJS build.
+const unitSpec = `
+import { Test, TestingModule } from '@nestjs/testing';
+import { DistributedLockModule, LockService } from 'nest-distributed-lock';
+import { recordLocks, revokeLock } from 'nest-distributed-lock/testing';
+import { OrdersController } from './orders.controller';
+
+describe('OrdersController, unit', () => {
+  let moduleRef: TestingModule;
+
+  beforeEach(async () => {
+    moduleRef = await Test.createTestingModule({
+      imports: [DistributedLockModule.forRoot({ ttl: 1_000 })],
+      controllers: [OrdersController],
+    }).compile();
+    await moduleRef.init();
+  });
+
+  afterEach(() => moduleRef.close());
+
+  it('loads the CommonJS build of the testing helpers', () => {
+    expect(require.resolve('nest-distributed-lock/testing')).toMatch(/nest-distributed-lock\\/dist\\/cjs\\/testing\\/index\\.js$/);
+  });
+
+  it('records the key a handler locked, and takes a held lock from its holder', async () => {
+    const locks = moduleRef.get(LockService);
+    const recorder = recordLocks(locks);
+    await moduleRef.get(OrdersController).show('7');
+    expect(recorder.locked).toEqual(['order:7']);
+
+    const held = await locks.acquire('order:8');
+    await revokeLock(locks, 'order:8');
+    await expect(held.extend()).rejects.toMatchObject({ name: 'LockLostError', reason: 'taken' });
+    expect(recorder.lost).toEqual(['order:8']);
+  });
+});
+`;
+
 let redis: RedisServer;
 let app: ScratchApp;
 
@@ -155,6 +194,7 @@ beforeAll(async () => {
     'src/orders.controller.ts': controller,
     'src/app.module.ts': appModule,
     'src/orders.controller.spec.ts': spec,
+    'src/orders.locks.spec.ts': unitSpec,
   });
 });
 
@@ -171,6 +211,6 @@ describe('a Nest 11 CommonJS app with ioredis 5', () => {
     await app.exec(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.json', '--noEmit']);
     const out = await app.exec(process.execPath, ['node_modules/jest/bin/jest.js', '--ci', '--json'], { REDIS_URL: redis.url });
     const report = JSON.parse(out) as { success: boolean; numPassedTests: number; numTotalTests: number };
-    expect(report).toMatchObject({ success: true, numPassedTests: 4, numTotalTests: 4 });
+    expect(report).toMatchObject({ success: true, numPassedTests: 6, numTotalTests: 6 });
   }, 600_000);
 });

@@ -11,6 +11,7 @@ import { Controller, Get, Module, Param } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { DistributedLockModule, LockService, Locked, RedisLockBackend } from 'nest-distributed-lock';
+import { recordLocks, revokeLock } from 'nest-distributed-lock/testing';
 
 @Controller('orders')
 class OrdersController {
@@ -32,11 +33,14 @@ class AppModule {}
 const app = await NestFactory.create(AppModule, { logger: false });
 await app.listen(0, '127.0.0.1');
 const url = (await app.getUrl()) + '/orders/7';
+const recorder = recordLocks(app.get(LockService));
 const free = await fetch(url);
 const held = await app.get(LockService).acquire('order:7');
 const redis = new Redis(process.env.REDIS_URL!);
 const keysWhileHeld = await redis.keys('*order:7*');
 const busy = await fetch(url);
+await revokeLock(app.get(LockService), 'order:7'); // through the Redis backend's inspect and release
+const revoked = !(await app.get(LockService).isLocked('order:7'));
 await held.release();
 redis.disconnect();
 await app.close();
@@ -46,6 +50,9 @@ console.log(JSON.stringify({
   keysWhileHeld,
   ioredis: (createRequire(import.meta.url)('ioredis/package.json') as { version: string }).version,
   entry: import.meta.resolve('nest-distributed-lock').split('/node_modules/')[1],
+  testing: import.meta.resolve('nest-distributed-lock/testing').split('/node_modules/')[1],
+  recorded: { locked: recorder.locked, busy: recorder.busy },
+  revoked,
 }));
 `;
 
@@ -105,6 +112,9 @@ describe('a Nest 12 ESM app with ioredis 6', () => {
       keysWhileHeld: expect.arrayContaining(['lock:order:7']),
       ioredis: expect.stringMatching(/^6\./),
       entry: 'nest-distributed-lock/dist/index.js',
+      testing: 'nest-distributed-lock/dist/testing/index.js',
+      recorded: { locked: ['order:7', 'order:7'], busy: ['order:7'] },
+      revoked: true,
     });
   }, 600_000);
 });

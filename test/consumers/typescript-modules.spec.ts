@@ -8,6 +8,7 @@ import 'reflect-metadata';
 import { Controller, Get, Module, Param } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { DistributedLockModule, LockService, Locked, LockNotAcquiredError } from 'nest-distributed-lock';
+import { recordLocks } from 'nest-distributed-lock/testing';
 
 @Controller('orders')
 class OrdersController {
@@ -29,6 +30,7 @@ async function main(): Promise<void> {
   const url = (await app.getUrl()) + '/orders/7';
   const free = await fetch(url);
   const locks = app.get(LockService);
+  const recorder = recordLocks(locks);
   const held = await locks.acquire('order:7');
   const busy = await fetch(url);
   const error = await locks.using('order:7', () => 'ran', { wait: 0 }).catch((e: unknown) => e);
@@ -39,6 +41,8 @@ async function main(): Promise<void> {
     busy: busy.status,
     typedError: error instanceof LockNotAcquiredError,
     entry: require.resolve('nest-distributed-lock').split('/node_modules/')[1],
+    testing: require.resolve('nest-distributed-lock/testing').split('/node_modules/')[1],
+    recorded: { locked: recorder.locked, busy: recorder.busy },
   }));
 }
 
@@ -102,6 +106,9 @@ describe('a CommonJS app compiled with each TypeScript module setting', () => {
         busy: 409,
         typedError: true,
         entry: 'nest-distributed-lock/dist/cjs/index.js',
+        // The testing subpath: its types found with each setting (\`commonjs\` resolves as node10, through typesVersions).
+        testing: 'nest-distributed-lock/dist/cjs/testing/index.js',
+        recorded: { locked: ['order:7'], busy: ['order:7', 'order:7'] },
       });
     },
     120_000,
