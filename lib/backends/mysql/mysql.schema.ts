@@ -185,8 +185,9 @@ BEGIN
   ${begin}
   WHILE i <= n DO
     SET k = ${nth};
-    SET retry_ms = (SELECT GREATEST(COALESCE(retry_ms, 0), ${ms('l.expires_at')}) FROM ${n.locks} l
-      WHERE l.lock_key = k AND l.expires_at > now_ts AND l.owner <> p_owner);
+    -- A scalar subquery without a row is NULL: a free key leaves what earlier keys found.
+    SET retry_ms = COALESCE((SELECT GREATEST(COALESCE(retry_ms, 0), ${ms('l.expires_at')}) FROM ${n.locks} l
+      WHERE l.lock_key = k AND l.expires_at > now_ts AND l.owner <> p_owner), retry_ms);
     SET i = i + 1;
   END WHILE;
   IF retry_ms IS NULL THEN
@@ -197,8 +198,8 @@ BEGIN
         DELETE FROM ${n.waiters} WHERE lock_key = k AND deadline <= now_ts;
         SET head = (SELECT w.owner FROM ${n.waiters} w WHERE w.lock_key = k ORDER BY w.place LIMIT 1);
         IF head IS NOT NULL AND head <> p_owner THEN
-          SET retry_ms = (SELECT GREATEST(COALESCE(retry_ms, 0), ${ms('w.deadline')}) FROM ${n.waiters} w
-            WHERE w.lock_key = k AND w.owner = head);
+          SET retry_ms = COALESCE((SELECT GREATEST(COALESCE(retry_ms, 0), ${ms('w.deadline')}) FROM ${n.waiters} w
+            WHERE w.lock_key = k AND w.owner = head), retry_ms);
         END IF;
       END IF;
       SET i = i + 1;
