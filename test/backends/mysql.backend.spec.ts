@@ -64,7 +64,24 @@ async function tables(): Promise<void> {
 
 describe('MysqlLockBackend: keys are bytes', () => {
   it('hostile keys are different locks, each held and freed on its own: quotes, backslashes, NUL, 4-byte UTF-8, case, trailing spaces', async () => {
-    const keys = ["it's", 'it"s', 'a\\b', 'a\\\\b', 'nul\u0000x', 'nul', '🔒', '🔓', 'a', 'A', 'a ', '\u00e4', 'a\u0308', "'); DROP TABLE x; --", '%', '_'];
+    const keys = [
+      "it's",
+      'it"s',
+      'a\\b',
+      'a\\\\b',
+      'nul\u0000x',
+      'nul',
+      '🔒',
+      '🔓',
+      'a',
+      'A',
+      'a ',
+      '\u00e4',
+      'a\u0308',
+      "'); DROP TABLE x; --",
+      '%',
+      '_',
+    ];
     const locks = backend();
     const tokens = new Set<number>();
     for (const [i, key] of keys.entries()) {
@@ -172,9 +189,7 @@ describe('MysqlLockBackend options', () => {
     for (let run = 0; run < 2; run++) for (const sql of mysqlLockTablesSql({ table: 'migrated_locks' })) await migration.query(sql);
     await (await missing.acquire('order:1')).release();
     fixture.cleanup(() =>
-      fixture.admin.query(
-        'DROP TABLE migrated_locks, migrated_locks_waiters, migrated_locks_fencing_tokens, migrated_locks_waiter_places',
-      ),
+      fixture.admin.query('DROP TABLE migrated_locks, migrated_locks_waiters, migrated_locks_fencing_tokens, migrated_locks_waiter_places'),
     );
   });
 });
@@ -263,6 +278,17 @@ describe('MysqlLockBackend: the line and the row locks', () => {
     expect(await newcomer.inspect('line')).toMatchObject({ owner: 'second' });
   });
 
+  it('a lease that runs out goes to the first in line: a newcomer does not jump the line, and nor does the second', async () => {
+    const locks = backend(fixture.url, { waiterTimeout: 60_000 });
+    expect(await locks.tryAcquire(['expiring'], 'holder', 200)).toMatchObject({ acquired: true });
+    expect(await locks.tryAcquire(['expiring'], 'first', 60_000)).toMatchObject({ acquired: false });
+    expect(await locks.tryAcquire(['expiring'], 'second', 60_000)).toMatchObject({ acquired: false });
+    await until(async () => (await locks.inspect('expiring')) === undefined, 5_000, 'the lease to run out');
+    expect(await locks.tryAcquire(['expiring'], 'newcomer', 60_000, { willWait: false })).toMatchObject({ acquired: false });
+    expect(await locks.tryAcquire(['expiring'], 'second', 60_000)).toMatchObject({ acquired: false });
+    expect(await locks.tryAcquire(['expiring'], 'first', 60_000)).toMatchObject({ acquired: true });
+  });
+
   it('a waiter that stops asking loses its place after waiterTimeout, and the next one gets the key', async () => {
     const locks = backend(fixture.url, { waiterTimeout: 200 });
     expect(await locks.tryAcquire(['gone'], 'holder', 60_000)).toMatchObject({ acquired: true });
@@ -315,11 +341,7 @@ describe('MysqlLockBackend: the line and the row locks', () => {
     expect(await lockWaits()).toBe(0);
     // The key itself is locked: a call on it waits until the holder's transaction ends.
     const blocked = locks.tryAcquire(['row:1'], 'other', 60_000);
-    await until(
-      async () => (await lockWaits()) === 1,
-      5_000,
-      'the call on the same key to wait for its row',
-    );
+    await until(async () => (await lockWaits()) === 1, 5_000, 'the call on the same key to wait for its row');
     await holder.query('ROLLBACK');
     expect(await blocked).toMatchObject({ acquired: true });
   });
@@ -341,11 +363,9 @@ describe('MysqlLockBackend: the line and the row locks', () => {
     const before = await lockWaits();
     const acquired = locks.tryAcquire(['stuck'], 'owner', 60_000);
     // Held past two lock wait timeouts of the call.
-    const seen = await until(
-      async () => (await lockWaits()) >= before + 3,
-      8_000,
-      'two lock wait timeouts and a third wait',
-    ).then(() => true);
+    const seen = await until(async () => (await lockWaits()) >= before + 3, 8_000, 'two lock wait timeouts and a third wait').then(
+      () => true,
+    );
     await holder.query('ROLLBACK');
     expect(seen).toBe(true);
     expect(await acquired).toMatchObject({ acquired: true });

@@ -31,7 +31,11 @@ export class MysqlLockBackend implements LockBackend {
 
   private readonly connection: MysqlConnection;
   private readonly line: MysqlWaiterLine;
-  private readonly failedReleases = new FailedReleases((keys, owner) => this.release(keys, owner));
+  /**
+   * Sent again after any statement answered, and every second while any is kept: a release that
+   * timed out after the last answer (its answer lost) would otherwise wait for the app's next lock.
+   */
+  private readonly failedReleases = new FailedReleases((keys, owner) => this.release(keys, owner), { retryEveryMs: 1_000 });
   private lastSweep = performance.now();
   private sweeping: Promise<void> | undefined;
 
