@@ -28,6 +28,69 @@ export class MariadbServer {
     private readonly extraArgs: readonly string[],
   ) {}
 
+  /**
+   * A server with `--server-id=<id>` and a row-based binary log, for replication (see
+   * `startReplica`).
+   */
+  static startPrimary(): Promise<MariadbServer> {
+    return MariadbServer.start({ args: ['--server-id=1', '--log-bin=mysql-bin', '--binlog-format=ROW'] });
+  }
+
+  /**
+   * An asynchronous replica of `primary` (MariaDB's default replication), read-only, following it
+   * from its first transaction by GTID: start it before `primary` has a database of the test's own.
+   */
+  static async startReplica(primary: MariadbServer): Promise<MariadbServer> {
+    const replica = await MariadbServer.start({ args: ['--server-id=2', '--read-only=1'] });
+    try {
+      const admin = await replica.connect();
+      try {
+        await admin.query(
+          `CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = ${primary.port}, MASTER_USER = 'admin', ` +
+            `MASTER_PASSWORD = 'admin', MASTER_USE_GTID = slave_pos; START SLAVE`,
+        );
+      } finally {
+        await admin.end();
+      }
+    } catch (error) {
+      await replica.stop();
+      throw error;
+    }
+    return replica;
+  }
+
+  /** Resolves once this replica has applied everything `primary` had logged when it was called. */
+  async catchUpWith(primary: MariadbServer): Promise<void> {
+    const [source, admin] = [await primary.connect(), await this.connect()];
+    try {
+      const [[{ pos }]] = await source.query<mysql.RowDataPacket[]>('SELECT @@gtid_binlog_pos AS pos');
+      const [[{ waited }]] = await admin.query<mysql.RowDataPacket[]>('SELECT MASTER_GTID_WAIT(?, 20) AS waited', [pos]);
+      if (Number(waited) !== 0) throw new Error(`The replica on port ${this.port} did not reach ${String(pos)} within 20 s.`);
+    } finally {
+      await Promise.all([source.end(), admin.end()]);
+    }
+  }
+
+  /** This replica stops applying what its primary logs, as when the link between them fails. */
+  async stopFollowing(): Promise<void> {
+    const admin = await this.connect();
+    try {
+      await admin.query('STOP SLAVE');
+    } finally {
+      await admin.end();
+    }
+  }
+
+  /** Promotes this replica: it forgets its primary and takes writes. */
+  async promote(): Promise<void> {
+    const admin = await this.connect();
+    try {
+      await admin.query('STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = 0');
+    } finally {
+      await admin.end();
+    }
+  }
+
   static async start(options: { args?: readonly string[] } = {}): Promise<MariadbServer> {
     const user = process.getuid?.() === 0 ? systemUser('mysql') : undefined;
     const dir = mkdtempSync(join(tmpdir(), 'ndl-mariadb-'));
@@ -47,7 +110,8 @@ export class MariadbServer {
       await server.launch();
       // The administrator for tests: over TCP with a password (root has only the socket as root).
       server.bootstrap(
-        `CREATE USER 'admin'@'%' IDENTIFIED BY 'admin'; GRANT ALL ON *.* TO 'admin'@'%' WITH GRANT OPTION; ` +
+        // Not in the binary log: a replica makes the same users itself.
+        `SET SESSION sql_log_bin = 0; CREATE USER 'admin'@'%' IDENTIFIED BY 'admin'; GRANT ALL ON *.* TO 'admin'@'%' WITH GRANT OPTION; ` +
           `CREATE USER '${MARIADB_USER}'@'%' IDENTIFIED BY '${MARIADB_PASSWORD}';`,
       );
     } catch (error) {

@@ -101,6 +101,8 @@ export class MysqlLockBackend implements LockBackend {
       if (!this.connection.closed && !(error instanceof LockBackendError && error.permanent)) this.failedReleases.add(keys, owner);
       throw error;
     }
+    // A waiter of this process handed the lock takes it now, not at its next look.
+    if (rows[0].handed_to !== null && rows[0].handed_to !== undefined) this.line.wake(ownerText(rows[0].handed_to));
     return Number(rows[0].released) > 0;
   }
 
@@ -114,8 +116,7 @@ export class MysqlLockBackend implements LockBackend {
       values: [Buffer.from(key)],
     });
     if (!row) return undefined;
-    const owner = Buffer.isBuffer(row.owner) ? row.owner.toString('utf8') : String(row.owner);
-    return { key, owner, ttlMs: Math.max(0, Number(row.ttl_ms)), fencingToken: Number(row.fencing_token) };
+    return { key, owner: ownerText(row.owner), ttlMs: Math.max(0, Number(row.ttl_ms)), fencingToken: Number(row.fencing_token) };
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
@@ -261,4 +262,9 @@ function keyList(keys: readonly string[], owner: string): string {
     return bytes.toString('hex');
   });
   return hex.sort().join(',');
+}
+
+/** An owner column (VARBINARY) comes back as a Buffer. */
+function ownerText(value: unknown): string {
+  return Buffer.isBuffer(value) ? value.toString('utf8') : String(value);
 }

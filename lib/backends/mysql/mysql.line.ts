@@ -46,6 +46,11 @@ export class MysqlWaiterLine {
     };
   }
 
+  /** A release by this process handed `owner` its lock: woken now, if it waits here. */
+  wake(owner: string): void {
+    this.watchers.get(owner)?.wake();
+  }
+
   close(): void {
     this.closed = true;
     this.watchers.clear();

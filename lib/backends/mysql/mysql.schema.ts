@@ -284,7 +284,7 @@ END`,
     // key is free, hands it to the first waiter for this key alone, with a token taken now, in
     // this transaction: its process finds the lock its own when it next looks. A waiter for
     // several keys is left first in line, and asks again. Answers how many unexpired leases the
-    // owner held.
+    // owner held, and the last waiter handed a key (its process may be the caller's).
     `CREATE PROCEDURE ${n.release}(IN p_keys MEDIUMTEXT CHARACTER SET ascii, IN p_owner ${owner})
 MODIFIES SQL DATA
 BEGIN
@@ -299,6 +299,7 @@ BEGIN
   DECLARE head ${owner};
   DECLARE head_lease INT UNSIGNED;
   DECLARE handed BIGINT UNSIGNED;
+  DECLARE handed_to ${owner} DEFAULT NULL;
   ${onError}
   ${begin}
   WHILE i <= n DO
@@ -319,12 +320,13 @@ BEGIN
         ${takeToken('handed')}
         UPDATE ${n.locks} SET owner = head, fencing_token = handed, expires_at = ${later('head_lease')} WHERE lock_key = k;
         DELETE FROM ${n.waiters} WHERE lock_key = k AND owner = head;
+        SET handed_to = head;
       END IF;
     END IF;
     SET i = i + 1;
   END WHILE;
   COMMIT;
-  SELECT released;
+  SELECT released, handed_to;
 END`,
     `ALTER TABLE ${n.locks} COMMENT = '${MYSQL_SCHEMA_VERSION}'`,
   ];
