@@ -223,13 +223,8 @@ export class MysqlConnection {
    */
   private async createTables(): Promise<void> {
     const { table, createTables } = this.options;
-    const version = async () =>
-      (
-        await this.query(
-          'SELECT TABLE_COMMENT AS version FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?',
-          [table],
-        )
-      )[0]?.version;
+    const versionSql = 'SELECT TABLE_COMMENT AS version FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?';
+    const version = async () => (await this.query(versionSql, [table]))[0]?.version;
     if ((await version()) === MYSQL_SCHEMA_VERSION) return;
     if (!createTables) {
       throw new LockBackendError(
@@ -249,7 +244,9 @@ export class MysqlConnection {
     try {
       await on('SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), ?)), 30)', [`:nest-distributed-lock:create:${table}`]);
       try {
-        if ((await version()) !== MYSQL_SCHEMA_VERSION) for (const sql of mysqlLockTablesSql({ table })) await on(sql);
+        // Asked again on this connection: a pool of one connection has no other to give.
+        const [found] = (await on(versionSql, [table])) as { version?: unknown }[];
+        if (found?.version !== MYSQL_SCHEMA_VERSION) for (const sql of mysqlLockTablesSql({ table })) await on(sql);
       } finally {
         await on('SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), ?)))', [`:nest-distributed-lock:create:${table}`]).catch(() => undefined);
       }
