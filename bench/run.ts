@@ -2,6 +2,7 @@ import { etcdBench } from './etcd.bench.js';
 import { Report } from './harness.js';
 import { manyKeysBench } from './many-keys.bench.js';
 import { memoryBench } from './memory.bench.js';
+import { mysqlBench } from './mysql.bench.js';
 import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
 import { redisMemoryBench } from './redis-memory.bench.js';
@@ -19,6 +20,7 @@ const groups: Record<string, (report: Report) => Promise<void>> = {
   'redis-keys': manyKeysBench,
   redlock: redlockBench,
   postgres: postgresBench,
+  mysql: mysqlBench,
   etcd: etcdBench,
   zookeeper: zookeeperBench,
 };

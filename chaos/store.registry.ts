@@ -11,6 +11,7 @@ export const STORES: Record<string, () => Promise<ChaosStoreModule>> = {
   sentinel: () => import('./stores/sentinel.store.js'),
   redlock: () => import('./stores/redlock.store.js'),
   postgres: () => import('./stores/postgres.store.js'),
+  mysql: () => import('./stores/mysql.store.js'),
   cluster: () => import('./stores/cluster.store.js'),
   etcd: () => import('./stores/etcd.store.js'),
   zookeeper: () => import('./stores/zookeeper.store.js'),

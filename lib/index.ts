@@ -72,3 +72,6 @@ export type { RedlockMasterClient, RedlockSubscriberClient } from './backends/re
 export { RedlockQuorumError, type MasterFailure } from './backends/redlock/redlock.errors.js';
 export { ZooKeeperLockBackend } from './backends/zookeeper/zookeeper.backend.js';
 export type { ZooKeeperLockBackendOptions } from './backends/zookeeper/zookeeper.options.js';
+export { MysqlLockBackend } from './backends/mysql/mysql.backend.js';
+export type { MysqlLockBackendOptions, MysqlLockConnection } from './backends/mysql/mysql.options.js';
+export { mysqlLockTablesSql } from './backends/mysql/mysql.schema.js';

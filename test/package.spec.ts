@@ -128,6 +128,7 @@ describe('the published package', () => {
         redis: () => new lib.RedisLockBackend('redis://127.0.0.1:6379'),
         redlock: () => new lib.RedlockLockBackend(['redis://127.0.0.1:6379']),
         postgres: () => new lib.PostgresLockBackend('postgres://127.0.0.1:5432/app'),
+        mysql: () => new lib.MysqlLockBackend('mysql://127.0.0.1:3306/app'),
         etcd: () => new lib.EtcdLockBackend('http://127.0.0.1:2379'),
         zookeeper: () => new lib.ZooKeeperLockBackend('127.0.0.1:2181'),
         telemetry: () => new lib.LockService(undefined, { telemetry: true }),
@@ -149,6 +150,7 @@ describe('the published package', () => {
         message: expect.stringContaining('npm install redlock@5.0.0-beta.2 ioredis'),
       });
       expect(seen.postgres).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install pg') });
+      expect(seen.mysql).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install mysql2') });
       expect(seen.etcd).toEqual({ type: 'InvalidLockOptionsError', ours: true, message: expect.stringContaining('npm install etcd3') });
       expect(seen.zookeeper).toEqual({
         type: 'InvalidLockOptionsError',

@@ -1,0 +1,306 @@
+import { Logger } from '@nestjs/common';
+import type { Pool, PoolOptions } from 'mysql2';
+import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
+import { requirePeer } from '../../peer-require.cjs';
+import { CommandDeadlines } from '../redis/command-deadlines.js';
+import {
+  errnoOf,
+  isRetryable,
+  NO_SUCH_PROCEDURE,
+  permanentCause,
+  READ_ONLY_NOTE,
+  READ_ONLY_SERVER,
+  serverError,
+  type MysqlIdentity,
+} from './mysql.errors.js';
+import type { CheckedMysqlConnection, ResolvedMysqlOptions } from './mysql.options.js';
+import { lockNames, MYSQL_SCHEMA_VERSION, mysqlLockTablesSql, type MysqlLockNames } from './mysql.schema.js';
+
+const logger = new Logger('DistributedLock');
+
+/** One statement the backend sends: what it is for (for errors) and the SQL. */
+export interface MysqlStatement {
+  /** The operation and the lock keys it is for, as error messages name them. */
+  op: string;
+  keys: readonly string[];
+  sql: string;
+  values: readonly unknown[];
+  /** The answer that came after the statement was reported as failed (timed out). */
+  onLateAnswer?: (rows: Record<string, unknown>[]) => void;
+}
+
+/**
+ * The MySQL backend's pool: the user's, left open, or one it creates on first use and closes on
+ * application shutdown. Makes sure the lock tables exist before the first statement, bounds every
+ * statement by the command timeout, and sends again, within that time, a call InnoDB rolled back
+ * for a deadlock or a lock wait timeout (nothing of it was applied).
+ */
+export class MysqlConnection {
+  readonly names: MysqlLockNames;
+  private readonly owned: boolean;
+  private pool: Pool | undefined;
+  private readonly mysql: Mysql2Package | undefined;
+  /** Resolves once the lock tables are there; reset after a failure, so the next call tries again. */
+  private tables: Promise<void> | undefined;
+  private tablesReady = false;
+  private readonly deadlines: CommandDeadlines;
+  private stopped = false;
+  /** Called after each statement answered in time: the server is reachable (see FailedReleases). */
+  onAnswer: (() => void) | undefined;
+
+  constructor(
+    private readonly connection: CheckedMysqlConnection,
+    private readonly options: ResolvedMysqlOptions,
+    /** The backend's name, for errors. */
+    private readonly backendName: string,
+  ) {
+    this.names = lockNames(options.table);
+    this.deadlines = new CommandDeadlines(options.commandTimeout);
+    this.owned = connection.kind === 'config';
+    if (connection.kind === 'pool') this.pool = connection.pool;
+    else this.mysql = loadMysql2();
+  }
+
+  get closed(): boolean {
+    return this.stopped;
+  }
+
+  /**
+   * Runs one statement, bounded by the command timeout, and returns the rows of its first result
+   * set; failures become a LockBackendError that names the operation and the keys.
+   */
+  run(statement: MysqlStatement): Promise<Record<string, unknown>[]> {
+    if (this.stopped) return Promise.reject(this.closedError(statement.op, statement.keys));
+    return new Promise((resolve, reject) => {
+      let expired = false;
+      const command = this.deadlines.track(() => {
+        expired = true;
+        reject(
+          this.failure(
+            statement,
+            new Error(
+              `the server did not answer within ${this.options.commandTimeout} ms (commandTimeout); is it paused, overloaded, ` +
+                `or is the statement waiting for a lock another transaction holds on the lock table?`,
+            ),
+          ),
+        );
+      });
+      const send = async (): Promise<Record<string, unknown>[]> => {
+        if (!this.tablesReady) await this.ensureTables();
+        for (;;) {
+          try {
+            return await this.query(statement.sql, statement.values);
+          } catch (error) {
+            // Rolled back whole by the procedure's handler: sent again while the caller still waits.
+            if (!isRetryable(error) || expired || this.stopped) throw error;
+          }
+        }
+      };
+      send().then(
+        (rows) => {
+          if (this.deadlines.answered(command)) {
+            resolve(rows);
+            this.onAnswer?.();
+          } else statement.onLateAnswer?.(rows);
+        },
+        (error: unknown) => {
+          // A procedure dropped behind our back (or made again by a newer version): look again next time.
+          if (errnoOf(error) === NO_SUCH_PROCEDURE) this.tablesReady = false;
+          if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+        },
+      );
+    });
+  }
+
+  /** Refuses statements from now on; false if it was already closed. */
+  stop(): boolean {
+    if (this.stopped) return false;
+    this.stopped = true;
+    return true;
+  }
+
+  /** Ends the pool if the backend created it (after stop()). */
+  async closePool(): Promise<void> {
+    if (!this.owned || !this.pool) return;
+    const pool = this.pool;
+    // end() waits for connections in use: one stuck on a paused server would hold up the shutdown.
+    await withTimeout(new Promise<void>((resolve) => pool.end(() => resolve())), 1_000);
+  }
+
+  closedError(op: string, keys: readonly string[]): LockBackendError {
+    return new LockBackendError(
+      this.backendName,
+      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: the backend is closed (the application shut down).`,
+    );
+  }
+
+  failure({ op, keys }: { op: string; keys: readonly string[] }, error: unknown): LockBackendError {
+    const message = sentence(error instanceof Error ? error.message || String(error) : String(error));
+    const cause = permanentCause(error, this.names, this.identity());
+    const note = !cause && errnoOf(error) === READ_ONLY_SERVER ? ` ${READ_ONLY_NOTE}` : '';
+    return new LockBackendError(
+      this.backendName,
+      `${op}${keys.length ? ` of ${keys.join(', ')}` : ''} failed: ${message}${note}${cause ? ` ${cause}` : ''}`,
+      serverError(error),
+      { permanent: cause !== undefined },
+    );
+  }
+
+  /** The user and database the settings name, for fixes (never the password). */
+  identity(): MysqlIdentity {
+    const settings = (this.connection.kind === 'pool' ? poolConfig(this.connection.pool) : this.connection.config) ?? {};
+    let user = settings.user;
+    let database = settings.database;
+    if (typeof settings.uri === 'string') {
+      try {
+        const url = new URL(settings.uri);
+        user ??= url.username ? decodeURIComponent(url.username) : undefined;
+        database ??= url.pathname.length > 1 ? decodeURIComponent(url.pathname.slice(1)) : undefined;
+      } catch {
+        // Checked at construction; a pool of the app's own may hold anything.
+      }
+    }
+    return { user: typeof user === 'string' ? user : undefined, database: typeof database === 'string' ? database : undefined };
+  }
+
+  /**
+   * One statement on a connection of the pool. Rows come back as objects whatever the pool's own
+   * settings (rowsAsArray, nestTables); a CALL answers with its result set first.
+   */
+  query(sql: string, values: readonly unknown[] = []): Promise<Record<string, unknown>[]> {
+    const pool = this.openPool();
+    return new Promise((resolve, reject) => {
+      pool.query(
+        { sql, values: values as unknown[], rowsAsArray: false, nestTables: false } as never,
+        (error: unknown, result: unknown) => {
+          if (error) return reject(error);
+          const rows = Array.isArray(result) && Array.isArray(result[0]) ? result[0] : result;
+          resolve(Array.isArray(rows) ? (rows as Record<string, unknown>[]) : []);
+        },
+      );
+    });
+  }
+
+  private openPool(): Pool {
+    if (this.pool) return this.pool;
+    const config = (this.connection as { config: PoolOptions }).config;
+    const { uri, ...rest } = config;
+    const settings: PoolOptions = {
+      connectTimeout: this.options.commandTimeout,
+      enableKeepAlive: true,
+      charset: 'utf8mb4',
+      ...rest,
+    };
+    const pool = uri === undefined ? this.mysql!.createPool(settings) : this.mysql!.createPool({ ...settings, uri });
+    let down = false;
+    // Errors of idle connections (a server restart): without a listener they would crash the process.
+    pool.on('connection', (connection) => {
+      connection.on('error', (error: Error) => {
+        if (!down) logger.warn(`MySQL connection failed: ${sentence(error.message)} Lock operations fail until it is back.`);
+        down = true;
+      });
+      if (down) logger.log('MySQL connection is back.');
+      down = false;
+    });
+    this.pool = pool;
+    return pool;
+  }
+
+  private ensureTables(): Promise<void> {
+    this.tables ??= this.createTables().then(
+      () => void (this.tablesReady = true),
+      (error: unknown) => {
+        this.tables = undefined;
+        throw error;
+      },
+    );
+    return this.tables;
+  }
+
+  /**
+   * The lock tables at the version this code expects, created if missing (when allowed). Instances
+   * that start together take turns on a GET_LOCK; the first creates, the others find them there.
+   */
+  private async createTables(): Promise<void> {
+    const { table, createTables } = this.options;
+    const versionSql = 'SELECT TABLE_COMMENT AS version FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?';
+    const version = async () => (await this.query(versionSql, [table]))[0]?.version;
+    if ((await version()) === MYSQL_SCHEMA_VERSION) return;
+    if (!createTables) {
+      throw new LockBackendError(
+        this.backendName,
+        `the lock table ${table} (version '${MYSQL_SCHEMA_VERSION}') is missing and createTables is false: run the statements of ` +
+          `mysqlLockTablesSql({ table: '${table}' }) in a migration, or leave createTables on.`,
+        undefined,
+        { permanent: true },
+      );
+    }
+    const pool = this.openPool();
+    const connection = await new Promise<PoolConnectionLike>((resolve, reject) =>
+      pool.getConnection((error, got) => (error ? reject(error) : resolve(got as unknown as PoolConnectionLike))),
+    );
+    const on = (sql: string, values: unknown[] = []) =>
+      new Promise<unknown>((resolve, reject) => connection.query(sql, values, (error, rows) => (error ? reject(error) : resolve(rows))));
+    try {
+      await on('SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), ?)), 30)', [`:nest-distributed-lock:create:${table}`]);
+      try {
+        // Asked again on this connection: a pool of one connection has no other to give.
+        const [found] = (await on(versionSql, [table])) as { version?: unknown }[];
+        if (found?.version !== MYSQL_SCHEMA_VERSION) for (const sql of mysqlLockTablesSql({ table })) await on(sql);
+      } finally {
+        await on('SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), ?)))', [`:nest-distributed-lock:create:${table}`]).catch(() => undefined);
+      }
+    } catch (error) {
+      const cause = permanentCause(error, this.names, this.identity());
+      throw new LockBackendError(
+        this.backendName,
+        `could not create the lock table ${table}: ${sentence(error instanceof Error ? error.message : String(error))}` +
+          (cause ? ` ${cause}` : ''),
+        serverError(error),
+        { permanent: cause !== undefined },
+      );
+    } finally {
+      connection.release();
+    }
+  }
+}
+
+interface PoolConnectionLike {
+  query(sql: string, values: unknown[], callback: (error: unknown, rows: unknown) => void): void;
+  release(): void;
+}
+
+type Mysql2Package = { createPool(config: PoolOptions): Pool };
+
+/** The settings a mysql2 pool was made with (its own field; not in the typings). */
+function poolConfig(pool: Pool): PoolOptions | undefined {
+  return (pool as unknown as { config?: { connectionConfig?: PoolOptions } }).config?.connectionConfig;
+}
+
+/**
+ * mysql2 is an optional peer, needed only when the backend creates its pool: loaded then, at
+ * construction, so a missing package stops the application at start-up, not at its first lock.
+ */
+function loadMysql2(): Mysql2Package {
+  try {
+    return requirePeer('mysql2') as Mysql2Package;
+  } catch (error) {
+    throw new InvalidLockOptionsError(
+      'connection',
+      `MysqlLockBackend needs the 'mysql2' package to connect to MySQL or MariaDB: npm install mysql2, or pass a mysql2 pool ` +
+        `you created (${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+}
+
+/** Messages from mysql2 and our own may end in '.' or '?' already. */
+function sentence(text: string): string {
+  return /[.?!]$/.test(text) ? text : `${text}.`;
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([promise, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ms)))]).finally(() =>
+    clearTimeout(timer),
+  );
+}

@@ -1,0 +1,42 @@
+import { afterAll, beforeAll, describe, it } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import type mysql from 'mysql2/promise';
+import { MysqlLockBackend } from '../../lib/index.js';
+import { useMariadbServer } from '../support/mariadb-fixture.js';
+import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
+
+// The random programs of the model on a real MariaDB and real time: its procedures' owner checks,
+// line and hand-overs under the injected faults (see lock-service.redis.model.spec.ts).
+describe('LockService on a real MariaDB against the model of its promises, with faulty calls', () => {
+  const fixture = useMariadbServer();
+  beforeAll(() => Logger.overrideLogger(false));
+  afterAll(() => Logger.overrideLogger(['log', 'error', 'warn']));
+
+  // Not in `npm test`: MODEL_RUNS_MYSQL cases (MODEL_SEED replays a run; see checkModelOn).
+  const store: RealStore = {
+    reset: async () => {
+      // The tables the backend made (it makes them on first use): emptied between cases.
+      const [rows] = await fixture.admin.query<mysql.RowDataPacket[]>(
+        `SELECT TABLE_NAME AS name FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_COMMENT LIKE 'nest-distributed-lock%'`,
+      );
+      for (const { name } of rows) {
+        await fixture.admin.query(`DELETE FROM \`${name}\``);
+        await fixture.admin.query(`DELETE FROM \`${name}_waiters\``);
+      }
+    },
+    connect: () => new MysqlLockBackend(fixture.url),
+    waiting: (store) => (store as unknown as { line: { watchers: Map<string, unknown> } }).line.watchers.size,
+  };
+  const runs = Number(process.env.MODEL_RUNS_MYSQL ?? 0);
+  (runs > 0 ? it : it.skip)(
+    'keeps every promise on random programs of two processes over one MariaDB',
+    () => checkModelOn('MariaDB', store, runs),
+    modelTimeout(runs),
+  );
+  for (const seed of runs > 0 ? modelSeeds() : [])
+    it(
+      `keeps every promise on random programs of two processes over one MariaDB, seed ${seed}`,
+      () => checkModelOn('MariaDB', store, runs, seed),
+      modelTimeout(runs),
+    );
+});
