@@ -22,10 +22,10 @@ export class Holder {
     child.on('message', (message: HolderMessage) => this.messages.push(message));
   }
 
-  /** `fixture`: the file name under test/fixtures, e.g. 'redis-lock-holder.mjs'. */
-  static async start(fixture: string, url: string, key: string, ttl: number): Promise<Holder> {
+  /** `fixture`: the file name under test/fixtures, e.g. 'redis-lock-holder.mjs'; `more`: further arguments it reads. */
+  static async start(fixture: string, url: string, key: string, ttl: number, ...more: string[]): Promise<Holder> {
     const holder = new Holder(
-      fork(resolve(fixtures, fixture), [url, key, String(ttl)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
+      fork(resolve(fixtures, fixture), [url, key, String(ttl), ...more], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
     );
     await holder.next('acquired');
     return holder;

@@ -33,6 +33,7 @@ export const EXTEND_HOLDERS = script(
     `
 local owner, ttl = ARGV[1], tonumber(ARGV[2])
 local n = #KEYS / 2
+holding()
 local values = {}
 for i = 1, n do
   values[i] = redis.call('GET', KEYS[i])

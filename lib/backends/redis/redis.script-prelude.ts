@@ -15,10 +15,7 @@ export function script(name: string, lua: string): RedisScript {
   return { name, lua, sha: createHash('sha1').update(lua).digest('hex') };
 }
 
-/**
- * The server's clock, read at most once per call: clock() in µs, ms() in ms. Leases of keys that
- * admit several holders end at a time of this clock, never of a client's.
- */
+/** The server's clock in µs, read at most once per call. */
 export const CLOCK = `
 local now = nil
 local function clock()
@@ -28,40 +25,44 @@ local function clock()
   end
   return now
 end
-local function ms()
-  return math.floor(clock() / 1000)
-end
 `;
 
 /**
- * Helpers for keys that admit several holders (shared locks and semaphores). Such a key holds a
- * marker instead of an owner, `*shared` or `*<permits>` (owners never start with `*`), so every
- * exclusive caller finds it taken without looking further: the exclusive path costs what it did.
- * Its holders stand in a sorted set next to it, owner -> end of its own lease (ms, server time).
+ * Helpers for keys that admit several holders (shared locks and semaphores), made by holding()
+ * before their first use: an exclusive caller never needs them, and each function a script makes
+ * costs Redis CPU on every call (see bench/README.md). Such a key holds a marker instead of an
+ * owner, `*shared` or `*<permits>` (owners never start with `*`), so every exclusive caller finds it
+ * taken without looking further: the exclusive path costs what it did. Its holders stand in a
+ * sorted set next to it, owner -> end of its own lease (ms, by this server's clock, never a
+ * client's).
  *
+ * - ms(): the server time in ms.
  * - limitSize(limit): how many holders a limit ('1', '<permits>', 'shared') admits.
  * - live(holders): drops holders whose lease ran out; how many are left.
  * - settle(lock, holders, marker): after holders came or went, the marker and the set live as long
  *   as the longest lease, or both go with the last holder. So neither outlives its holders.
  */
 export const HOLDERS = `
-local function limitSize(limit)
-  return limit == 'shared' and math.huge or tonumber(limit)
-end
-local function live(holders)
-  redis.call('ZREMRANGEBYSCORE', holders, '-inf', ms())
-  return redis.call('ZCARD', holders)
-end
-local function settle(lock, holders, marker)
-  live(holders)
-  local last = redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2]
-  if not last then
-    redis.call('DEL', lock, holders)
-    return
+local ms, limitSize, live, settle
+local function holding()
+  if ms then return end
+  ms = function() return math.floor(clock() / 1000) end
+  limitSize = function(limit) return limit == 'shared' and math.huge or tonumber(limit) end
+  live = function(holders)
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', ms())
+    return redis.call('ZCARD', holders)
   end
-  local lease = string.format('%d', tonumber(last) - ms())
-  redis.call('SET', lock, marker, 'PX', lease)
-  redis.call('PEXPIRE', holders, lease)
+  settle = function(lock, holders, marker)
+    live(holders)
+    local last = redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2]
+    if not last then
+      redis.call('DEL', lock, holders)
+      return
+    end
+    local lease = string.format('%d', tonumber(last) - ms())
+    redis.call('SET', lock, marker, 'PX', lease)
+    redis.call('PEXPIRE', holders, lease)
+  end
 end
 `;
 

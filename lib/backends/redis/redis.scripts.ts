@@ -56,27 +56,12 @@ local width = ARGV[4] and 5 or 4
 local owner, ttl = ARGV[1], ARGV[2]
 local waiterTimeout, willWait, backendId = string.match(ARGV[3], '^(%d+) ([01]) (%S+)$')
 local limits = {}
-for limit in string.gmatch(ARGV[4] or '', '%S+') do limits[#limits + 1] = limit end
-for i = 1, n do limits[i] = limits[i] or '1' end
--- Whether a waiter ahead of \`who\` in line i keeps it out: one of another kind, or one of its kind
--- when the key has no room left for both (\`room\`: places free beside the holders). Returns that
--- waiter's deadline or nil, and whether anyone stands in the line.
-local function ahead(i, who, limit, room)
-  local line, records, k = KEYS[2 * n + i], KEYS[3 * n + i], 0
-  while true do
-    local waiter = redis.call('ZRANGE', line, k, k)[1]
-    if not waiter or waiter == who then return nil, k > 0 or waiter ~= nil end
-    local deadline, _, _, theirs = standing(i, waiter)
-    if deadline then
-      room = room - 1
-      if theirs ~= limit or room < 1 then return deadline, true end
-      k = k + 1
-    else
-      redis.call('ZREM', line, waiter)
-      redis.call('HDEL', records, waiter)
-    end
-  end
+if ARGV[4] then
+  for limit in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = limit end
+else
+  for i = 1, n do limits[i] = '1' end
 end
+if ARGV[4] then holding() end
 local wait, mine, own, room, lined = nil, {}, {}, {}, 0
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
@@ -103,6 +88,25 @@ for i = 1, n do
   end
 end
 if not wait then
+  -- Whether a waiter ahead of \`who\` in line i keeps it out: one of another kind, or one of its kind
+  -- when the key has no room left for both (\`room\`: places free beside the holders). Returns that
+  -- waiter's deadline or nil, and whether anyone stands in the line.
+  local function ahead(i, who, limit, room)
+    local line, records, k = KEYS[2 * n + i], KEYS[3 * n + i], 0
+    while true do
+      local waiter = redis.call('ZRANGE', line, k, k)[1]
+      if not waiter or waiter == who then return nil, k > 0 or waiter ~= nil end
+      local deadline, _, _, theirs = standing(i, waiter)
+      if deadline then
+        room = room - 1
+        if theirs ~= limit or room < 1 then return deadline, true end
+        k = k + 1
+      else
+        redis.call('ZREM', line, waiter)
+        redis.call('HDEL', records, waiter)
+      end
+    end
+  end
   for i = 1, n do
     if not mine[i] then
       local deadline, anyone = ahead(i, owner, limits[i], room[i] or 1)
@@ -230,49 +234,55 @@ local function nextOfOurs(i)
     if deadline and process == releaser and ttl > 0 then return waiter, ttl end
   end
 end
--- Lets in, from the head of line i, the waiters that can enter a key nobody holds alone and
--- \`count\` hold beside each other (\`marker\` says of which kind): an exclusive waiter when nobody
--- holds it; waiters of the holders' kind while it has room. The first that cannot enter ends it, so
--- nobody passes it (one of another limit is told, to learn of the mismatch). A multi-key waiter
--- told to try again counts as entered: its room stays its own. Returns 1 if an exclusive waiter
--- was handed the key, and the key's marker.
-local function admit(i, count, marker)
+-- Lets in, from the head of line i (\`waiter\` and its standing, from front), the waiters that can
+-- enter a key nobody holds alone and \`count\` hold beside each other (\`marker\` says of which kind):
+-- an exclusive waiter when nobody holds it; waiters of the holders' kind while it has room. The
+-- first that cannot enter ends it, so nobody passes it (one of another limit is told, to learn of
+-- the mismatch). A multi-key waiter told to try again counts as entered: its room stays its own.
+-- Returns 1 if an exclusive waiter was handed the key, and the key's marker.
+local function admit(i, count, marker, waiter, ttl, process, limit)
   local lock, line, records, holders = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i]
   local kind, k = marker, 0
-  while true do
-    local waiter = redis.call('ZRANGE', line, k, k)[1]
-    if not waiter then return 0, marker end
-    local deadline, ttl, process, limit = standing(i, waiter)
-    if not deadline then
+  while waiter do
+    local channel = publish == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
+    local exclusive, lease = limit == '1', math.min(ttl, maxLease)
+    if not exclusive then holding() end
+    if exclusive and count > 0 or not exclusive and (count >= limitSize(limit) or kind and kind ~= '*' .. limit) then
+      if not exclusive and kind and kind ~= '*' .. limit then redis.call(publish, channel, waiter) end
+      return 0, marker
+    end
+    count = count + 1
+    if not exclusive then kind = '*' .. limit end
+    if lease == 0 then
+      redis.call(publish, channel, waiter)
+      k = k + 1
+    else
       redis.call('ZREM', line, waiter)
       redis.call('HDEL', records, waiter)
-    else
-      local channel = publish == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
-      local exclusive, lease = limit == '1', math.min(ttl, maxLease)
-      if exclusive and count > 0 or not exclusive and (count >= limitSize(limit) or kind and kind ~= '*' .. limit) then
-        if not exclusive and kind and kind ~= '*' .. limit then redis.call(publish, channel, waiter) end
-        return 0, marker
-      end
-      count = count + 1
-      if not exclusive then kind = '*' .. limit end
-      if lease == 0 then
-        redis.call(publish, channel, waiter)
-        k = k + 1
+      local token = string.format('%d', nextToken(KEYS[n + i], lease))
+      if exclusive then
+        redis.call('SET', lock, waiter, 'PX', lease)
       else
-        redis.call('ZREM', line, waiter)
-        redis.call('HDEL', records, waiter)
-        local token = string.format('%d', nextToken(KEYS[n + i], lease))
-        if exclusive then
-          redis.call('SET', lock, waiter, 'PX', lease)
-        else
-          redis.call('ZADD', holders, ms() + lease, waiter)
-          marker = kind
-        end
-        redis.call(publish, channel, waiter .. ' ' .. token .. ' ' .. lease)
+        redis.call('ZADD', holders, ms() + lease, waiter)
+        marker = kind
       end
-      if exclusive then return lease > 0 and 1 or 0, marker end
+      redis.call(publish, channel, waiter .. ' ' .. token .. ' ' .. lease)
     end
+    if exclusive then return lease > 0 and 1 or 0, marker end
+    -- The next waiter that still has its place.
+    repeat
+      waiter = redis.call('ZRANGE', line, k, k)[1]
+      if waiter then
+        local deadline
+        deadline, ttl, process, limit = standing(i, waiter)
+        if not deadline then
+          redis.call('ZREM', line, waiter)
+          redis.call('HDEL', records, waiter)
+        end
+      end
+    until not waiter or process
   end
+  return 0, marker
 end
 for i = 1, n do
   local lock, line, records, holders = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i]
@@ -282,6 +292,7 @@ for i = 1, n do
   -- '*': the key has holders that hold it beside each other (see HOLDERS).
   local marker, count = value and string.byte(value) == 42 and value, 0
   if marker then
+    holding()
     count = live(holders)
     if redis.call('ZREM', holders, owner) == 1 then held, count = true, count - 1 end
   end
@@ -308,7 +319,7 @@ for i = 1, n do
       redis.call('HDEL', records, head)
       return {released, head, nextToken(KEYS[2], lease), lease, passed}
     end
-    if head then handed, marker = admit(i, count, marker) end
+    if head then handed, marker = admit(i, count, marker, head, ttl, process, limit) end
   end
   if handed == 1 then
     if marker then redis.call('DEL', holders) end
