@@ -99,6 +99,8 @@ async function caller(writer: { locks: LockService }, holder: string, worker: st
     log,
     stalledSince,
     server: () => serverOf(writer.locks.backend),
+    // A backend that cannot hold a key for several holders yet runs exclusive calls only.
+    shared: writer.locks.backend.sharedHolders === true,
   };
   while (!stopping) {
     const keys = drawKeys();

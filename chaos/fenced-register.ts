@@ -7,7 +7,12 @@ import type { Redis } from 'ioredis';
  * accepted write's, or that token from the same holder (a section writes several times under one
  * lock), and gets the register's next sequence number (its place in the register's own order).
  *
- * KEYS[1] the register. ARGV: token ('' for an unfenced call), op ('read' or 'write'), value, holder.
+ * A shared holder (a reader beside others) reads with 'peek': refused only below the last accepted
+ * write's token (readers hold together, so one with a lower token than another's is not stale),
+ * and its token is seen from then on, so a writer whose lease ran out while readers came in cannot
+ * write afterwards.
+ *
+ * KEYS[1] the register. ARGV: token ('' for an unfenced call), op ('read', 'peek' or 'write'), value, holder.
  * Result: {1, value} for a read, {1, seq} for an accepted write, {0, 0} when refused.
  * Tokens stay strings in the hash: Lua formats large numbers with 14 digits.
  */
@@ -16,6 +21,11 @@ local token, op, value, holder = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if token ~= '' then
   local seen = redis.call('HGET', KEYS[1], 'seen')
   local written = redis.call('HGET', KEYS[1], 'written')
+  if op == 'peek' then
+    if written and tonumber(token) < tonumber(written) then return {0, 0} end
+    if not seen or tonumber(token) > tonumber(seen) then redis.call('HSET', KEYS[1], 'seen', token) end
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'value') or '0')}
+  end
   if seen and tonumber(token) < tonumber(seen) then return {0, 0} end
   if op == 'write' and written then
     if tonumber(token) < tonumber(written) then return {0, 0} end
@@ -24,7 +34,7 @@ if token ~= '' then
   redis.call('HSET', KEYS[1], 'seen', token)
   if op == 'write' then redis.call('HSET', KEYS[1], 'written', token, 'writer', holder) end
 end
-if op == 'read' then return {1, tonumber(redis.call('HGET', KEYS[1], 'value') or '0')} end
+if op == 'read' or op == 'peek' then return {1, tonumber(redis.call('HGET', KEYS[1], 'value') or '0')} end
 redis.call('HSET', KEYS[1], 'value', value)
 return {1, redis.call('HINCRBY', KEYS[1], 'seq', 1)}
 `;
@@ -37,6 +47,12 @@ export class FencedRegister {
   /** The value, or undefined when a newer token has been seen. */
   async read(key: string, token: number | undefined): Promise<number | undefined> {
     const [ok, value] = await this.call(key, token, 'read', '', '');
+    return ok === 1 ? value : undefined;
+  }
+
+  /** A shared holder's read: the value, or undefined when a newer write has been accepted. */
+  async peek(key: string, token: number | undefined): Promise<number | undefined> {
+    const [ok, value] = await this.call(key, token, 'peek', '', '');
     return ok === 1 ? value : undefined;
   }
 

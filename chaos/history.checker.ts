@@ -86,6 +86,8 @@ export interface Hold {
   maxHold?: number;
   /** When its signal aborted (the holder was told it lost the lock). */
   lostAt?: number;
+  /** How many holders the key admits: 1 exclusive, n permits, Infinity shared (a reader). */
+  limit: number;
 }
 
 export interface Window {
@@ -95,7 +97,12 @@ export interface Window {
   end: number;
 }
 
-/** Reads a history (any order) and reports what happened and what the guarantees do not allow. */
+/**
+ * Reads a history (any order) and reports what happened and what the guarantees do not allow.
+ * Holders of one key overlap when the key's kind does not admit them together: a writer (an
+ * exclusive holder) beside anyone, or more holders of a semaphore than its permits. Readers
+ * beside readers, and permit holders up to the permits, are what those kinds are for.
+ */
 export function checkHistory(history: readonly HistoryEvent[], options: CheckOptions): CheckReport {
   const events = [...history].sort((a, b) => a.t - b.t);
   const endOfRun = events.length > 0 ? events[events.length - 1].t : 0;
@@ -215,6 +222,7 @@ function collectHolds(events: readonly HistoryEvent[], windows: readonly Window[
         autoExtend: e.autoExtend ?? true,
         minHold: e.minHold,
         maxHold: e.maxHold,
+        limit: e.mode === 'shared' ? Number.POSITIVE_INFINITY : e.mode === 'permits' ? (e.permits ?? 1) : 1,
       };
       latest.set(`${e.holder} ${e.key}`, { hold, ended: false, lastWrite: e.t });
       holds.push(hold);
@@ -263,6 +271,8 @@ function findOverlaps(
       for (let j = i + 1; j < list.length && list[j].start < list[i].end; j++) {
         const [first, second] = [list[i], list[j]];
         if (first.holder === second.holder) continue;
+        // Readers together; permit holders are counted below, not paired.
+        if (first.limit > 1 && second.limit > 1) continue;
         const ms = Math.min(first.end, second.end) - second.start;
         if (ms <= 0) continue;
         const allowed = allowance(first, second, windows, failovers);
@@ -277,6 +287,38 @@ function findOverlaps(
         });
       }
     }
+    overlaps.push(...permitOverlaps(list, windows, failovers, told));
+  }
+  return overlaps;
+}
+
+/**
+ * A semaphore's holder that began while as many others as its permits held the key (shared and
+ * permit holders of one key all share a limit: callers that disagree are refused). Paired with
+ * the earliest of those others, for the fault that may allow it.
+ */
+function permitOverlaps(
+  list: readonly Hold[],
+  windows: readonly Window[],
+  failovers: readonly Window[],
+  told: { ttl: number; reactionMs: number },
+): Overlap[] {
+  const overlaps: Overlap[] = [];
+  for (const [j, second] of list.entries()) {
+    if (second.limit <= 1 || second.limit === Number.POSITIVE_INFINITY) continue;
+    const during = list.slice(0, j).filter((h) => h.limit > 1 && h.holder !== second.holder && h.end > second.start);
+    if (during.length < second.limit) continue;
+    const first = during[0];
+    const allowed = allowance(first, second, windows, failovers);
+    overlaps.push({
+      key: second.key,
+      first: first.holder,
+      second: second.holder,
+      at: second.start,
+      ms: Math.min(...during.map((h) => h.end), second.end) - second.start,
+      allowedBy: allowed?.kind,
+      ...(allowed && toldCheck(first, second, allowed, told)),
+    });
   }
   return overlaps;
 }

@@ -21,6 +21,9 @@ export type HistoryEvent =
       server?: number;
       /** How long of the wait the process could not run (its timers fired late): CPU starvation. */
       stalledMs?: number;
+      /** A shared (read) holder, or one of a semaphore's `permits`; absent: exclusive. */
+      mode?: 'shared' | 'permits';
+      permits?: number;
       /** The lease asked for (default: the run's ttl), whether the watchdog extends it (default true), minHold, maxHold. */
       ttl?: number;
       autoExtend?: boolean;

@@ -19,7 +19,12 @@ export interface CallContext {
   stalledSince: (since: number) => number;
   /** Port of the store server the backend's connection is on, when the store has one. */
   server: () => number | undefined;
+  /** The backend holds shared locks and semaphores (sharedHolders): the calls of those kinds run too. */
+  shared: boolean;
 }
+
+/** How many holders the semaphore of a 'permit' call admits. */
+export const SEMAPHORE_PERMITS = 2;
 
 /**
  * The kinds of call a caller makes, each a promise of the library exercised under faults: a plain
@@ -36,12 +41,24 @@ export const CALL_KINDS = {
   'min-hold': 7,
   'max-hold': 7,
   'abort-wait': 8,
+  /** A reader: a shared lock on the register's key, reading it beside other readers. */
+  read: 30,
+  /** A holder of one of the permits of the run's one semaphore (`permits:pool`), writing nothing. */
+  permit: 40,
 } as const;
+/** The kinds a backend without shared holders does not run. */
+const SHARED_KINDS: ReadonlySet<CallKind> = new Set<CallKind>(['read', 'permit']);
 export type CallKind = keyof typeof CALL_KINDS;
 
 /** A key's register name (`register:<key>`) as a lock key, and its full key (default prefix). */
 const lockKey = (key: string) => `register:${key}`;
 const fullKey = (key: string) => `lock:register:${key}`;
+/**
+ * The semaphore every permit call shares (its holds apart from the registers' locks): one key,
+ * so that more callers want a permit at once than there are permits.
+ */
+const PERMIT_KEY = 'pool';
+const permitKey = (key: string) => `permits:${key}`;
 
 type Body = (handle: LockHandle) => Promise<void>;
 
@@ -86,6 +103,18 @@ export function registerWriter(ttl: number): new (locks: LockService) => { locks
     async maxHold(key: string, body: Body): Promise<void> {
       await body(this.handle(key));
     }
+
+    @Locked('register:<key>', { mode: 'shared' })
+    async read(key: string, body: Body): Promise<void> {
+      await body(this.handle(key));
+    }
+
+    @Locked('permits:<key>', { permits: SEMAPHORE_PERMITS })
+    async permit(key: string, body: Body): Promise<void> {
+      const handle = this.locks.current(permitKey(key));
+      if (!handle) throw new Error('the lock was lost before the section started');
+      await body(handle);
+    }
   }
   return RegisterWriter as never;
 }
@@ -97,6 +126,8 @@ interface Writer {
   noExtend(key: string, body: Body): Promise<void>;
   minHold(key: string, body: Body): Promise<void>;
   maxHold(key: string, body: Body): Promise<void>;
+  read(key: string, body: Body): Promise<void>;
+  permit(key: string, body: Body): Promise<void>;
 }
 
 /**
@@ -105,8 +136,10 @@ interface Writer {
  */
 export async function oneCall(ctx: CallContext, writerOf: unknown, holder: string, worker: string, keys: string[]): Promise<void> {
   const writer = writerOf as Writer;
-  const kind = drawKind(ctx.next);
-  const callKeys = kind === 'multi-key' && keys.length > 1 ? keys : keys.slice(0, 1);
+  const kind = drawKind(ctx.next, ctx.shared);
+  const drawn = kind === 'multi-key' && keys.length > 1 ? keys : keys.slice(0, 1);
+  // A permit holder's holds are on its semaphore's key; every other call's on the register's.
+  const callKeys = kind === 'permit' ? [permitKey(PERMIT_KEY)] : drawn;
   const key = callKeys[0];
   const startedAt = now();
   const stalledAtStart = ctx.stalledSince(0);
@@ -138,6 +171,8 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
         deadline: now() + (handle.expiresAt.getTime() - Date.now()),
         server: ctx.server(),
         stalledMs: Math.round(ctx.stalledSince(stalledAtStart)),
+        ...(kind === 'read' && { mode: 'shared' as const }),
+        ...(kind === 'permit' && { mode: 'permits' as const, permits: SEMAPHORE_PERMITS }),
         ttl,
         autoExtend: kind !== 'no-extend',
         minHold: kind === 'min-hold' ? ctx.ttl / 2 : undefined,
@@ -156,8 +191,11 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
     (share: number): Body =>
     async (handle) => {
       const end = now() + Math.max(0, until() - now()) * share;
-      do await round(ctx, handle, holder, worker, callKeys);
-      while (now() < end && (!ctx.fencing || !handle.signal.aborted) && (await pause(ctx, handle, end)));
+      do {
+        if (kind === 'read') await readRound(ctx, handle, callKeys);
+        else if (kind !== 'permit') await round(ctx, handle, holder, worker, callKeys);
+        else if (ctx.fencing) handle.throwIfLost();
+      } while (now() < end && (!ctx.fencing || !handle.signal.aborted) && (await pause(ctx, handle, end)));
     };
   /** The outermost body: logs the acquisition, the loss and the release around `body`. */
   const held =
@@ -209,6 +247,12 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
       case 'max-hold':
         await writer.maxHold(key, whole);
         break;
+      case 'read':
+        await writer.read(key, whole);
+        break;
+      case 'permit':
+        await writer.permit(PERMIT_KEY, whole);
+        break;
       case 'abort-wait':
         // Gives up waiting somewhere within the wait: the call must leave the line.
         await writer.locks.using(lockKey(key), whole, { signal: AbortSignal.timeout(1 + Math.floor(ctx.next() * ctx.wait)) });
@@ -235,8 +279,8 @@ export async function oneCall(ctx: CallContext, writerOf: unknown, holder: strin
   }
 }
 
-function drawKind(next: () => number): CallKind {
-  const kinds = Object.entries(CALL_KINDS) as [CallKind, number][];
+function drawKind(next: () => number, shared: boolean): CallKind {
+  const kinds = (Object.entries(CALL_KINDS) as [CallKind, number][]).filter(([kind]) => shared || !SHARED_KINDS.has(kind));
   let r = next() * kinds.reduce((sum, [, weight]) => sum + weight, 0);
   for (const [kind, weight] of kinds) if ((r -= weight) < 0) return kind;
   return 'plain';
@@ -266,6 +310,17 @@ async function round(ctx: CallContext, handle: LockHandle, holder: string, worke
     const writtenAt = now();
     const seq = await ctx.register.write(key, fence, value + 1, holder);
     ctx.log({ t: writtenAt, type: 'write', holder, worker, key, token, read: value, wrote: value + 1, accepted: seq !== undefined, seq });
+  }
+}
+
+/**
+ * A reader's round: the register read beside other readers (`peek`), refused only after a newer
+ * write; its token is seen from then on, so a writer whose lease ran out meanwhile cannot write.
+ */
+async function readRound(ctx: CallContext, handle: LockHandle, keys: string[]): Promise<void> {
+  for (const key of keys) {
+    if (ctx.fencing) handle.throwIfLost();
+    await ctx.register.peek(key, ctx.fencing ? handle.fencingToken : undefined);
   }
 }
 

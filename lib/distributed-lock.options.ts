@@ -1,6 +1,7 @@
 import type { ExecutionContext } from '@nestjs/common';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import { InvalidLockOptionsError, type LockNotAcquiredError } from './lock.errors.js';
+import { checkKindOptions, type LockMode } from './lock-mode.js';
 import type { LockTelemetryOptions } from './lock.telemetry.js';
 import { show } from './option-value.js';
 
@@ -23,6 +24,17 @@ export interface LockOptions {
    * lock forever. A holder still running then loses it (LockLostError 'max-hold').
    */
   maxHold?: number;
+  /**
+   * 'exclusive' (default): one holder at a time. 'shared': a read lock, held by any number of
+   * shared holders at once and by no exclusive one; a queued exclusive caller blocks later shared
+   * ones (docs/shared-locks.md).
+   */
+  mode?: LockMode;
+  /**
+   * A semaphore: at most this many holders of the key at once (a positive integer). Every caller
+   * of the key must ask for the same number; a different one is an InvalidLockOptionsError.
+   */
+  permits?: number;
 }
 
 /** What a busy lock does to a `using()` call or a @Locked method. */
@@ -147,14 +159,24 @@ const bool: Check = ['true or false', (v) => typeof v === 'boolean'];
 
 const LOCK_OPTIONS: Record<string, Check> = { ttl: leaseMs, wait: waitMs, autoExtend: bool };
 const signal: Check = ['an AbortSignal', (v) => v instanceof AbortSignal];
-const PER_LOCK_OPTIONS: Record<string, Check> = { ...LOCK_OPTIONS, minHold: leaseMs, maxHold: leaseMs };
+const positiveInteger: Check = ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0];
+const PER_LOCK_OPTIONS: Record<string, Check> = {
+  ...LOCK_OPTIONS,
+  minHold: leaseMs,
+  maxHold: leaseMs,
+  mode: ["'exclusive' or 'shared'", (v) => v === 'exclusive' || v === 'shared', 'For at most n holders at once, use permits: n.'],
+  permits: [
+    'a positive integer',
+    (v) => Number.isSafeInteger(v) && (v as number) > 0,
+    "The most holders of the key at once; for any number of readers, use mode: 'shared'.",
+  ],
+};
 const LOCKED_OPTIONS: Record<string, Check> = {
   ...PER_LOCK_OPTIONS,
   onBusy: ["'throw' or 'skip'", (v) => v === 'throw' || v === 'skip'],
 };
 const USING_OPTIONS: Record<string, Check> = { ...LOCKED_OPTIONS, signal };
 const ACQUIRE_OPTIONS: Record<string, Check> = { ...PER_LOCK_OPTIONS, signal };
-const positiveInteger: Check = ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0];
 const MODULE_OPTIONS: Record<string, Check> = {
   ...LOCK_OPTIONS,
   backend: [
@@ -229,14 +251,17 @@ export function checkLockedOptions(options: unknown, where: string): void {
   }
   check(options, LOCKED_OPTIONS, where);
   checkHolds(options, where);
+  checkKindOptions(options, where);
 }
 export function checkUsingOptions(options: unknown, where: string): void {
   check(options, USING_OPTIONS, where);
   checkHolds(options, where);
+  checkKindOptions(options, where);
 }
 export function checkAcquireOptions(options: unknown, where: string): void {
   check(options, ACQUIRE_OPTIONS, where);
   checkHolds(options, where);
+  checkKindOptions(options, where);
 }
 /** Checks `isGlobal` and `interceptor` as forRoot / forRootAsync receive them. */
 export function checkModuleExtras(extras: DistributedLockModuleExtras): void {

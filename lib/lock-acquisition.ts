@@ -5,6 +5,7 @@ import { Lease, type LeaseTracker } from './lock-lease.js';
 import type { LockWaitQueue, Waiter } from './lock-wait-queue.js';
 import { scopedAbortSignal } from './lock-abort-scope.js';
 import { DistributedLockError, LockBackendError } from './lock.errors.js';
+import { limitMismatchError, limitOf } from './lock-mode.js';
 import { newOwnerToken } from './owner-token.js';
 
 /** A wait that ended without the lock. */
@@ -43,6 +44,10 @@ export class LockAcquisition {
   private readonly minHold: number | undefined;
   private readonly maxHold: number | undefined;
   private readonly signal: AbortSignal | undefined;
+  /** How many holders each key admits: 1 exclusive, n permits, SHARED (Infinity) shared. */
+  readonly limit: number;
+  /** What the backend gets for it: nothing for an exclusive lock, as before shared holders existed. */
+  private readonly limits: readonly number[] | undefined;
   /**
    * One per call, shared by its attempts: the backend's line knows a waiter by it, and a release
    * hands the lock to it.
@@ -82,6 +87,8 @@ export class LockAcquisition {
     this.deadline = this.started + this.wait;
     this.willWait = this.wait > 0;
     this.id = keys.join('\n');
+    this.limit = limitOf(options);
+    this.limits = this.limit === 1 ? undefined : keys.map(() => this.limit);
   }
 
   /**
@@ -92,7 +99,8 @@ export class LockAcquisition {
    */
   tryNow(): Lease | undefined {
     const immediate = this.host.backend.immediate;
-    if (!immediate || this.host.shuttingDown || this.signal?.aborted) return undefined;
+    // Its steps carry no limits: a shared lock or a permit takes the way through tryAcquire.
+    if (!immediate || this.limits || this.host.shuttingDown || this.signal?.aborted) return undefined;
     // As run(): a caller that does not wait tries whoever is queued; one that waits goes behind them.
     const queue = this.host.queue;
     if (this.willWait && (queue.full(this.keys) !== undefined || !queue.allTrying(this.id))) return undefined;
@@ -137,7 +145,7 @@ export class LockAcquisition {
     const queueFull = queue.full(this.keys);
     if (queueFull) return { waitedMs: 0, queueFull };
     const first = queue.allTrying(this.id);
-    const waiter = queue.join(this.id, this.keys);
+    const waiter = queue.join(this.id, this.keys, this.limit);
     try {
       if (first) {
         // The backend listened before the attempt went out and keeps a wake-up until it is watched.
@@ -188,6 +196,7 @@ export class LockAcquisition {
       if (await this.watchThenTryNow(waiter)) {
         const lease = await this.attempt();
         if (lease) return lease;
+        waiter.listening = this.listening();
       }
       const remaining = this.deadline - performance.now();
       if (remaining <= 0) return this.giveUp();
@@ -203,7 +212,13 @@ export class LockAcquisition {
     const backend = this.host.backend;
     if (this.unwatch || !backend.watch) return true;
     this.unwatch = await backend.watch(this.keys, waiter.wake, this.owner).catch(() => undefined);
+    waiter.listening = this.listening();
     return !(this.heard && this.unwatch);
+  }
+
+  /** In the backend's line, and watched by owner on a backend that wakes a waiter whose turn it is. */
+  private listening(): boolean {
+    return this.inLine && this.unwatch !== undefined && this.host.backend.watching !== undefined;
   }
 
   /** Polling is only the fallback for a missed wake-up; a known lease end comes first. */
@@ -220,7 +235,11 @@ export class LockAcquisition {
     try {
       const onLateAcquire = (): void => this.lateAcquire();
       // Not tracked on its own: the host tracks run() for shutdown, and run() awaits it.
-      result = await backend.tryAcquire(this.keys, this.owner, this.ttl, { willWait: this.willWait, onLateAcquire });
+      result = await backend.tryAcquire(this.keys, this.owner, this.ttl, {
+        willWait: this.willWait,
+        onLateAcquire,
+        ...(this.limits && { limits: this.limits }),
+      });
     } catch (error) {
       // A caller's mistake the backend found before anything was sent (keys a Redis Cluster
       // cannot lock together): no retry can fix it, so it is not a backend failure to wait out.
@@ -242,6 +261,9 @@ export class LockAcquisition {
     this.lastError = undefined;
     if (!result.acquired) {
       this.inLine = this.willWait;
+      // Callers of the key disagree on what it is: no wait heals that. Giving up takes this one out
+      // of the backend's line, should the backend have put it there all the same.
+      if (result.limitMismatch) throw limitMismatchError(result.limitMismatch.key, this.limit, result.limitMismatch.limit);
       this.retryAfterMs = result.retryAfterMs;
       return undefined;
     }
@@ -287,6 +309,7 @@ export class LockAcquisition {
       this.host,
       holds,
     );
+    lease.limit = this.limit;
     this.host.leaseStarted(lease);
     this.acquired = lease;
     return lease;

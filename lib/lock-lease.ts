@@ -5,6 +5,7 @@ import type { ExtendResult, LockBackend } from './backends/lock-backend.interfac
 import { leaseScheduler } from './lease-scheduler.js';
 import type { LockEvents } from './lock.events.js';
 import { LockBackendError, LockLostError, type LockLostReason } from './lock.errors.js';
+import { kindFields } from './lock-mode.js';
 
 export type LeaseState = 'held' | 'released' | 'lost';
 
@@ -45,6 +46,8 @@ export interface HoldBounds {
 // scheduler's fields are internal, and the published types leave them out.
 export class Lease {
   holders = 1;
+  /** How many holders its keys admit (1 exclusive, n permits, Infinity shared): what a re-entry may ask for. */
+  limit = 1;
   /** @internal For the scheduler. */
   dueAt = 0;
   /** @internal For the scheduler. */
@@ -291,7 +294,7 @@ export class Lease {
     this.deadline = sentAt + validity;
     this.nextExtendAt = extendAt(ttl, this.deadline);
     const events = this.tracker.events;
-    if (events?.has('extended')) events.emit('extended', { keys: this.keys, ttlMs: validity, automatic });
+    if (events?.has('extended')) events.emit('extended', { keys: this.keys, ...kindFields(this.limit), ttlMs: validity, automatic });
     return true;
   }
 
@@ -340,7 +343,7 @@ export class Lease {
     this.controller ??= new AbortController();
     this.controller.abort(error);
     const events = this.tracker.events;
-    if (events?.has('lost')) events.emit('lost', { keys: this.keys, reason, error });
+    if (events?.has('lost')) events.emit('lost', { keys: this.keys, ...kindFields(this.limit), reason, error });
     // At shutdown, a lock asked to be kept for a while (minHold) is kept for the rest of it.
     if (reason === 'shutdown' && this.holds?.minUntil !== undefined) {
       return this.keepForMinHold().then((kept) => (kept ? undefined : this.free()), ignore);

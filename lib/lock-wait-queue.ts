@@ -3,8 +3,17 @@
  * while the waiter is busy (between an attempt and its next sleep) is kept, so none is lost.
  */
 export class Waiter {
+  /** How many holders its keys admit (1 exclusive, n permits, Infinity shared): see LockWaitQueue.isHead. */
+  constructor(readonly limit = 1) {}
+
   /** Its first attempt is on its way to the backend (see LockWaitQueue.allTrying). */
   trying = false;
+  /**
+   * It waits in the backend's line and the backend wakes it by its owner once the key admits it
+   * (LockBackend.watching): for a shared lock or a semaphore, waking it here too would only add
+   * an attempt that fails (see LockWaitQueue.leave and wakeHead).
+   */
+  listening = false;
   private pending = false;
   private resolve: (() => void) | undefined;
 
@@ -46,6 +55,11 @@ export interface WaiterLimits {
  * Local FIFO queues of waiters, one per key set. Only the head of a queue talks to the backend;
  * the others wait their turn, so a release wakes one local waiter instead of all of them, and a
  * newcomer cannot overtake a waiter of the same process.
+ *
+ * The head is a group when its waiters can hold together: the shared callers at the front of the
+ * queue (up to the first exclusive one), or as many callers for the same permits as there are
+ * permits. They try at once, each for itself; a caller behind a queued exclusive one waits for
+ * it, as the backend's line has it wait, so no reader of this process passes a writer.
  */
 export class LockWaitQueue {
   private readonly queues = new Map<string, Waiter[]>();
@@ -70,8 +84,8 @@ export class LockWaitQueue {
     return undefined;
   }
 
-  join(id: string, keys: readonly string[]): Waiter {
-    const waiter = new Waiter();
+  join(id: string, keys: readonly string[], limit = 1): Waiter {
+    const waiter = new Waiter(limit);
     const queue = this.queues.get(id);
     if (queue) queue.push(waiter);
     else this.queues.set(id, [waiter]);
@@ -80,8 +94,14 @@ export class LockWaitQueue {
     return waiter;
   }
 
+  /** Whether the waiter is at the head of its queue, or in the group there that may hold together. */
   isHead(id: string, waiter: Waiter): boolean {
-    return this.queues.get(id)?.[0] === waiter;
+    const queue = this.queues.get(id);
+    if (!queue) return false;
+    if (queue[0] === waiter) return true;
+    if (waiter.limit === 1) return false;
+    const index = queue.indexOf(waiter);
+    return index >= 0 && index < frontGroup(queue);
   }
 
   /** Leaves the queue; when the head leaves, the next waiter takes its place and is woken. */
@@ -90,6 +110,7 @@ export class LockWaitQueue {
     if (!queue) return;
     const index = queue.indexOf(waiter);
     if (index < 0) return;
+    const before = frontGroup(queue);
     queue.splice(index, 1);
     this.size--;
     if (this.perKey) {
@@ -100,7 +121,15 @@ export class LockWaitQueue {
       }
     }
     if (queue.length === 0) this.queues.delete(id);
-    else if (index === 0) queue[0].wake();
+    else if (index < before) {
+      // Those who joined the head group now; the rest of it was awake already.
+      // A shared or permit waiter the backend wakes itself is left to it: joining the head group
+      // does not mean the key admits it (a permit is free, or the writer ahead has left).
+      const after = frontGroup(queue);
+      for (let i = index === 0 && before === 1 ? 0 : before - 1; i < after; i++) {
+        if (queue[i].limit === 1 || !queue[i].listening) queue[i].wake();
+      }
+    }
   }
 
   /** How many key sets have a queue, and how many keys a waiter count (kept for a cap per key). */
@@ -118,8 +147,27 @@ export class LockWaitQueue {
     for (const queue of this.queues.values()) for (const waiter of queue) waiter.wake();
   }
 
-  /** A lock on this key set was released in this process: the head may try now. */
-  wakeHead(id: string): void {
-    this.queues.get(id)?.[0].wake();
+  /**
+   * A lock on this key set was released in this process: the head (its group) may try now. After
+   * a shared or permit holder's release (`exclusive` false) other holders may remain, so a waiter
+   * the backend wakes itself is left to it: it knows whether the key admits the waiter now.
+   */
+  wakeHead(id: string, exclusive = true): void {
+    const queue = this.queues.get(id);
+    if (!queue) return;
+    const group = frontGroup(queue);
+    for (let i = 0; i < group; i++) if (exclusive || !queue[i].listening) queue[i].wake();
   }
+}
+
+/**
+ * How many waiters at the front of a queue may hold together: the first alone when it is
+ * exclusive, else those after it with the same limit, at most that many.
+ */
+function frontGroup(queue: readonly Waiter[]): number {
+  const limit = queue[0]?.limit ?? 1;
+  if (limit === 1) return Math.min(1, queue.length);
+  let size = 1;
+  while (size < queue.length && size < limit && queue[size].limit === limit) size++;
+  return size;
 }

@@ -44,9 +44,32 @@ export class LockNotAcquiredError extends DistributedLockError {
     readonly queueFull?: 'perKey' | 'total',
     /** The wait the caller asked for (its `wait` option, or the module's), when known; 0: one attempt. */
     readonly waitMs?: number,
+    /**
+     * How many holders the lock admits, as the caller asked: 1 exclusive (default), n permits,
+     * Infinity shared. `mode` and `permits` say it in words.
+     */
+    readonly limit = 1,
   ) {
-    super(notAcquiredMessage(keys, waitedMs, queueFull, waitMs));
+    super(notAcquiredMessage(keys, waitedMs, queueFull, waitMs, limit));
   }
+
+  /** What kind of lock was asked for: 'exclusive', 'shared', or 'permits' (a semaphore's). */
+  get mode(): 'exclusive' | 'shared' | 'permits' {
+    return this.limit === 1 ? 'exclusive' : this.limit === Number.POSITIVE_INFINITY ? 'shared' : 'permits';
+  }
+
+  /** The semaphore's number of permits, when `mode` is 'permits'. */
+  get permits(): number | undefined {
+    return this.mode === 'permits' ? this.limit : undefined;
+  }
+}
+
+/** Why a caller that asked for this kind of lock found no room. */
+function busyBecause(keys: readonly string[], limit: number): string {
+  const were = keys.length > 1 ? 'were' : 'was';
+  if (limit === 1) return `${were} held by another owner`;
+  if (limit === Number.POSITIVE_INFINITY) return `${were} held exclusively, or a caller for an exclusive lock waited ahead (shared lock)`;
+  return `had all ${limit} permits taken, or a caller waited ahead for one (semaphore)`;
 }
 
 function notAcquiredMessage(
@@ -54,6 +77,7 @@ function notAcquiredMessage(
   waitedMs: number,
   queueFull: 'perKey' | 'total' | undefined,
   waitMs: number | undefined,
+  limit: number,
 ): string {
   const lock = `Lock not acquired: ${keys.join(', ')}`;
   if (queueFull) {
@@ -63,7 +87,7 @@ function notAcquiredMessage(
       `or raise the cap.`
     );
   }
-  const held = `${lock} ${keys.length > 1 ? 'were' : 'was'} held by another owner`;
+  const held = `${lock} ${busyBecause(keys, limit)}`;
   const took = Math.round(waitedMs);
   // What the caller asked for, and what was measured: a call that did not wait spent a round trip, not a wait.
   if (waitMs === 0)

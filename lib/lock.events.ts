@@ -1,5 +1,6 @@
 import { Logger } from '@nestjs/common';
 import type { LockLostError, LockLostReason } from './lock.errors.js';
+import type { LockKind } from './lock-mode.js';
 
 /** What every lock event tells about the lock it is about. */
 export interface LockEventBase {
@@ -11,6 +12,10 @@ export interface LockEventBase {
    * Undefined for LockService calls, whose keys are plain strings.
    */
   readonly template?: string;
+  /** For a shared (read) lock, 'shared'; for one of a semaphore's permits, 'permits'. Absent: an exclusive lock. */
+  readonly mode?: Exclude<LockKind, 'exclusive'>;
+  /** The semaphore's number of permits, when `mode` is 'permits'. */
+  readonly permits?: number;
 }
 
 /** A call got its lock: a new lease, or a re-entry into one its async context holds. */

@@ -3,6 +3,7 @@ import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { Lease } from './lock-lease.js';
 import type { LockEvents } from './lock.events.js';
+import { kindFields, kindOf, type LockKind } from './lock-mode.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -31,7 +32,22 @@ export class LockHandle implements AsyncDisposable {
     private readonly template?: string,
     /** @internal For the 'released' event's heldMs: a number, read whether or not anyone listens yet. */
     private readonly acquiredAt = performance.now(),
+    /** @internal How many holders its keys admit: 1 exclusive, n permits, Infinity shared. */
+    readonly limit = 1,
   ) {}
+
+  /**
+   * What kind of lock this handle holds, as asked: 'exclusive', 'shared' (a read lock), or
+   * 'permits' (one of a semaphore's `permits`). A re-entry into an exclusive lock says what it asked for.
+   */
+  get mode(): LockKind {
+    return kindOf(this.limit);
+  }
+
+  /** The semaphore's number of permits, when `mode` is 'permits'. */
+  get permits(): number | undefined {
+    return kindFields(this.limit).permits;
+  }
 
   /**
    * Strictly greater than the token of every earlier acquisition of these keys, so storage can
@@ -125,8 +141,17 @@ export class LockHandle implements AsyncDisposable {
    * What a log line or a response body shows of a handle. The owner token stays out: whoever has
    * it can release or extend the lock as its holder.
    */
-  toJSON(): { keys: readonly string[]; fencingToken?: number; isHeld: boolean; reentrant: boolean; expiresAt: Date } {
-    return { keys: this.keys, fencingToken: this.fencingToken, isHeld: this.isHeld, reentrant: this.reentrant, expiresAt: this.expiresAt };
+  toJSON(): {
+    keys: readonly string[];
+    mode: LockKind;
+    permits?: number;
+    fencingToken?: number;
+    isHeld: boolean;
+    reentrant: boolean;
+    expiresAt: Date;
+  } {
+    const { keys, fencingToken, isHeld, reentrant, expiresAt } = this;
+    return { keys, mode: this.mode, ...kindFields(this.limit), fencingToken, isHeld, reentrant, expiresAt };
   }
 
   [inspect.custom](depth: number, options: object): string {
@@ -155,6 +180,7 @@ export class LockHandle implements AsyncDisposable {
       events.emit('released', {
         keys: this.keys,
         template: this.template,
+        ...kindFields(this.limit),
         heldMs: performance.now() - this.acquiredAt,
         reentrant: this.reentrant,
       });

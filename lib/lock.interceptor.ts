@@ -31,6 +31,10 @@ export interface LockConflictBody {
   keys: readonly string[];
   /** How long to wait before a retry: the module's `retryAfter`, or the default estimate. */
   retryAfterMs: number;
+  /** For a shared lock or a semaphore (absent for an exclusive lock): the kind the request asked for. */
+  mode?: 'shared' | 'permits';
+  /** The semaphore's number of permits, when `mode` is 'permits'. */
+  permits?: number;
 }
 
 /** The status nginx and others log for a request its client closed before the answer (no client sees it). */
@@ -101,6 +105,8 @@ export class LockInterceptor implements NestInterceptor {
   protected async translate(error: LockNotAcquiredError, context: ExecutionContext): Promise<unknown> {
     const retryAfterMs = this.retryAfterMs(error, context);
     const body: LockConflictBody = { statusCode: 409, error: 'Conflict', message: error.message, keys: error.keys, retryAfterMs };
+    const { mode, permits } = error;
+    if (mode !== 'exclusive') Object.assign(body, { mode }, permits !== undefined && { permits });
     switch (context.getType<string>()) {
       case 'http':
         return this.forHttp(body, error, context);

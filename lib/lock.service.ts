@@ -24,15 +24,32 @@ import { LockEvents, type LockBusyEvent } from './lock.events.js';
 import { instrumentLocks } from './lock.telemetry.js';
 import { InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
 import { LockHandle } from './lock.handle.js';
+import { checkBackendHolds, checkReentry, kindFields, kindOf, limitOf, type LockKind } from './lock-mode.js';
 
 /** What `inspect()` tells about a key. */
 export interface LockInfo {
   /** Full key, prefix included. */
   key: string;
+  /** Remaining lease in milliseconds (the longest, when the key has several holders). */
+  ttlMs: number;
+  /** The holder's token (the greatest, when the key has several holders). */
+  fencingToken?: number;
+  /** Whether this LockService (this process) holds it (is one of its holders). */
+  heldHere: boolean;
+  /** How it is held: 'exclusive', 'shared' (by readers), or 'permits' (a semaphore's). */
+  mode: LockKind;
+  /** How many holders it admits: 1 exclusive, n permits, Infinity shared. */
+  limit: number;
+  /** Every holder, when the key admits more than one. */
+  holders?: LockHolderInfo[];
+}
+
+/** One holder of a shared lock or a semaphore, as `inspect()` tells it. */
+export interface LockHolderInfo {
   /** Remaining lease in milliseconds. */
   ttlMs: number;
   fencingToken?: number;
-  /** Whether this LockService (this process) holds it. */
+  /** Whether this LockService (this process) is this holder. */
   heldHere: boolean;
 }
 
@@ -79,7 +96,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const held = this.hold(full, options);
     const result = held instanceof LockHandle ? held : await held;
     if (result instanceof LockHandle) return result;
-    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs, result.queueFull, options?.wait ?? this.options.wait);
+    const wait = options?.wait ?? this.options.wait;
+    throw new LockNotAcquiredError(full, result.waitedMs, result.retryAfterMs, result.queueFull, wait, limitOf(options));
   }
 
   /** One attempt, no waiting: the handle, or undefined if any key is held elsewhere. */
@@ -112,8 +130,19 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const [full] = this.fullKeys(key);
     const state = await this.backend.inspect(full);
     if (!state) return undefined;
-    const heldHere = [...this.leases].some((lease) => lease.owner === state.owner);
-    return { key: full, ttlMs: state.ttlMs, fencingToken: state.fencingToken, heldHere };
+    const owners = new Set([...this.leases].map((lease) => lease.owner));
+    const limit = state.limit ?? 1;
+    const holders = state.holders?.map(({ ttlMs, fencingToken, owner }) => ({ ttlMs, fencingToken, heldHere: owners.has(owner) }));
+    const heldHere = holders ? holders.some((holder) => holder.heldHere) : owners.has(state.owner);
+    return {
+      key: full,
+      ttlMs: state.ttlMs,
+      fencingToken: state.fencingToken,
+      heldHere,
+      mode: kindOf(limit),
+      limit,
+      ...(holders && { holders }),
+    };
   }
 
   /**
@@ -146,7 +175,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const result = held instanceof LockHandle ? held : await held;
     if (!(result instanceof LockHandle)) {
       if (options?.onBusy === 'skip') return undefined;
-      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs, result.queueFull, options?.wait ?? this.options.wait);
+      const wait = options?.wait ?? this.options.wait;
+      throw new LockNotAcquiredError(keys, result.waitedMs, result.retryAfterMs, result.queueFull, wait, limitOf(options));
     }
     // Not awaited: the caller gets its result one round trip sooner. Still ordered: the lease is
     // marked released at once (no re-entry), and the release request is sent before any later
@@ -239,7 +269,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   /** @internal A local release wakes the next local waiter at once, without waiting for pub/sub. */
   leaseFreed(lease: Lease): void {
-    if (this.queue.waiting > 0) this.queue.wakeHead(lease.keys.join('\n'));
+    if (this.queue.waiting > 0) this.queue.wakeHead(lease.keys.join('\n'), lease.limit === 1);
   }
 
   /**
@@ -249,12 +279,13 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * of their cost (more so once an AsyncLocalStorage has Node run its hooks for every promise).
    */
   private hold(keys: string[], options: AcquireOptions | undefined, template?: string): LockHandle | Promise<LockHandle | NotAcquired> {
+    checkBackendHolds(this.backend, limitOf(options), keys);
     const held = heldLocks(this.backend);
     if (held !== undefined && keys.some((key) => held.has(key))) return this.holdAsync(keys, options, template);
     const acquisition = new LockAcquisition(this, keys, options);
     const lease = acquisition.tryNow();
     if (!lease) return this.holdAsync(keys, options, template, acquisition);
-    return this.handleFor(keys, [lease], false, acquisition.started, false, template, acquisition.started);
+    return this.handleFor(keys, [lease], false, acquisition.started, false, template, 1, acquisition.started);
   }
 
   private handleFor(
@@ -264,13 +295,15 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     started: number,
     contended: boolean,
     template: string | undefined,
+    limit: number,
     acquiredAt?: number,
   ): LockHandle {
     const events = this.events;
-    const handle = new LockHandle(keys, leases, reentrant, events, template, acquiredAt);
+    const handle = new LockHandle(keys, leases, reentrant, events, template, acquiredAt, limit);
     if (events.has('acquired')) {
       const { fencingToken } = handle;
-      events.emit('acquired', { keys, template, fencingToken, waitedMs: performance.now() - started, contended, reentrant });
+      const kind = kindFields(limit);
+      events.emit('acquired', { keys, template, ...kind, fencingToken, waitedMs: performance.now() - started, contended, reentrant });
     }
     return handle;
   }
@@ -286,6 +319,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const events = this.events;
     // A wait asked, not what is left of it on a second round: a call that asked to wait and ran out timed out.
     const asked = options?.wait ?? this.options.wait;
+    const limit = limitOf(options);
     let contended = false;
     try {
       for (;;) {
@@ -296,8 +330,11 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           missing = [];
           for (const key of keys) {
             const lease = held.get(key)?.leases.find((l) => l.keys.includes(key));
-            if (lease?.state === 'held') covering.add(lease);
-            else missing.push(key);
+            if (lease?.state === 'held') {
+              // A shared holder asking for an exclusive lock on its key would deadlock: refused here.
+              checkReentry(key, lease.limit, limit);
+              covering.add(lease);
+            } else missing.push(key);
           }
           if (covering.size > 0 && missing.length > 0) this.checkOrder(missing, covering);
         }
@@ -312,7 +349,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           const result = await running;
           contended ||= acquisition.contended;
           if (!(result instanceof Lease)) {
-            if (events.has('busy')) events.emit('busy', this.busyEvent(keys, template, result, started, asked));
+            if (events.has('busy')) events.emit('busy', this.busyEvent(keys, template, result, started, asked, limit));
             return result;
           }
           fresh = result;
@@ -321,7 +358,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         if (!ended) {
           for (const lease of covering) lease.holders++;
           const leases = fresh ? [...covering, fresh] : [...covering];
-          return this.handleFor(keys, leases, covering.size > 0, started, contended, template);
+          return this.handleFor(keys, leases, covering.size > 0, started, contended, template, limit);
         }
         // The outer holder let go while we waited for the rest. Lost: never re-enter a lost lock.
         // Released: a released lock is never re-entered either, so everything is acquired anew, as
@@ -334,15 +371,23 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         contended = true;
       }
     } catch (error) {
-      if (events.has('failed')) events.emit('failed', { keys, template, waitedMs: performance.now() - started, error });
+      if (events.has('failed'))
+        events.emit('failed', { keys, template, ...kindFields(limit), waitedMs: performance.now() - started, error });
       throw error;
     }
   }
 
-  private busyEvent(keys: string[], template: string | undefined, result: NotAcquired, started: number, asked: number): LockBusyEvent {
+  private busyEvent(
+    keys: string[],
+    template: string | undefined,
+    result: NotAcquired,
+    started: number,
+    asked: number,
+    limit: number,
+  ): LockBusyEvent {
     const { queueFull, retryAfterMs } = result;
     const timedOut = queueFull === undefined && asked > 0;
-    return { keys, template, waitedMs: performance.now() - started, timedOut, queueFull, retryAfterMs };
+    return { keys, template, ...kindFields(limit), waitedMs: performance.now() - started, timedOut, queueFull, retryAfterMs };
   }
 
   /**

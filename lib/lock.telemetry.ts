@@ -50,8 +50,12 @@ export function instrumentLocks(events: LockEvents, backendName: string, options
   let made: Instruments | undefined;
   const instruments = () => (made ??= makeInstruments(api, options));
   const backend = { 'lock.backend': backendName };
-  const named = (event: LockEventBase): Attributes =>
-    event.template === undefined ? { ...backend } : { ...backend, 'lock.key.template': event.template };
+  // The kind of lock is bounded (three values), so it may label metrics; exclusive locks keep the labels they had.
+  const named = (event: LockEventBase): Attributes => {
+    const attributes: Attributes = event.template === undefined ? { ...backend } : { ...backend, 'lock.key.template': event.template };
+    if (event.mode !== undefined) attributes['lock.mode'] = event.mode;
+    return attributes;
+  };
 
   const span = (event: LockEventBase & { waitedMs: number }, outcome: Outcome, extra: Attributes, error?: unknown): void => {
     const end = Date.now();

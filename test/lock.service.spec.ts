@@ -52,6 +52,8 @@ describe('LockService and LockHandle', () => {
       ttlMs: expect.any(Number),
       fencingToken: handle.fencingToken,
       heldHere: true,
+      mode: 'exclusive',
+      limit: 1,
     });
     expect((await other.inspect('i'))?.heldHere).toBe(false);
     await handle.release();

@@ -1,48 +1,58 @@
 import { performance } from 'node:perf_hooks';
-import type { AcquireResult, ExtendResult, ImmediateLockSteps, LockBackend, LockState } from './lock-backend.interface.js';
-
-interface Lease {
-  owner: string;
-  /** performance.now() deadline: wall-clock jumps must not expire or revive a lease. */
-  expiresAt: number;
-  fencingToken: number;
-}
+import type {
+  AcquireResult,
+  ExtendResult,
+  ImmediateLockSteps,
+  LockBackend,
+  LockState,
+  TryAcquireOptions,
+} from './lock-backend.interface.js';
+import { KeyHolders } from './memory.key-holders.js';
 
 const SWEEP_FLOOR = 1_024;
 
 /**
  * Leases in this process's memory. Real semantics (TTL expiry, owner-only release, fencing,
- * release notifications) so it can stand in for Redis in unit tests, but it excludes nothing
- * across processes: fit for tests and single-instance apps only.
+ * release notifications, shared holders and semaphores, a fair line of waiters) so it can stand
+ * in for Redis in unit tests, but it excludes nothing across processes: fit for tests and
+ * single-instance apps only.
  */
 export class MemoryLockBackend implements LockBackend {
   readonly name = 'memory';
   readonly fencing = true;
+  readonly sharedHolders = true;
 
-  private readonly leases = new Map<string, Lease>();
-  private readonly watchers = new Map<string, Set<() => void>>();
+  private readonly states = new Map<string, KeyHolders>();
+  /** Per key, who listens for it to admit them: each callback with the owner it waits as (if it said). */
+  private readonly watchers = new Map<string, Map<() => void, string | undefined>>();
+  /** Owners let in while nobody listened for them: woken as soon as they watch (see `watching`). */
+  private readonly pendingWakes = new Set<string>();
   /**
    * One counter for all keys is still strictly increasing per key, and costs no memory per key.
    * Never below the clock in µs (see nextToken): the process that comes after a restart starts
    * above every token this one gave.
    */
   private lastToken = 0;
-  /** Size of `leases` past which expired leases nobody looked at again are dropped (see sweep). */
+  /** Size of `keys` past which keys nobody holds or waits for any more are dropped (see sweep). */
   private sweepAbove = SWEEP_FLOOR;
   /** tryAcquire and release without their promises (see `immediate`). */
   private readonly steps: ImmediateLockSteps = {
-    tryAcquire: (keys, owner, ttlMs, now) => this.acquireAt(keys, owner, ttlMs, now),
+    // Exclusive only: the steps carry no limits (the service sends shared locks through tryAcquire).
+    // A caller here has not said it waits, so it stays out of the line; the service's next
+    // attempt, through tryAcquire, puts it there if it does wait.
+    tryAcquire: (keys, owner, ttlMs, now) => this.acquireAt(keys, owner, ttlMs, now, undefined, false),
     release: (keys, owner) => this.free(keys, owner),
   };
 
-  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number): Promise<AcquireResult> {
-    return this.acquireAt(keys, owner, ttlMs, performance.now());
+  async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
+    return this.acquireAt(keys, owner, ttlMs, performance.now(), options?.limits, options?.willWait ?? true);
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
     const now = performance.now();
-    if (!keys.every((key) => this.live(key, now)?.owner === owner)) return { extended: false };
-    for (const key of keys) this.leases.get(key)!.expiresAt = now + ttlMs;
+    const held = keys.map((key) => this.live(key, now)?.holder(owner));
+    if (!held.every((holder) => holder !== undefined)) return { extended: false };
+    for (const holder of held) holder!.expiresAt = now + ttlMs;
     return { extended: true };
   }
 
@@ -58,17 +68,66 @@ export class MemoryLockBackend implements LockBackend {
     return this.tryAcquire === ownTryAcquire && this.release === ownRelease ? this.steps : undefined;
   }
 
+  /**
+   * The wake-up of an owner let in before it listened is kept until it does (pendingWakes), so the
+   * service needs no second attempt after subscribing.
+   */
+  watching(): boolean {
+    return true;
+  }
+
   /** `now` may be taken before the call: the lease then ends no later than the caller counts it. */
-  private acquireAt(keys: readonly string[], owner: string, ttlMs: number, now: number): AcquireResult {
+  private acquireAt(
+    keys: readonly string[],
+    owner: string,
+    ttlMs: number,
+    now: number,
+    limits: readonly number[] | undefined,
+    willWait: boolean,
+  ): AcquireResult {
+    const states = keys.map((key) => this.live(key, now) ?? new KeyHolders());
     let retryAfterMs: number | undefined;
-    for (const key of keys) {
-      const lease = this.live(key, now);
-      if (lease) retryAfterMs = Math.max(retryAfterMs ?? 0, lease.expiresAt - now);
+    let admitted = true;
+    /** The first key (in the caller's order: the service's is sorted) that does not admit it now. */
+    let blocked = -1;
+    for (const [i, state] of states.entries()) {
+      const limit = limits?.[i] ?? 1;
+      const theirs = state.mismatch(limit);
+      // Waiting cannot heal it: no place in the line.
+      if (theirs !== undefined) return { acquired: false, limitMismatch: { key: keys[i], limit: theirs } };
+      // A second hold by the same owner (an attempt applied twice) is refused, as a held key is.
+      if (state.holder(owner) === undefined && state.admits(owner, limit)) continue;
+      admitted = false;
+      if (blocked < 0) blocked = i;
+      const after = state.retryAfter(limit, now);
+      if (after !== undefined) retryAfterMs = Math.max(retryAfterMs ?? 0, after);
     }
-    if (retryAfterMs !== undefined) return { acquired: false, retryAfterMs: Math.ceil(retryAfterMs) };
+    if (!admitted) {
+      if (willWait) {
+        // A place in line up to the first key that keeps it out, none after it: a place in the line
+        // of a later key would keep that key from a holder of an earlier one that takes it next
+        // (sorted order), while this caller waits for the earlier one: both would wait for good.
+        for (const [i, state] of states.entries()) {
+          if (state.holder(owner)) continue;
+          if (i <= blocked) {
+            state.join(owner, limits?.[i] ?? 1, now + ttlMs);
+            this.states.set(keys[i], state);
+          } else if (state.remove(owner).changed) {
+            if (state.empty) this.states.delete(keys[i]);
+            this.notify(keys[i]);
+          }
+        }
+      }
+      return { acquired: false, retryAfterMs: retryAfterMs === undefined ? undefined : Math.ceil(retryAfterMs) };
+    }
     const fencingToken = this.nextToken();
-    for (const key of keys) this.leases.set(key, { owner, expiresAt: now + ttlMs, fencingToken });
-    if (this.leases.size > this.sweepAbove) this.sweep(now);
+    for (const [i, state] of states.entries()) {
+      state.remove(owner);
+      state.holders.push({ owner, expiresAt: now + ttlMs, fencingToken, limit: limits?.[i] ?? 1 });
+      this.states.set(keys[i], state);
+    }
+    this.pendingWakes.delete(owner);
+    if (this.states.size > this.sweepAbove) this.sweep(now);
     return { acquired: true, fencingToken };
   }
 
@@ -79,7 +138,8 @@ export class MemoryLockBackend implements LockBackend {
    * are at most the clock when they were given, plus one per acquisition taken faster than one
    * per µs, so the next process's first token is above them unless the clock was set back (or the
    * process ran ahead of it by more than the restart took). Near 1.8e15: exact in a JavaScript
-   * number until the year 2255.
+   * number until the year 2255. One counter for every kind of holder: a writer's token is above
+   * every earlier reader's, and a reader's above every earlier writer's.
    */
   private nextToken(): number {
     const token = Math.max(this.lastToken + 1, Date.now() * 1_000);
@@ -87,45 +147,68 @@ export class MemoryLockBackend implements LockBackend {
     return token;
   }
 
+  /** Off the holders and out of the line of each key; true if it held any of them. */
   private free(keys: readonly string[], owner: string): boolean {
     let released = false;
+    this.pendingWakes.delete(owner);
     for (const key of keys) {
-      if (this.leases.get(key)?.owner !== owner) continue;
-      this.leases.delete(key);
-      released = true;
-      this.notify(key);
+      const state = this.states.get(key);
+      if (!state) continue;
+      const { held, changed } = state.remove(owner);
+      released ||= held;
+      if (state.empty) this.states.delete(key);
+      if (changed) this.notify(key);
     }
     return released;
   }
 
   async inspect(key: string): Promise<LockState | undefined> {
     const now = performance.now();
-    const lease = this.live(key, now);
-    return lease && { key, owner: lease.owner, ttlMs: Math.max(0, Math.ceil(lease.expiresAt - now)), fencingToken: lease.fencingToken };
+    const holders = this.live(key, now)?.holders;
+    if (!holders?.length) return undefined;
+    const ttl = (expiresAt: number) => Math.max(0, Math.ceil(expiresAt - now));
+    const limit = holders[0].limit;
+    return {
+      key,
+      owner: holders[0].owner,
+      ttlMs: Math.max(...holders.map((h) => ttl(h.expiresAt))),
+      fencingToken: Math.max(...holders.map((h) => h.fencingToken)),
+      ...(limit !== 1 && {
+        limit,
+        holders: holders.map((h) => ({ owner: h.owner, ttlMs: ttl(h.expiresAt), fencingToken: h.fencingToken })),
+      }),
+    };
   }
 
-  async watch(keys: readonly string[], onRelease: () => void): Promise<() => void> {
+  /**
+   * `onRelease` runs when one of `keys` may admit `owner` now: when it waits in a key's line,
+   * only once it is among those that fit (a release wakes exactly the callers that can enter);
+   * otherwise at every release of the key.
+   */
+  async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
     for (const key of keys) {
-      let set = this.watchers.get(key);
-      if (!set) this.watchers.set(key, (set = new Set()));
-      set.add(onRelease);
+      let map = this.watchers.get(key);
+      if (!map) this.watchers.set(key, (map = new Map()));
+      map.set(onRelease, owner);
     }
+    if (owner !== undefined && this.pendingWakes.delete(owner)) onRelease();
     return () => {
       for (const key of keys) {
-        const set = this.watchers.get(key);
-        if (set?.delete(onRelease) && set.size === 0) this.watchers.delete(key);
+        const map = this.watchers.get(key);
+        if (map?.delete(onRelease) && map.size === 0) this.watchers.delete(key);
       }
     };
   }
 
-  /** @internal How many keys hold a lease (live or not yet seen expired) and how many are watched. */
+  /** @internal How many keys are held or waited for (live or not yet seen expired) and how many are watched. */
   get footprint(): { keys: number; watchedKeys: number } {
-    return { keys: this.leases.size, watchedKeys: this.watchers.size };
+    return { keys: this.states.size, watchedKeys: this.watchers.size };
   }
 
   async close(): Promise<void> {
     this.watchers.clear();
-    this.leases.clear();
+    this.states.clear();
+    this.pendingWakes.clear();
   }
 
   /**
@@ -134,23 +217,48 @@ export class MemoryLockBackend implements LockBackend {
    * time the map doubles since the last one drops them, at a constant cost per acquisition.
    */
   private sweep(now: number): void {
-    for (const [key, lease] of this.leases) if (lease.expiresAt <= now) this.leases.delete(key);
-    this.sweepAbove = Math.max(SWEEP_FLOOR, 2 * this.leases.size);
-  }
-
-  /** The unexpired lease on a key; an expired one is dropped on sight. */
-  private live(key: string, now: number): Lease | undefined {
-    const lease = this.leases.get(key);
-    if (lease && lease.expiresAt <= now) {
-      this.leases.delete(key);
-      return undefined;
+    for (const [key, state] of this.states) {
+      for (const owner of state.prune(now, this.listening(key))) this.pendingWakes.delete(owner);
+      if (state.empty) this.states.delete(key);
     }
-    return lease;
+    this.sweepAbove = Math.max(SWEEP_FLOOR, 2 * this.states.size);
   }
 
+  /**
+   * The key's holders and line without those whose time ran out. Dropping one may let a waiter
+   * in: it is woken now, not at its next poll.
+   */
+  private live(key: string, now: number): KeyHolders | undefined {
+    const state = this.states.get(key);
+    if (!state) return undefined;
+    const dropped = state.prune(now, this.listening(key));
+    if (dropped.length === 0) return state;
+    for (const owner of dropped) this.pendingWakes.delete(owner);
+    if (state.empty) this.states.delete(key);
+    this.notify(key);
+    return state.empty ? undefined : state;
+  }
+
+  /** Whether an owner listens for `key` to admit it (watch with its owner): a waiter that has not gone. */
+  private listening(key: string): (owner: string) => boolean {
+    const map = this.watchers.get(key);
+    if (!map) return () => false;
+    return (owner) => [...map.values()].includes(owner);
+  }
+
+  /** Wakes the waiters of `key` that fit now, and every watcher not waiting in its line. */
   private notify(key: string): void {
-    const set = this.watchers.get(key);
-    if (set) for (const onRelease of [...set]) onRelease();
+    const state = this.states.get(key);
+    const admitted = new Set(state?.admissible());
+    const map = this.watchers.get(key);
+    if (map) {
+      for (const [onRelease, owner] of [...map]) {
+        if (owner !== undefined && state?.inLine(owner) && !admitted.has(owner)) continue;
+        if (owner !== undefined) admitted.delete(owner);
+        onRelease();
+      }
+    }
+    for (const owner of admitted) this.pendingWakes.add(owner);
   }
 }
 

@@ -9,7 +9,11 @@
  * Detectors (see DETECTORS):
  * - `model`: the model on fake time and the in-memory store (test/model/lock-service.model.spec.ts);
  * - `model-redis`, `model-postgres`: the same programs on a real Redis or PostgreSQL;
+ * - `model-shared`: the model's programs with shared locks and semaphores on the in-memory store
+ *   called directly, where no waiter may be passed by a later caller of its process;
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
+ * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
+ * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
  * - `chaos-<backend>`: `npm run chaos` on that backend, for its seconds, with its seed.
  */
 
@@ -42,6 +46,27 @@ export const DETECTORS = {
     env: { MODEL_RUNS_POSTGRES: '25', MODEL_SHRINK_MS: '0', MODEL_WAIT_BOUNDS: 'off' },
     seeded: true,
   },
+  'model-shared': {
+    kind: 'jest',
+    file: 'test/model/lock-service.model.spec.ts',
+    test: 'keeps every promise with shared locks and semaphores on the store called directly, and passes no waiter',
+    env: { MODEL_RUNS: '300' },
+    seeded: true,
+  },
+  'conformance-memory-line': {
+    kind: 'jest',
+    file: 'test/backends/memory.conformance.spec.ts',
+    test: 'never lets a stream of readers keep a queued writer waiting longer than the holders ahead of it',
+    env: {},
+    seeded: false,
+  },
+  'local-queue-shared': {
+    kind: 'jest',
+    file: 'test/shared-locks.spec.ts',
+    test: 'in one process: readers queued together enter together, and a queued writer blocks later readers',
+    env: {},
+    seeded: false,
+  },
   'conformance-zookeeper': {
     kind: 'jest',
     file: 'test/backends/zookeeper.conformance.spec.ts',
@@ -51,6 +76,7 @@ export const DETECTORS = {
     seeded: false,
   },
   'chaos-etcd': { kind: 'chaos', backend: 'etcd', seconds: 15, kinds: SAFETY },
+  'chaos-memory': { kind: 'chaos', backend: 'memory', seconds: 15, kinds: SAFETY },
   // With --seed 1 the unchanged tree had one overlap no fault explained, on a machine at load 22.
   'chaos-redlock': { kind: 'chaos', backend: 'redlock', seconds: 15, kinds: SAFETY, seeds: [2, 3] },
 };
@@ -72,7 +98,7 @@ export const MUTANTS = [
   {
     name: 'postgres-release-no-owner',
     bug: 'PostgreSQL release deletes the key whoever holds it',
-    file: 'lib/backends/postgres/postgres.schema.ts',
+    file: 'lib/backends/postgres/postgres.functions.ts',
     replace: [
       [
         'DELETE FROM ${n.locks} l WHERE l.key = k AND l.owner = p_owner RETURNING l.expires_at INTO expired_at;',
@@ -91,7 +117,7 @@ export const MUTANTS = [
   {
     name: 'postgres-extend-no-owner',
     bug: 'PostgreSQL extend extends the key whoever holds it',
-    file: 'lib/backends/postgres/postgres.schema.ts',
+    file: 'lib/backends/postgres/postgres.functions.ts',
     replace: [
       [
         'WHERE l.key = ANY (p_keys) AND l.owner = p_owner AND l.expires_at > now_ts)',
@@ -169,5 +195,43 @@ export const MUTANTS = [
       ],
     ],
     detector: 'conformance-zookeeper',
+  },
+  {
+    name: 'memory-reader-beside-writer',
+    bug: 'the in-memory store lets a caller in when the holders are fewer than its own limit, whatever theirs: a reader beside a writer',
+    file: 'lib/backends/memory.key-holders.ts',
+    replace: [['const fits = (limit: number) => count < limit && count < least;', 'const fits = (limit: number) => count < limit;']],
+    detector: 'chaos-memory',
+  },
+  {
+    name: 'memory-permit-over-n',
+    bug: 'the in-memory store lets one permit holder more in than the semaphore has permits',
+    file: 'lib/backends/memory.key-holders.ts',
+    replace: [
+      [
+        'const fits = (limit: number) => count < limit && count < least;',
+        'const fits = (limit: number) => (limit > 1 && limit < least + 1 && limit !== Infinity ? count <= limit : count < limit && count < least);',
+      ],
+    ],
+    detector: 'chaos-memory',
+  },
+  {
+    name: 'memory-line-ignored',
+    bug: 'the in-memory store lets a caller in past the waiters ahead of it in the line: readers starve a queued writer',
+    file: 'lib/backends/memory.key-holders.ts',
+    replace: [['      if (!room.take(waiting.limit)) return false;\n', '']],
+    detector: 'conformance-memory-line',
+  },
+  {
+    name: 'local-reader-passes-writer',
+    bug: "this process's queue lets shared waiters behind a queued exclusive one try with the readers at its head",
+    file: 'lib/lock-wait-queue.ts',
+    replace: [
+      [
+        'while (size < queue.length && size < limit && queue[size].limit === limit) size++;',
+        'while (size < queue.length && size < limit) size++;',
+      ],
+    ],
+    detector: 'local-queue-shared',
   },
 ];

@@ -37,10 +37,14 @@ async function line(key: string): Promise<string[]> {
   return rows.map((r) => r.owner);
 }
 
-/** The lease row as PostgreSQL has it, expired or not. */
+/**
+ * The lease row as PostgreSQL has it, expired or not: the live one when there is one (an expired
+ * lease keeps its row, beside the next holder's, until it is released or cleaned up).
+ */
 async function row(key: string): Promise<{ owner: string; token: number; live: boolean } | undefined> {
   const { rows } = await fixture.admin.query<{ owner: string; fencing_token: string; live: boolean }>(
-    'SELECT owner, fencing_token, expires_at > clock_timestamp() AS live FROM distributed_locks WHERE key = $1',
+    'SELECT owner, fencing_token, expires_at > clock_timestamp() AS live FROM distributed_locks WHERE key = $1 ' +
+      'ORDER BY live DESC, fencing_token DESC LIMIT 1',
     [key],
   );
   return rows[0] && { owner: rows[0].owner, token: Number(rows[0].fencing_token), live: rows[0].live };

@@ -44,7 +44,7 @@ describe('Redis backend: shared holders that die, and late answers', () => {
     ['a permit holder', '2', 2],
   ] as const)('%s killed with SIGKILL frees its share within its ttl; alive, it kept it past the ttl', async (_, limitText, limit) => {
     const ttl = 1_500;
-    const holder = await Holder.start('redis-shared-holder.mjs', fixture.server.url, 'killed', ttl, limitText);
+    const holder = await Holder.start('redis-shared-holder.mjs', fixture.server.url, 'killed', ttl, [limitText]);
     fixture.cleanup(() => holder.kill());
     const { name: owner, token } = await holder.next('acquired');
     const b = backend();

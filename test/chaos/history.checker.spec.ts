@@ -286,4 +286,44 @@ describe('checkHistory', () => {
       expect(checkHistory(kept, live).violations['blocked-key']).toBe(0);
     });
   });
+  describe('shared locks and semaphores', () => {
+    /** A reader's or permit holder's section: held from t+5 to t+20, no write. */
+    function held(holder: string, key: string, t: number, token: number, kind: 'shared' | 'permits' | 'exclusive'): HistoryEvent[] {
+      const worker = holder.split('.')[0];
+      const mode = kind === 'exclusive' ? {} : kind === 'shared' ? { mode: 'shared' as const } : { mode: 'permits' as const, permits: 2 };
+      return [
+        { t, type: 'attempt', holder, worker, key, waitMs: 1000 },
+        { t: t + 5, type: 'acquired', holder, worker, key, token, deadline: t + 1005, ...mode },
+        { t: t + 20, type: 'released', holder, worker, key },
+      ];
+    }
+
+    it('lets readers hold together, and as many permit holders as permits', () => {
+      const history = [
+        ...held('w1.0', 'register:a', 0, 10, 'shared'),
+        ...held('w2.0', 'register:a', 5, 11, 'shared'),
+        ...held('w3.0', 'register:a', 8, 12, 'shared'),
+        ...held('w1.1', 'permits:a', 0, 13, 'permits'),
+        ...held('w2.1', 'permits:a', 5, 14, 'permits'),
+      ];
+      const report = checkHistory(history, options);
+      expect(report.overlaps).toEqual([]);
+      expect(report.violations.overlap).toBe(0);
+    });
+
+    it('reports a writer beside a reader, and a permit holder beyond the permits', () => {
+      const rw = [...held('w1.0', 'register:a', 0, 10, 'shared'), ...held('w2.0', 'register:a', 5, 11, 'exclusive')];
+      expect(checkHistory(rw, options).violations.overlap).toBe(1);
+      const wr = [...held('w2.0', 'register:a', 0, 10, 'exclusive'), ...held('w1.0', 'register:a', 5, 11, 'shared')];
+      expect(checkHistory(wr, options).violations.overlap).toBe(1);
+      const permits = [
+        ...held('w1.1', 'permits:a', 0, 13, 'permits'),
+        ...held('w2.1', 'permits:a', 2, 14, 'permits'),
+        ...held('w3.1', 'permits:a', 4, 15, 'permits'),
+      ];
+      const report = checkHistory(permits, options);
+      expect(report.overlaps).toEqual([{ key: 'permits:a', first: 'w1.1', second: 'w3.1', at: 9, ms: 11, allowedBy: undefined }]);
+      expect(report.violations.overlap).toBe(1);
+    });
+  });
 });

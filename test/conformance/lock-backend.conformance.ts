@@ -3,6 +3,7 @@ import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
 import { LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
 import { LockService } from '../../lib/lock.service.js';
 import { activeTimers, eventually, until } from '../support/wait.js';
+import { describeSharedConformance } from './shared-locks.conformance.js';
 
 export interface ConformanceTarget {
   /**
@@ -292,4 +293,5 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
       await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(before), 5_000);
     });
   });
+  describeSharedConformance(name, target);
 }

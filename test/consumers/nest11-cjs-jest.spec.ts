@@ -158,10 +158,11 @@ beforeAll(async () => {
   });
 });
 
+// Deleting the scratch app's node_modules takes long on a busy disk: more than the 30 s default.
 afterAll(async () => {
   app?.remove();
   await redis?.stop();
-});
+}, 120_000);
 
 describe('a Nest 11 CommonJS app with ioredis 5', () => {
   it('installs the packed package, type-checks, and its own Jest suite passes', async () => {

@@ -88,10 +88,11 @@ beforeAll(async () => {
   });
 });
 
+// Deleting the scratch app's node_modules takes long on a busy disk: more than the 30 s default.
 afterAll(async () => {
   app?.remove();
   await redis?.stop();
-});
+}, 120_000);
 
 describe('a Nest 12 ESM app with ioredis 6', () => {
   it('installs the packed package, compiles, and serves a @Locked route on Redis', async () => {

@@ -87,7 +87,8 @@ beforeAll(() => {
   });
 });
 
-afterAll(() => app?.remove());
+// Deleting the scratch app's node_modules takes long on a busy disk: more than the 30 s default.
+afterAll(() => app?.remove(), 120_000);
 
 describe('a CommonJS app compiled with each TypeScript module setting', () => {
   beforeAll(() => app.install(), 600_000);

@@ -2,7 +2,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, jest } from '@jes
 import { Logger } from '@nestjs/common';
 import fc from 'fast-check';
 import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
-import { run, scenario, type Clock } from './lock-service.model.js';
+import { run, scenario, sharedScenario, type Clock } from './lock-service.model.js';
 
 // The library reads time from node:perf_hooks, which Jest's fake timers do not reach: point it at
 // the global performance, which they replace, so that leases, waits and the store share one clock
@@ -34,12 +34,13 @@ function memoryStore(): { store: LockBackend; watchers: () => number } {
   return { store, watchers: () => (store as unknown as { watchers: Map<string, unknown> }).watchers.size };
 }
 
-function property(makeStore: () => { store: LockBackend; watchers: () => number }, faulty = true) {
-  return fc.asyncProperty(scenario, async (s) => {
+function property(makeStore: () => { store: LockBackend; watchers: () => number }, faulty = true, shared = false) {
+  return fc.asyncProperty(shared ? sharedScenario : scenario, async (s) => {
     jest.useFakeTimers({ now: 0, doNotFake: ['nextTick', 'setImmediate', 'queueMicrotask'] });
     try {
       const { store, watchers } = makeStore();
-      const violations = await run(lib, fakeTime, s, store, watchers, { faulty });
+      // Without faults, attempts reach the store in the order of the calls: no waiter may be passed.
+      const violations = await run(lib, fakeTime, s, store, watchers, { faulty, fifo: shared && !faulty });
       if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
     } finally {
       jest.useRealTimers();
@@ -118,6 +119,27 @@ describe('LockService against a model of its promises, with faulty store calls',
     };
     await fc.assert(property(sharedStore, false), { numRuns: Number(process.env.MODEL_RUNS ?? 300) });
   }, 120_000);
+
+  it('keeps every promise with shared locks and semaphores, with faulty store calls', async () => {
+    await fc.assert(property(memoryStore, true, true), { numRuns: Number(process.env.MODEL_RUNS ?? 300), ...replay });
+  }, 120_000);
+
+  /** One in-memory store that two services share (one shutting down does not empty it for the other). */
+  const sharedStore = () => {
+    const made = memoryStore();
+    made.store.close = async () => undefined;
+    return made;
+  };
+
+  it('keeps every promise with shared locks and semaphores on the store called directly, and passes no waiter', async () => {
+    await fc.assert(property(sharedStore, false, true), { numRuns: Number(process.env.MODEL_RUNS ?? 300), ...replay });
+  }, 120_000);
+
+  for (const seed of process.env.MODEL_SEEDS?.split(',').map(Number) ?? []) {
+    it(`keeps every promise with shared locks and semaphores on the store called directly, and passes no waiter, seed ${seed}`, async () => {
+      await fc.assert(property(sharedStore, false, true), { numRuns: Number(process.env.MODEL_RUNS ?? 300), seed, endOnFailure: true });
+    }, 120_000);
+  }
 
   it.each([
     ['a release without its owner check', releaseWithoutOwnerCheck],

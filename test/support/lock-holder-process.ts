@@ -7,7 +7,7 @@ const fixtures = resolve(import.meta.dirname, '../fixtures');
 
 /** What a holder fixture (test/fixtures/*-lock-holder.mjs) reports over IPC. */
 export interface HolderMessage {
-  type: 'acquired' | 'lost' | 'wrote' | 'released';
+  type: 'acquired' | 'lost' | 'wrote' | 'released' | 'extended';
   token?: number;
   reason?: string;
   name?: string;
@@ -22,10 +22,10 @@ export class Holder {
     child.on('message', (message: HolderMessage) => this.messages.push(message));
   }
 
-  /** `fixture`: the file name under test/fixtures, e.g. 'redis-lock-holder.mjs'; `more`: further arguments it reads. */
-  static async start(fixture: string, url: string, key: string, ttl: number, ...more: string[]): Promise<Holder> {
+  /** `fixture`: the file name under test/fixtures, e.g. 'redis-lock-holder.mjs'; `args` follow the ttl. */
+  static async start(fixture: string, url: string, key: string, ttl: number, args: string[] = []): Promise<Holder> {
     const holder = new Holder(
-      fork(resolve(fixtures, fixture), [url, key, String(ttl), ...more], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
+      fork(resolve(fixtures, fixture), [url, key, String(ttl), ...args], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
     );
     await holder.next('acquired');
     return holder;

@@ -31,10 +31,12 @@ const SWEEP_EVERY_MS = 5 * 60_000;
 
 /**
  * Leases in a PostgreSQL table, through `pg`. Every operation is one statement, one round trip:
- * a function call (see postgres.schema.ts). Leases expire by the server's clock; fencing tokens
- * come from a sequence, so they increase per key across restarts. Waiters stand in a fair line in
- * the database; a release hands the lock to the first of them (or, for several keys, tells it to
- * ask again), telling only that waiter's process, by NOTIFY on a channel that process LISTENs on.
+ * a function call (see postgres.functions.ts). A key has a lease per holder (one, or several for a
+ * shared lock or a semaphore), expiring by the server's clock; fencing tokens come from one
+ * sequence for every kind, so they increase per key across restarts. Waiters stand in a fair line
+ * in the database; a release hands the key to every waiter at the head that can now enter (or, for
+ * several keys, tells it to ask again), telling only their processes, by NOTIFY on a channel each
+ * process LISTENs on.
  *
  * Exclusive while PostgreSQL keeps its committed data: a failover to an asynchronous replica that
  * had not received a lease can grant it twice, and hand out tokens again. Synchronous replication
@@ -43,6 +45,7 @@ const SWEEP_EVERY_MS = 5 * 60_000;
 export class PostgresLockBackend implements LockBackend {
   readonly name = 'postgres';
   readonly fencing = true;
+  readonly sharedHolders = true;
   readonly waiterTimeout: number;
 
   private readonly connection: PostgresConnection;
@@ -79,8 +82,10 @@ export class PostgresLockBackend implements LockBackend {
     const [row] = await this.connection.run({
       op: 'acquire',
       keys,
-      text: `SELECT acquired, token, retry_after_ms FROM ${this.connection.names.acquire}($1, $2, $3, $4, $5, $6)`,
-      values: [keys, owner, Math.ceil(ttlMs), this.waiterTimeout, willWait, this.line.channel],
+      text:
+        `SELECT acquired, token, retry_after_ms, mismatch_key, mismatch_limit ` +
+        `FROM ${this.connection.names.acquire}($1, $2, $3, $4, $5, $6, $7)`,
+      values: [keys, owner, Math.ceil(ttlMs), this.waiterTimeout, willWait, this.line.channel, options?.limits ?? null],
       onLateAnswer: ([late]) => {
         // It answered after we reported a failure. Freeing the keys here would be wrong when the
         // same owner tries again (its next attempt finds the lock its own) or holds the lock by
@@ -93,6 +98,9 @@ export class PostgresLockBackend implements LockBackend {
     if (row.acquired === true) {
       this.line.leave(owner);
       return { acquired: true, fencingToken: Number(row.token) };
+    }
+    if (row.mismatch_key !== null) {
+      return { acquired: false, limitMismatch: { key: row.mismatch_key as string, limit: row.mismatch_limit as number } };
     }
     // Failed: the token is the last one handed out when it ran.
     this.line.attemptFailed(entry, sentAt, Number(row.token));
@@ -128,16 +136,24 @@ export class PostgresLockBackend implements LockBackend {
   }
 
   async inspect(key: string): Promise<LockState | undefined> {
-    const [row] = await this.connection.run({
+    const rows = await this.connection.run({
       op: 'inspect',
       keys: [key],
       text:
-        `SELECT owner, fencing_token, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8 AS ttl_ms ` +
-        `FROM ${this.connection.names.locks} WHERE key = $1 AND expires_at > clock_timestamp()`,
+        `SELECT owner, fencing_token, max_holders, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8 AS ttl_ms ` +
+        `FROM ${this.connection.names.locks} WHERE key = $1 AND expires_at > clock_timestamp() ORDER BY fencing_token`,
       values: [key],
     });
-    if (!row) return undefined;
-    return { key, owner: row.owner as string, ttlMs: Math.max(0, row.ttl_ms as number), fencingToken: Number(row.fencing_token) };
+    if (rows.length === 0) return undefined;
+    const holders = rows.map((row) => ({
+      owner: row.owner as string,
+      ttlMs: Math.max(0, row.ttl_ms as number),
+      fencingToken: Number(row.fencing_token),
+    }));
+    const limit = rows[0].max_holders as number;
+    if (limit === 1) return { key, ...holders[0] };
+    const ttlMs = Math.max(...holders.map((h) => h.ttlMs));
+    return { key, owner: holders[0].owner, ttlMs, fencingToken: holders.at(-1)!.fencingToken, limit, holders };
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {

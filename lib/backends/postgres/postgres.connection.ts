@@ -4,9 +4,22 @@ import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js'
 import { requirePeer } from '../../peer-require.cjs';
 import { CommandDeadlines } from '../redis/command-deadlines.js';
 import { PoolStarvationWatch } from './postgres.pool-watch.js';
-import { IN_RECOVERY_NOTE, permanentCause, quoteIdent, READ_ONLY_SQL_TRANSACTION, type ConnectionIdentity } from './postgres.errors.js';
+import {
+  createTablesFix,
+  IN_RECOVERY_NOTE,
+  permanentCause,
+  READ_ONLY_SQL_TRANSACTION,
+  type ConnectionIdentity,
+} from './postgres.errors.js';
 import type { CheckedConnection, ResolvedPostgresOptions } from './postgres.options.js';
-import { lockNames, postgresLockTablesSql, SCHEMA_VERSION, type PostgresLockNames } from './postgres.schema.js';
+import {
+  lockNames,
+  newerLayoutRefusal,
+  postgresLockTablesSql,
+  SCHEMA_VERSION,
+  schemaLayout,
+  type PostgresLockNames,
+} from './postgres.schema.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -269,15 +282,22 @@ export class PostgresConnection {
    * find the tables there.
    */
   private async createTables(): Promise<void> {
+    const refuse = (comment: unknown) => {
+      const why = newerLayoutRefusal(comment, this.names.qualified);
+      if (why) throw new LockBackendError(this.backendName, why, undefined, { permanent: true });
+    };
     const pool = this.openPool();
     const version = async (client: Pool | { query: Pool['query'] }) =>
       (await client.query(`SELECT obj_description(to_regclass($1), 'pg_class') AS version`, [this.names.qualified])).rows[0]?.version;
-    if ((await version(pool)) === SCHEMA_VERSION) return;
+    const found = await version(pool);
+    if (found === SCHEMA_VERSION) return;
+    refuse(found);
     const { schema, table, createTables } = this.options;
     if (!createTables) {
       throw new LockBackendError(
         this.backendName,
-        `the lock table ${this.names.qualified} (version '${SCHEMA_VERSION}') is missing and createTables is false: run the SQL of ` +
+        `the lock table ${this.names.qualified} (version '${SCHEMA_VERSION}') is ` +
+          `${schemaLayout(found) === undefined ? 'missing' : `at version ${schemaLayout(found)}`} and createTables is false: run the SQL of ` +
           `postgresLockTablesSql({ schema: '${schema}', table: '${table}' }) in a migration, or leave createTables on.`,
         undefined,
         { permanent: true },
@@ -288,15 +308,20 @@ export class PostgresConnection {
       await client.query('BEGIN');
       await client.query('SET LOCAL client_min_messages = warning');
       await client.query('SELECT pg_advisory_xact_lock(hashtextextended($1, 0))', [`nest-distributed-lock:create:${this.names.qualified}`]);
-      if ((await version(client)) !== SCHEMA_VERSION) await client.query(postgresLockTablesSql({ schema, table }));
+      const locked = await version(client);
+      refuse(locked);
+      if (locked !== SCHEMA_VERSION) await client.query(postgresLockTablesSql({ schema, table }));
       await client.query('COMMIT');
     } catch (error) {
       await client.query('ROLLBACK').catch(() => undefined);
+      if (error instanceof LockBackendError) throw error;
       // 42501: insufficient privilege.
       const denied = (error as { code?: unknown }).code === '42501';
       if (isReadOnly(error)) await this.readOnlyCheck(error).catch(() => undefined);
       const inRecovery = isReadOnly(error) ? this.recovery.get(error as object) : undefined;
-      const fix = denied ? await this.createFix(client) : permanentCause(error, this.names, this.identity(), inRecovery);
+      const fix = denied
+        ? await createTablesFix(client, this.options, this.identity())
+        : permanentCause(error, this.names, this.identity(), inRecovery);
       throw new LockBackendError(
         this.backendName,
         `could not create the lock table ${this.names.qualified}: ${sentence(error instanceof Error ? error.message : String(error))}` +
@@ -307,32 +332,6 @@ export class PostgresConnection {
     } finally {
       client.release();
     }
-  }
-
-  /**
-   * What to run when the role may not create the lock tables: create the schema for it when it
-   * does not exist (granting CREATE on a schema that does not exist cannot be done), else grant
-   * CREATE on it; or create the tables in a migration.
-   */
-  private async createFix(client: { query: Pool['query'] }): Promise<string> {
-    const { schema, table } = this.options;
-    const migration =
-      `or create the tables in a migration, as a role that may (the SQL of postgresLockTablesSql({ schema: '${schema}', ` +
-      `table: '${table}' })), and pass createTables: false.`;
-    const found = await client
-      .query<{ role: string; exists: boolean }>('SELECT current_user AS role, to_regnamespace($1) IS NOT NULL AS exists', [
-        quoteIdent(schema),
-      ])
-      .then(({ rows }) => rows[0])
-      .catch(() => undefined);
-    const role = quoteIdent(found?.role ?? this.identity().role ?? '<role>');
-    if (found?.exists === false) {
-      return (
-        `Schema ${schema} does not exist and role ${role} may not create it. Run, as a role that may (the database's ` +
-        `owner): CREATE SCHEMA ${quoteIdent(schema)} AUTHORIZATION ${role}; ${migration}`
-      );
-    }
-    return `Run, as the schema's owner: GRANT CREATE ON SCHEMA ${quoteIdent(schema)} TO ${role}; ${migration}`;
   }
 }
 

@@ -1,3 +1,4 @@
+import type { Pool } from 'pg';
 import type { PostgresLockNames } from './postgres.schema.js';
 import { MAX_FENCING_TOKEN } from './postgres.schema.js';
 
@@ -89,3 +90,32 @@ export const READ_ONLY_SQL_TRANSACTION = '25006';
 export const IN_RECOVERY_NOTE =
   'PostgreSQL is in recovery (a hot standby, or a replica during a failover): locks are retried within the wait. If this ' +
   'is not a failover, connect to the primary.';
+
+/**
+ * What to run when the role may not create the lock tables: create the schema for it when it does
+ * not exist (granting CREATE on a schema that does not exist cannot be done), else grant CREATE on
+ * it; or create the tables in a migration. `client` is the connection that was refused.
+ */
+export async function createTablesFix(
+  client: { query: Pool['query'] },
+  { schema, table }: { schema: string; table: string },
+  who: ConnectionIdentity,
+): Promise<string> {
+  const migration =
+    `or create the tables in a migration, as a role that may (the SQL of postgresLockTablesSql({ schema: '${schema}', ` +
+    `table: '${table}' })), and pass createTables: false.`;
+  const found = await client
+    .query<{ role: string; exists: boolean }>('SELECT current_user AS role, to_regnamespace($1) IS NOT NULL AS exists', [
+      quoteIdent(schema),
+    ])
+    .then(({ rows }) => rows[0])
+    .catch(() => undefined);
+  const role = quoteIdent(found?.role ?? who.role ?? '<role>');
+  if (found?.exists === false) {
+    return (
+      `Schema ${schema} does not exist and role ${role} may not create it. Run, as a role that may (the database's ` +
+      `owner): CREATE SCHEMA ${quoteIdent(schema)} AUTHORIZATION ${role}; ${migration}`
+    );
+  }
+  return `Run, as the schema's owner: GRANT CREATE ON SCHEMA ${quoteIdent(schema)} TO ${role}; ${migration}`;
+}

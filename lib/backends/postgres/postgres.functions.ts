@@ -1,0 +1,288 @@
+import type { PostgresLockNames } from './postgres.schema.js';
+
+/**
+ * The name of the key-locking function's parameter, and the message a process of an older release
+ * reads when it starts on tables of this version: its own SQL redefines the function with the
+ * parameter `p_keys`, which PostgreSQL refuses with "cannot change name of input parameter
+ * "<this>"", so it cannot put back functions that know nothing of shared holders. At most 63 bytes
+ * (PostgreSQL's longest name).
+ */
+export const OLDER_RELEASE_GUARD = 'lock tables at version 4: update nest-distributed-lock';
+
+/**
+ * The PL/pgSQL functions, each one statement from the client (one round trip), each one
+ * transaction. The safety argument of the whole backend is on this page:
+ *
+ * - Every function first takes a transaction-scoped advisory lock per key (`_lock_keys`), in one
+ *   global order, so two calls on a key run one after the other and calls on several keys never
+ *   deadlock. Each statement after it sees what the previous call on the key committed (READ
+ *   COMMITTED takes a new snapshot per statement), so check-then-write is safe, as in a Lua
+ *   script on Redis. The locks end with the transaction: nothing stays behind, and a pooler in
+ *   transaction mode (pgbouncer) does not break them, unlike session advisory locks.
+ * - A key has a row per holder (primary key (key, owner)), each with its own lease, expiring by
+ *   the server's clock (`clock_timestamp()`, read after the key locks): a lease row is free once
+ *   `expires_at` has passed, whether or not anyone deleted it. `max_holders` is the holder's limit:
+ *   1 exclusive, n a semaphore of n permits, 'Infinity' shared (read).
+ * - A caller with limit L enters a key when nobody is ahead of it in the key's line and the key has
+ *   fewer live holders than L and than every holder's limit. Limits above 1 that differ are a
+ *   mismatch, reported and never waited for.
+ * - Fencing tokens come from one sequence for every mode: each acquisition or hand-over takes the
+ *   next value after its keys are locked, so a token is greater than every earlier one of its
+ *   keys, and a sequence never goes back across a restart or a crash.
+ * - Waiters stand in a line per key (`_waiters`, ordered by `place`, one number per waiter, the
+ *   same in each line it stands in). `_admit` lets in, from the head, exactly the waiters that can
+ *   enter now, and stops at the first that cannot, so nobody passes it: a waiter for one key is
+ *   handed the key there, a waiter for several is told and asks again. Each is told by NOTIFY on its
+ *   own process's channel (delivered at commit); nobody else is woken.
+ */
+export function functionsSql(n: PostgresLockNames): string {
+  const ms = (ts: string) => `ceil(extract(epoch FROM ${ts} - now_ts) * 1000)::bigint`;
+  return `
+-- Serialises calls on the same keys until the end of the calling transaction; see above. Its
+-- parameter's name is the message an older release reads (see OLDER_RELEASE_GUARD).
+CREATE OR REPLACE FUNCTION ${n.lockKeys}("${OLDER_RELEASE_GUARD}" text[]) RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  lock_id bigint;
+BEGIN
+  -- Under REPEATABLE READ or SERIALIZABLE a call would read a snapshot from before it waited for
+  -- the key locks: refuse, instead of failing with serialization errors under contention.
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'nest-distributed-lock needs READ COMMITTED, got %', current_setting('transaction_isolation')
+      USING HINT = 'Give the pool of the lock backend default_transaction_isolation = ''read committed''.';
+  END IF;
+  -- Hashed with the table's name: two lock tables do not hold each other up. A collision only
+  -- makes two keys wait for each other for the length of one call.
+  FOR lock_id IN
+    SELECT DISTINCT hashtextextended('${n.qualified}:' || u.key, 0) FROM unnest($1) AS u(key) ORDER BY 1
+  LOOP
+    PERFORM pg_advisory_xact_lock(lock_id);
+  END LOOP;
+END
+$fn$;
+
+-- Takes every key or none, each with its limit (p_limits aligned with p_keys; NULL: all 1). A key
+-- this owner already holds (a request resent after a timeout, or handed over by a release) is
+-- taken as it is. Returns the fencing token; or when busy, the ms until a retry may succeed (the
+-- lease that must end first, or the first waiter's place) and as token the last one handed out
+-- so far, after putting a caller that will wait in line: a hand-over announced with a greater
+-- token came after this call. A limit mismatch returns the key and its holders' limit, and
+-- leaves the line alone.
+CREATE OR REPLACE FUNCTION ${n.acquire}(
+  p_keys text[], p_owner text, p_ttl_ms integer, p_waiter_timeout_ms integer, p_will_wait boolean, p_channel text,
+  p_limits double precision[],
+  OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint, OUT mismatch_key text, OUT mismatch_limit double precision
+) LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $fn$
+DECLARE
+  now_ts timestamptz;
+  i integer;
+  k text;
+  lim double precision;
+  held record;
+  head record;
+  mine text[] := '{}';
+  left_line integer;
+  kept_place bigint;
+BEGIN
+  PERFORM ${n.lockKeys}(p_keys);
+  now_ts := clock_timestamp();
+  FOR i IN 1 .. cardinality(p_keys) LOOP
+    k := p_keys[i];
+    lim := coalesce(p_limits[i], 1);
+    IF lim = 1 THEN
+      -- Exclusive: any other live holder is in the way, and it waits for the last lease to end.
+      SELECT bool_or(l.owner = p_owner) AS mine, max(l.expires_at) FILTER (WHERE l.owner <> p_owner) AS last_end
+        INTO held FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts;
+      IF held.mine THEN
+        mine := mine || k;
+      ELSIF held.last_end IS NOT NULL THEN
+        retry_after_ms := greatest(retry_after_ms, ${ms('held.last_end')});
+      END IF;
+      CONTINUE;
+    END IF;
+    SELECT count(*) AS holders, bool_or(l.owner = p_owner) AS mine, min(l.max_holders) AS least_limit,
+           max(l.max_holders) FILTER (WHERE l.max_holders > 1) AS shared_limit,
+           min(l.expires_at) AS first_end, max(l.expires_at) AS last_end
+      INTO held FROM ${n.locks} l WHERE l.key = k AND l.expires_at > now_ts;
+    IF held.mine THEN
+      mine := mine || k;
+    ELSIF held.shared_limit <> lim THEN
+      acquired := false;
+      mismatch_key := k;
+      mismatch_limit := held.shared_limit;
+      RETURN;
+    ELSIF held.holders >= least(lim, held.least_limit) THEN
+      -- Behind an exclusive holder it waits for its lease; among several, for the first to end.
+      retry_after_ms := greatest(retry_after_ms, ${ms('CASE WHEN held.least_limit = 1 THEN held.last_end ELSE held.first_end END')});
+    END IF;
+  END LOOP;
+  IF retry_after_ms IS NULL THEN
+    FOREACH k IN ARRAY p_keys LOOP
+      CONTINUE WHEN k = ANY (mine);
+      DELETE FROM ${n.waiters} w WHERE w.key = k AND w.deadline <= now_ts;
+      SELECT w.owner, w.deadline INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
+      IF FOUND AND head.owner <> p_owner THEN
+        retry_after_ms := greatest(retry_after_ms, ${ms('head.deadline')});
+      END IF;
+    END LOOP;
+  END IF;
+
+  IF retry_after_ms IS NOT NULL THEN
+    acquired := false;
+    -- Read after the key locks: every hand-over of these keys before this call has a token at
+    -- most this, every one after it a greater one.
+    token := coalesce(pg_sequence_last_value('${n.tokens}'), 0);
+    IF p_will_wait THEN
+      -- One place per waiter, the same in all its lines: two waiters then stand in the same order
+      -- in every line they share, so neither waits for the other on keys that are free. One that
+      -- lost its place in any line takes a new one, at the back of all of them.
+      SELECT CASE WHEN count(*) = cardinality(p_keys) AND min(w.place) = max(w.place) THEN min(w.place) END
+        INTO kept_place
+        FROM ${n.waiters} w WHERE w.key = ANY (p_keys) AND w.owner = p_owner AND w.deadline > now_ts;
+      kept_place := coalesce(kept_place, nextval('${n.places}'));
+      -- A waiter for one key is handed the lock on release, with its ttl but no longer than its
+      -- place lasts, so one that died in line holds the others up that long at most.
+      INSERT INTO ${n.waiters} AS w (key, owner, place, channel, deadline, lease_ms, max_holders)
+        SELECT u.key, p_owner, kept_place, p_channel, now_ts + p_waiter_timeout_ms * interval '1 millisecond',
+               CASE WHEN cardinality(p_keys) = 1 THEN least(p_ttl_ms, p_waiter_timeout_ms) ELSE 0 END, coalesce(u.lim, 1)
+          FROM unnest(p_keys, p_limits) AS u(key, lim)
+        ON CONFLICT (key, owner) DO UPDATE
+          SET place = excluded.place, channel = excluded.channel, deadline = excluded.deadline, lease_ms = excluded.lease_ms,
+              max_holders = excluded.max_holders;
+    END IF;
+    RETURN;
+  END IF;
+
+  token := nextval('${n.tokens}');
+  INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at, max_holders)
+    SELECT u.key, p_owner, token, now_ts + p_ttl_ms * interval '1 millisecond', coalesce(u.lim, 1)
+      FROM unnest(p_keys, p_limits) AS u(key, lim)
+    ON CONFLICT (key, owner) DO UPDATE
+      SET fencing_token = excluded.fencing_token, expires_at = excluded.expires_at, max_holders = excluded.max_holders;
+  DELETE FROM ${n.waiters} w WHERE w.key = ANY (p_keys) AND w.owner = p_owner;
+  GET DIAGNOSTICS left_line = ROW_COUNT;
+  -- It stood at the head of lines where others may enter beside it: those behind it that can.
+  IF left_line > 0 AND p_limits IS NOT NULL THEN
+    FOR i IN 1 .. cardinality(p_keys) LOOP
+      CONTINUE WHEN coalesce(p_limits[i], 1) = 1;
+      PERFORM ${n.admit}(p_keys[i], now_ts);
+    END LOOP;
+  END IF;
+  acquired := true;
+END
+$fn$;
+
+-- The previous version's signature, for a process of an older release still running while the
+-- tables are brought to this version: it takes keys as an exclusive caller of the same line.
+CREATE OR REPLACE FUNCTION ${n.acquire}(
+  p_keys text[], p_owner text, p_ttl_ms integer, p_waiter_timeout_ms integer, p_will_wait boolean, p_channel text,
+  OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint
+) LANGUAGE sql AS $fn$
+  SELECT a.acquired, a.token, a.retry_after_ms
+    FROM ${n.acquire}(p_keys, p_owner, p_ttl_ms, p_waiter_timeout_ms, p_will_wait, p_channel, NULL::double precision[]) a
+$fn$;
+
+-- Resets the lease of every key if the owner still holds all of them; else changes nothing.
+CREATE OR REPLACE FUNCTION ${n.extend}(p_keys text[], p_owner text, p_ttl_ms integer) RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+  now_ts timestamptz;
+BEGIN
+  PERFORM ${n.lockKeys}(p_keys);
+  now_ts := clock_timestamp();
+  IF (SELECT count(*) FROM ${n.locks} l WHERE l.key = ANY (p_keys) AND l.owner = p_owner AND l.expires_at > now_ts)
+     < cardinality(p_keys) THEN
+    RETURN false;
+  END IF;
+  UPDATE ${n.locks} l SET expires_at = now_ts + p_ttl_ms * interval '1 millisecond' WHERE l.key = ANY (p_keys) AND l.owner = p_owner;
+  RETURN true;
+END
+$fn$;
+
+-- Lets in, from the head of the key's line, every waiter that can enter now, and stops at the
+-- first that cannot: nobody passes it. A waiter for one key is handed the key here, with a
+-- fencing token taken now, and told '<owner> <token> <lease ms>': it enters without another round
+-- trip. A waiter for several keys (lease_ms 0) is told '<owner>' and asks again; so is one whose
+-- limit disagrees with the holders' (its attempt reports the mismatch). Called with the key
+-- locked, by the caller's transaction.
+CREATE OR REPLACE FUNCTION ${n.admit}(p_key text, p_now timestamptz) RETURNS void LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $fn$
+DECLARE
+  holders bigint;
+  least_limit double precision;
+  shared_limit double precision;
+  w record;
+  handed bigint;
+BEGIN
+  DELETE FROM ${n.waiters} x WHERE x.key = p_key AND x.deadline <= p_now;
+  FOR w IN SELECT x.owner, x.channel, x.lease_ms, x.max_holders FROM ${n.waiters} x WHERE x.key = p_key ORDER BY x.place LOOP
+    -- Read once someone waits: most releases find an empty line.
+    IF holders IS NULL THEN
+      SELECT count(*), min(l.max_holders), max(l.max_holders) FILTER (WHERE l.max_holders > 1)
+        INTO holders, least_limit, shared_limit
+        FROM ${n.locks} l WHERE l.key = p_key AND l.expires_at > p_now;
+    END IF;
+    IF w.max_holders > 1 AND shared_limit <> w.max_holders THEN
+      PERFORM pg_notify(w.channel, w.owner);
+      EXIT;
+    END IF;
+    EXIT WHEN holders >= least(w.max_holders, least_limit);
+    handed := NULL;
+    IF w.lease_ms > 0 THEN
+      -- Without a token left, the key stays free: the waiter is only told, and its own acquire
+      -- then fails with the error that names the fix.
+      BEGIN
+        handed := nextval('${n.tokens}');
+      EXCEPTION WHEN sequence_generator_limit_exceeded THEN
+        handed := NULL;
+      END;
+    END IF;
+    IF handed IS NULL THEN
+      -- Sent when this transaction commits; the same message twice in it is sent once.
+      PERFORM pg_notify(w.channel, w.owner);
+      EXIT;
+    END IF;
+    INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at, max_holders)
+      VALUES (p_key, w.owner, handed, p_now + w.lease_ms * interval '1 millisecond', w.max_holders)
+      ON CONFLICT (key, owner) DO UPDATE
+        SET fencing_token = excluded.fencing_token, expires_at = excluded.expires_at, max_holders = excluded.max_holders;
+    DELETE FROM ${n.waiters} x WHERE x.key = p_key AND x.owner = w.owner;
+    -- Sent when this transaction commits.
+    PERFORM pg_notify(w.channel, w.owner || ' ' || handed || ' ' || w.lease_ms);
+    holders := holders + 1;
+    least_limit := least(least_limit, w.max_holders);
+    IF w.max_holders > 1 THEN
+      shared_limit := w.max_holders;
+    END IF;
+  END LOOP;
+END
+$fn$;
+
+-- Compare-and-delete: frees the keys the owner still holds (a late release never frees another
+-- owner's lease) and takes the owner out of their lines (a waiter that gives up). Then lets in
+-- whoever can enter now (see _admit). Returns how many unexpired leases the owner held.
+CREATE OR REPLACE FUNCTION ${n.release}(p_keys text[], p_owner text) RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+  now_ts timestamptz;
+  k text;
+  expired_at timestamptz;
+  held boolean;
+  waited boolean;
+  released integer := 0;
+BEGIN
+  PERFORM ${n.lockKeys}(p_keys);
+  now_ts := clock_timestamp();
+  FOREACH k IN ARRAY p_keys LOOP
+    DELETE FROM ${n.locks} l WHERE l.key = k AND l.owner = p_owner RETURNING l.expires_at INTO expired_at;
+    held := FOUND;
+    IF held AND expired_at > now_ts THEN
+      released := released + 1;
+    END IF;
+    DELETE FROM ${n.waiters} w WHERE w.key = k AND w.owner = p_owner;
+    waited := FOUND;
+    IF held OR waited THEN
+      PERFORM ${n.admit}(k, now_ts);
+    END IF;
+  END LOOP;
+  RETURN released;
+END
+$fn$;
+`;
+}

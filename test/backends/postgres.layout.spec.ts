@@ -1,0 +1,137 @@
+import { describe, expect, it } from '@jest/globals';
+import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+import pg from 'pg';
+import { SHARED } from '../../lib/backends/lock-backend.interface.js';
+import { SCHEMA_VERSION } from '../../lib/backends/postgres/postgres.schema.js';
+import { LockBackendError, PostgresLockBackend, postgresLockTablesSql } from '../../lib/index.js';
+import { usePostgresServer } from '../support/postgres-fixture.js';
+
+/** The previous release's tables (version 3), as its postgresLockTablesSql() creates them. */
+const VERSION_3_SQL = readFileSync(resolve(import.meta.dirname, '../fixtures/postgres-tables-v3.sql'), 'utf8');
+
+const fixture = usePostgresServer();
+let databases = 0;
+
+/** A database of its own, with a pool on it, closed after the test. */
+async function database(): Promise<{ url: string; db: pg.Pool }> {
+  const url = await fixture.server.createDatabase(`layout_${++databases}`);
+  const db = new pg.Pool({ connectionString: url, max: 2 });
+  fixture.cleanup(() => db.end());
+  return { url, db };
+}
+
+function backend(url: string, options: ConstructorParameters<typeof PostgresLockBackend>[1] = {}): PostgresLockBackend {
+  const created = new PostgresLockBackend(url, { listenConnection: false, ...options });
+  fixture.cleanup(() => created.close());
+  return created;
+}
+
+/** A process of the previous release: the statements its backend sends. */
+function previousRelease(db: pg.Pool) {
+  return {
+    /** Creates or brings up its tables, as its backend does on first use (in one transaction). */
+    async createTables(): Promise<void> {
+      const client = await db.connect();
+      try {
+        await client.query('BEGIN');
+        await client.query(VERSION_3_SQL);
+        await client.query('COMMIT');
+      } catch (error) {
+        await client.query('ROLLBACK');
+        throw error;
+      } finally {
+        client.release();
+      }
+    },
+    async acquire(key: string, owner: string): Promise<{ acquired: boolean; token: string }> {
+      const { rows } = await db.query('SELECT acquired, token FROM distributed_locks_acquire($1, $2, $3, $4, $5, $6)', [
+        [key],
+        owner,
+        30_000,
+        3_000,
+        false,
+        'ndl_old',
+      ]);
+      return rows[0];
+    },
+    async release(key: string, owner: string): Promise<number> {
+      return (await db.query('SELECT distributed_locks_release($1, $2) AS released', [[key], owner])).rows[0].released;
+    },
+  };
+}
+
+async function version(db: pg.Pool): Promise<string> {
+  return (await db.query(`SELECT obj_description('distributed_locks'::regclass, 'pg_class') AS v`)).rows[0].v;
+}
+
+describe('PostgreSQL lock tables: version 4 (several holders per key) next to the previous release', () => {
+  it('tables of version 3 are brought to version 4 in place: a lease held there stays held, and tokens go on', async () => {
+    const { url, db } = await database();
+    const old = previousRelease(db);
+    await old.createTables();
+    const held = await old.acquire('held', 'old-owner');
+    expect(held.acquired).toBe(true);
+    const b = backend(url);
+    expect(await b.tryAcquire(['held'], 'reader', 30_000, { limits: [SHARED], willWait: false })).toMatchObject({ acquired: false });
+    expect(await version(db)).toBe(SCHEMA_VERSION);
+    expect(await b.inspect('held')).toMatchObject({ owner: 'old-owner', fencingToken: Number(held.token) });
+    const next = await b.tryAcquire(['other'], 'reader', 30_000, { limits: [SHARED] });
+    expect(next).toMatchObject({ acquired: true, fencingToken: Number(held.token) + 1 });
+  });
+
+  it('a process of the previous release still running takes keys as an exclusive caller of the same line', async () => {
+    const { url, db } = await database();
+    const old = previousRelease(db);
+    await old.createTables();
+    const b = backend(url);
+    expect((await b.tryAcquire(['k'], 'reader', 30_000, { limits: [SHARED] })).acquired).toBe(true);
+    expect((await old.acquire('k', 'old-owner')).acquired).toBe(false);
+    await b.release(['k'], 'reader');
+    expect((await old.acquire('k', 'old-owner')).acquired).toBe(true);
+    expect(await b.tryAcquire(['k'], 'reader-2', 30_000, { limits: [SHARED], willWait: false })).toMatchObject({ acquired: false });
+    expect(await old.release('k', 'old-owner')).toBe(1);
+    expect((await b.tryAcquire(['k'], 'reader-2', 30_000, { limits: [SHARED] })).acquired).toBe(true);
+  });
+
+  it('a process of the previous release that starts later cannot put its functions back: it is told to update', async () => {
+    const { url, db } = await database();
+    const b = backend(url);
+    expect((await b.tryAcquire(['k'], 'reader', 30_000, { limits: [SHARED] })).acquired).toBe(true);
+    await expect(previousRelease(db).createTables()).rejects.toThrow(
+      'cannot change name of input parameter "lock tables at version 4: update nest-distributed-lock"',
+    );
+    expect(await version(db)).toBe(SCHEMA_VERSION);
+    expect((await b.tryAcquire(['k'], 'reader-2', 30_000, { limits: [SHARED] })).acquired).toBe(true);
+  });
+
+  it('running the tables SQL again changes nothing: holders, lines and the version stay', async () => {
+    const { url, db } = await database();
+    const b = backend(url);
+    expect((await b.tryAcquire(['k'], 'reader', 30_000, { limits: [SHARED] })).acquired).toBe(true);
+    await db.query(postgresLockTablesSql());
+    expect(await version(db)).toBe(SCHEMA_VERSION);
+    expect(await b.inspect('k')).toMatchObject({ limit: SHARED, holders: [{ owner: 'reader' }] });
+  });
+
+  it('tables of a later version are refused, with what to do, rather than used or changed back', async () => {
+    const { url, db } = await database();
+    await db.query(postgresLockTablesSql());
+    await db.query(`COMMENT ON TABLE distributed_locks IS 'nest-distributed-lock lock table, version 5'`);
+    const attempt = backend(url).tryAcquire(['k'], 'owner', 30_000);
+    await expect(attempt).rejects.toThrow(LockBackendError);
+    await expect(attempt).rejects.toMatchObject({ permanent: true });
+    await expect(attempt).rejects.toThrow(/is at version 5, made by a newer release .* update nest-distributed-lock/);
+    expect(await version(db)).toBe('nest-distributed-lock lock table, version 5');
+  });
+
+  it('with createTables: false, tables of version 3 are refused until the migration brings them up', async () => {
+    const { url, db } = await database();
+    await previousRelease(db).createTables();
+    const attempt = backend(url, { createTables: false }).tryAcquire(['k'], 'owner', 30_000);
+    await expect(attempt).rejects.toMatchObject({ permanent: true });
+    await expect(attempt).rejects.toThrow(/is at version 3 and createTables is false: run the SQL of postgresLockTablesSql/);
+    await db.query(postgresLockTablesSql());
+    expect((await backend(url, { createTables: false }).tryAcquire(['k'], 'owner', 30_000)).acquired).toBe(true);
+  });
+});
