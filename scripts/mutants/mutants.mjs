@@ -90,8 +90,8 @@ export const MUTANTS = [
     bug: 'Redis RELEASE deletes the key whoever holds it',
     file: 'lib/backends/redis/redis.scripts.ts',
     replace: [
-      ["  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end", "  if not redis.call('GET', KEYS[1]) then return 0 end"],
-      ["  local held = redis.call('GET', lock) == owner", "  local held = redis.call('GET', lock) ~= false"],
+      ['  if holder == ARGV[1] then', '  if holder then'],
+      ['  local alone = value == owner', '  local alone = value ~= false'],
     ],
     detector: 'model-redis',
   },
@@ -110,8 +110,10 @@ export const MUTANTS = [
   {
     name: 'redis-extend-no-owner',
     bug: 'Redis EXTEND extends the key whoever holds it',
-    file: 'lib/backends/redis/redis.scripts.ts',
-    replace: [["  if redis.call('GET', key) ~= owner then return 0 end", "  if not redis.call('GET', key) then return 0 end"]],
+    file: 'lib/backends/redis/redis.lease-scripts.ts',
+    replace: [
+      ['  if holder ~= owner then return holder and string.byte(holder) == 42 and -1 or 0 end', '  if not holder then return 0 end'],
+    ],
     detector: 'model-redis',
   },
   {
@@ -147,7 +149,7 @@ export const MUTANTS = [
   {
     name: 'redis-token-no-clock-floor',
     bug: "Redis tokens start from 1 instead of the server's clock: they repeat once a key's counter expired or was lost",
-    file: 'lib/backends/redis/redis.scripts.ts',
+    file: 'lib/backends/redis/redis.script-prelude.ts',
     replace: [['  local token = clock()\n  local last = tonumber', '  local token = 1\n  local last = tonumber']],
     detector: 'model-redis',
   },

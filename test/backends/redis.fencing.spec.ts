@@ -95,6 +95,32 @@ describe('fencing tokens after Redis restarts from an older snapshot', () => {
   });
 });
 
+describe('fencing tokens of shared holders after Redis restarts from an older snapshot', () => {
+  async function sharedToken(b: RedisLockBackend, owner: string, limit: number): Promise<number> {
+    const result = await b.tryAcquire(['s'], owner, 60_000, { limits: [limit], willWait: false });
+    if (!result.acquired) throw new Error(`s should have been free for ${owner}`);
+    return result.fencingToken!;
+  }
+
+  it('readers, permit holders and writers after the crash get tokens above every token issued before it', async () => {
+    const before = backend();
+    await sharedToken(before, 'r0', Number.POSITIVE_INFINITY);
+    await admin((redis) => redis.save());
+    // After the snapshot: readers beside each other, then a writer, then permit holders.
+    const lost = [await sharedToken(before, 'r1', Number.POSITIVE_INFINITY), await sharedToken(before, 'r2', Number.POSITIVE_INFINITY)];
+    for (const owner of ['r0', 'r1', 'r2']) await before.release(['s'], owner);
+    lost.push(await tokenOf(before, ['s'], 'w'), await sharedToken(before, 'p1', 2), await sharedToken(before, 'p2', 2));
+    await crashAndRestoreSnapshot();
+    // The snapshot still has r0 as a reader: readers join it, and their tokens are above the lost ones.
+    const after = backend();
+    const reader = await sharedToken(after, 'r3', Number.POSITIVE_INFINITY);
+    expect(reader).toBeGreaterThan(Math.max(...lost));
+    await after.release(['s'], 'r0');
+    await after.release(['s'], 'r3');
+    expect(await tokenOf(after, ['s'], 'w2')).toBeGreaterThan(reader);
+  });
+});
+
 describe('what a lock leaves in Redis', () => {
   it('keeps nothing of a key once its lock is released and its lease would have run out', async () => {
     // One request per distinct key (random ids, mostly unknown ones) must not cost Redis memory

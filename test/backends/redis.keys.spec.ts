@@ -36,9 +36,9 @@ describe('Redis key layout', () => {
       );
     }
     for (const key of keys) {
-      const { lock, fence, line, records } = lockKeyLayout(key);
+      const { lock, fence, line, records, holders } = lockKeyLayout(key);
       expect(lock).toBe(key);
-      for (const companion of [fence, line, records]) {
+      for (const companion of [fence, line, records, holders]) {
         expect([key, companion, keySlot(companion)]).toEqual([key, companion, keySlot(key)]);
         expect(companion.startsWith('{')).toBe(true);
       }
@@ -54,6 +54,7 @@ describe('Redis key layout', () => {
       fence: '{lock:order:42}:fence',
       line: '{lock:order:42}:queue',
       records: '{lock:order:42}:waiters',
+      holders: '{lock:order:42}:holders',
     });
   });
 

@@ -2,12 +2,20 @@ import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { Cluster, Redis } from 'ioredis';
 import { FailedReleases } from '../failed-releases.js';
-import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import {
+  SHARED,
+  type AcquireResult,
+  type BackendHealth,
+  type ExtendResult,
+  type LockBackend,
+  type LockState,
+  type TryAcquireOptions,
+} from '../lock-backend.interface.js';
 import { RedisConnection } from './redis.connection.js';
 import { lineScriptKeys, lockKeyLayouts, type LockKeyLayout } from './redis.keys.js';
 import { RedisWaiterLine } from './redis.line.js';
 import { checkConnection, resolveBackendOptions, type RedisLockBackendOptions, type RedisLockConnection } from './redis.options.js';
-import { ACQUIRE, EXTEND, INSPECT, RELEASE } from './redis.scripts.js';
+import { ACQUIRE, EXTEND, EXTEND_HOLDERS, INSPECT, RELEASE } from './redis.scripts.js';
 import { RedisScriptRunner } from './redis.script-runner.js';
 import { verifyRedis } from './redis.verify.js';
 import { LockBackendError } from '../../lock.errors.js';
@@ -18,12 +26,16 @@ import { LockBackendError } from '../../lock.errors.js';
  * key. Waiters stand in a fair line in Redis; a release hands the lock to the first of them and
  * tells its process by pub/sub, over one shared subscriber connection per backend.
  *
+ * Shared locks and semaphores use the same line, counter and hand-over: a key with several holders
+ * keeps a lease per holder, by the Redis server's clock (see HOLDERS in redis.script-prelude.ts).
+ *
  * Exclusive while Redis keeps its data: a failover to a replica that had not yet received a lock
  * (replication is asynchronous) can grant it twice. Use fencing tokens where that matters.
  */
 export class RedisLockBackend implements LockBackend {
   readonly name = 'redis';
   readonly fencing = true;
+  readonly sharedHolders = true;
   readonly waiterTimeout: number;
   /** How many times in a row a released lock may go to a waiter of this process before earlier ones of others. */
   readonly localHandoffs: number;
@@ -38,6 +50,12 @@ export class RedisLockBackend implements LockBackend {
   /** ACQUIRE's last argument for an owner that will wait, and for one that will not (see ACQUIRE). */
   private readonly waitingArgs: string;
   private readonly tryingArgs: string;
+  /**
+   * Owners that hold a key beside others (shared, or a permit): their extensions and releases need
+   * the holder sets. Only a shortcut: a script that meets such a key without them says so, and the
+   * call is sent again with them.
+   */
+  private readonly besideOthers = new Set<string>();
 
   /**
    * `new RedisLockBackend(redis)` uses your ioredis client (Redis, Sentinel or Cluster) and leaves
@@ -80,15 +98,21 @@ export class RedisLockBackend implements LockBackend {
     const client = this.connection.open() ?? (await this.connection.connected('acquire', keys));
     // Keys a Cluster cannot lock together are refused here, before the owner gets a line entry
     // that nothing would remove (the caller gives up on such a mistake at once).
-    const redisKeys = lineScriptKeys(this.layouts(keys, client));
+    const limits = limitArgument(options?.limits);
+    const redisKeys = lineScriptKeys(this.layouts(keys, client), limits !== undefined);
     const entry = this.line.attemptStarting(owner, keys, willWait);
     const sentAt = performance.now();
+    const args = [owner, Math.ceil(ttlMs), willWait ? this.waitingArgs : this.tryingArgs];
+    if (limits !== undefined) {
+      args.push(limits);
+      this.holdsBesideOthers(owner);
+    }
     const reply = await this.scripts.run(client, {
       op: 'acquire',
       keys,
       script: ACQUIRE,
       redisKeys,
-      args: [owner, Math.ceil(ttlMs), willWait ? this.waitingArgs : this.tryingArgs],
+      args,
       onLateAnswer: (late) => {
         // It answered after we reported a failure. Freeing the keys here would be wrong when the
         // same owner tries again (a later attempt, queued behind this one, finds the lock its own)
@@ -104,25 +128,32 @@ export class RedisLockBackend implements LockBackend {
       this.line.acquired(owner, false);
       return { acquired: true, fencingToken: reply };
     }
-    const [acquired, value, third] = reply as [number, number, number?];
+    const [acquired, value, third] = reply as [number, number, number | string | undefined];
+    if (acquired === 2) {
+      // Holders of another limit: key `value` (1-based) and theirs, `shared` or the permits.
+      return { acquired: false, limitMismatch: { key: keys[value - 1], limit: third === 'shared' ? SHARED : Number(third) } };
+    }
     if (acquired === 1) {
       this.line.acquired(owner, third === 1);
       return { acquired: true, fencingToken: value };
     }
-    this.line.attemptFailed(entry, keys, sentAt, third);
+    this.line.attemptFailed(entry, keys, sentAt, third as number);
     return { acquired: false, retryAfterMs: value >= 0 ? value : undefined };
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
     const client = this.connection.open() ?? (await this.connection.connected('extend', keys));
-    const locks = this.layouts(keys, client).map((l) => l.lock);
-    const extended = await this.scripts.run(client, {
-      op: 'extend',
-      keys,
-      script: EXTEND,
-      redisKeys: locks,
-      args: [owner, Math.ceil(ttlMs)],
-    });
+    const layouts = this.layouts(keys, client);
+    const locks = layouts.map((l) => l.lock);
+    const args = [owner, Math.ceil(ttlMs)];
+    // -1: a key has holders beside each other, whose sets EXTEND does not have.
+    let extended = this.besideOthers.has(owner)
+      ? -1
+      : await this.scripts.run(client, { op: 'extend', keys, script: EXTEND, redisKeys: locks, args });
+    if (extended === -1) {
+      const redisKeys = [...locks, ...layouts.map((l) => l.holders)];
+      extended = await this.scripts.run(client, { op: 'extend', keys, script: EXTEND_HOLDERS, redisKeys, args });
+    }
     return extended === 1 ? { extended: true } : { extended: false };
   }
 
@@ -157,7 +188,8 @@ export class RedisLockBackend implements LockBackend {
     // Sent in the usual case's short form when nothing here says that anyone waits for the key
     // (see RELEASE): two keys and one argument cost Redis less than four keys and two arguments. If
     // someone joined the line meanwhile, Redis says so, and the whole call follows.
-    const { usual, behindPing } = this.line.releasing(owner, keys);
+    const { usual: alone, behindPing } = this.line.releasing(owner, keys);
+    const usual = !this.besideOthers.delete(owner) && alone;
     const client = this.connection.open() ?? (await this.connection.connected('release', keys));
     const layouts = this.layouts(keys, client);
     if (usual) {
@@ -209,7 +241,7 @@ export class RedisLockBackend implements LockBackend {
         op: 'release',
         keys,
         script: RELEASE,
-        redisKeys: lineScriptKeys(layouts),
+        redisKeys: lineScriptKeys(layouts, true),
         args: [owner, `${publish} ${this.waiterTimeout} ${this.line.id} ${handoff?.mayPass ? 1 : 0}`],
         behindPing,
         // Reported as failed, it still ran: a waiter of ours it handed the lock to takes it now,
@@ -257,12 +289,19 @@ export class RedisLockBackend implements LockBackend {
       op: 'inspect',
       keys: [key],
       script: INSPECT,
-      redisKeys: [layout.lock, layout.fence],
+      redisKeys: [layout.lock, layout.fence, layout.holders],
       args: [],
     });
-    const [owner, pttl, token] = reply as [string | null, number, string | null];
+    const [owner, pttl, token, holderList, now] = reply as [string | null, number, string | null, string[]?, number?];
     if (owner === null) return undefined;
-    return { key, owner, ttlMs: pttl >= 0 ? pttl : Number.POSITIVE_INFINITY, fencingToken: token === null ? undefined : Number(token) };
+    const fencingToken = token === null ? undefined : Number(token);
+    if (holderList === undefined) return { key, owner, ttlMs: pttl >= 0 ? pttl : Number.POSITIVE_INFINITY, fencingToken };
+    // Several holders (the lock holds `*shared` or `*<permits>`): their own leases, longest last.
+    const holders = [];
+    for (let i = 0; i < holderList.length; i += 2) holders.push({ owner: holderList[i], ttlMs: Number(holderList[i + 1]) - now! });
+    if (holders.length === 0) return undefined;
+    const limit = owner === '*shared' ? SHARED : Number(owner.slice(1));
+    return { key, owner: holders[0].owner, ttlMs: holders[holders.length - 1].ttlMs, fencingToken, limit, holders };
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
@@ -290,7 +329,22 @@ export class RedisLockBackend implements LockBackend {
     await this.connection.closeClient();
   }
 
+  private holdsBesideOthers(owner: string): void {
+    // Bounded for callers of the backend that never release; forgetting one only costs a retry.
+    if (this.besideOthers.size >= 10_000) this.besideOthers.clear();
+    this.besideOthers.add(owner);
+  }
+
   private layouts(keys: readonly string[], client: Redis | Cluster): LockKeyLayout[] {
     return lockKeyLayouts(keys, client.options.keyPrefix ?? '', this.connection.cluster);
   }
+}
+
+/**
+ * ACQUIRE's limits argument (see ACQUIRE): each key's `1`, `<permits>` or `shared`, or undefined
+ * when every key is exclusive (the usual case, sent without it).
+ */
+function limitArgument(limits: readonly number[] | undefined): string | undefined {
+  if (limits === undefined || limits.every((limit) => limit === 1)) return undefined;
+  return limits.map((limit) => (limit === SHARED ? 'shared' : String(limit))).join(' ');
 }

@@ -27,6 +27,11 @@ export interface LockKeyLayout {
    * release), and where to tell it (see RELEASE).
    */
   records: string;
+  /**
+   * Sorted set of the holders of a key that admits several (shared locks, semaphores): owner ->
+   * end of its lease (server time, ms). The lock itself then holds `*shared` or `*<permits>`.
+   */
+  holders: string;
 }
 
 /**
@@ -38,7 +43,7 @@ export function lockKeyLayout(key: string, clientPrefix = ''): LockKeyLayout {
   // The names stored in Redis keep their first spelling (`:queue` for the line, `:waiters` for its
   // records): during a rolling upgrade processes of two versions share one Redis, and must find
   // each other's waiters.
-  return { lock: key, fence: `${base}:fence`, line: `${base}:queue`, records: `${base}:waiters` };
+  return { lock: key, fence: `${base}:fence`, line: `${base}:queue`, records: `${base}:waiters`, holders: `${base}:holders` };
 }
 
 /**
@@ -59,13 +64,23 @@ export function lockKeyLayouts(keys: readonly string[], clientPrefix: string, cl
   return keys.map((key) => lockKeyLayout(key, clientPrefix));
 }
 
-/** The KEYS of the scripts that keep the line: n locks, n fencing counters, n lines, n waiter records. */
-export function lineScriptKeys(layouts: readonly LockKeyLayout[]): string[] {
+/**
+ * The KEYS of the scripts that keep the line: n locks, n fencing counters, n lines, n waiter
+ * records, and with `holders` n holder sets (for keys that admit several holders, and for RELEASE,
+ * which may hand a key to several).
+ */
+export function lineScriptKeys(layouts: readonly LockKeyLayout[], holders = false): string[] {
   if (layouts.length === 1) {
     const [{ lock, fence, line, records }] = layouts;
-    return [lock, fence, line, records];
+    return holders ? [lock, fence, line, records, layouts[0].holders] : [lock, fence, line, records];
   }
-  return [...layouts.map((l) => l.lock), ...layouts.map((l) => l.fence), ...layouts.map((l) => l.line), ...layouts.map((l) => l.records)];
+  const keys = [
+    ...layouts.map((l) => l.lock),
+    ...layouts.map((l) => l.fence),
+    ...layouts.map((l) => l.line),
+    ...layouts.map((l) => l.records),
+  ];
+  return holders ? [...keys, ...layouts.map((l) => l.holders)] : keys;
 }
 
 function slotPinnedBase(key: string): string {

@@ -4,7 +4,7 @@ import { CommandDeadlines } from './command-deadlines.js';
 import { ACL_RULE_DOCS } from './redis.acl.js';
 import { refusalFix, refusalOf } from './redis.refusals.js';
 import type { RedisConnection } from './redis.connection.js';
-import type { RedisScript } from './redis.scripts.js';
+import type { RedisScript } from './redis.script-prelude.js';
 
 class CommandTimeoutError extends Error {}
 

@@ -1,102 +1,36 @@
-import { createHash } from 'node:crypto';
+import { PRELUDE, script } from './redis.script-prelude.js';
 
-/**
- * The whole safety argument of the Redis backend: four scripts, each one atomic step on one slot.
- * Every script runs in one round trip; the backend sends EVALSHA and falls back to EVAL (which
- * loads the script again) when Redis answers NOSCRIPT, e.g. after a restart.
+export type { RedisScript } from './redis.script-prelude.js';
+export { EXTEND, EXTEND_HOLDERS, INSPECT } from './redis.lease-scripts.js';
+
+/*
+ * The whole safety argument of the Redis backend: a few scripts, each one atomic step on one slot
+ * (the helpers they share are in redis.script-prelude.ts, the lease scripts in
+ * redis.lease-scripts.ts).
  */
-export interface RedisScript {
-  readonly name: string;
-  readonly lua: string;
-  readonly sha: string;
-}
-
-function script(name: string, lua: string): RedisScript {
-  return { name, lua, sha: createHash('sha1').update(lua).digest('hex') };
-}
 
 /**
- * Helpers both line-keeping scripts share; they expect KEYS laid out as n locks, their n fencing
- * counters, n lines and n waiter records (see redis.keys.ts), and the rarer arguments packed in one
- * ARGV string (see ACQUIRE and RELEASE).
- *
- * - clock(): the server time in µs, read at most once per call.
- * - nextToken(counter): one more than the counter's last token, but never below the server time
- *   in µs, and written back. The counter alone keeps tokens increasing while Redis keeps its data;
- *   the clock floor keeps them increasing when it does not: a restart from an RDB snapshot or an
- *   AOF fsynced every second, or a failover to a replica that lagged, brings back an older counter
- *   (or none), and tokens handed out since were at most the clock when they were issued (one per
- *   acquisition never outruns one per µs). So a token is greater than every earlier one of its key
- *   as long as the clock of the server that issues it has not gone back behind the clock of the
- *   server that issued them. So the counter needs to outlive only the lease it was written with:
- *   after that the clock alone is above every token of the key, and a key nobody locks anymore
- *   costs no memory (one request per distinct id would otherwise leave a counter per id).
- *   The clock is written first and the counter read back in the same call (SET ... GET): the
- *   counter is behind the clock but for a clock set back or a second acquisition within the same
- *   µs, and only then is it written again, one above the counter.
- * - standing(i, who): if `who` still has its place in line i, its deadline (ms), the ttl it asked
- *   for (0 for a multi-key waiter) and the id of its process's backend.
- * - front(i): the first waiter in line i that still has its place, with the same three values.
- *   Waiters whose place ran out are dropped on the way.
- *
- * A token goes to Redis through string.format('%d'): a Lua number given to redis.call is written
- * with '%.17g', exact too, but the floating-point formatting costs Redis more than the call itself.
- */
-const PRELUDE = `
-local n = #KEYS / 4
-local now = nil
-local function clock()
-  if not now then
-    local time = redis.call('TIME')
-    now = time[1] * 1000000 + time[2]
-  end
-  return now
-end
-local function nextToken(counter, lease)
-  local token = clock()
-  local last = tonumber(redis.call('SET', counter, string.format('%d', token), 'PX', lease, 'GET'))
-  if last and last >= token then
-    token = last + 1
-    redis.call('SET', counter, string.format('%d', token), 'PX', lease)
-  end
-  return token
-end
-local function standing(i, who)
-  local record = redis.call('HGET', KEYS[3 * n + i], who)
-  if not record then return nil end
-  local deadline, ttl, process = string.match(record, '^(%d+) (%d+) (%S+)$')
-  if deadline and tonumber(deadline) * 1000 > clock() then return tonumber(deadline), tonumber(ttl), process end
-end
-local function front(i)
-  local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
-  while true do
-    local head = redis.call('ZRANGE', line, 0, 0)[1]
-    if not head then return nil end
-    local deadline, ttl, process = standing(i, head)
-    if deadline then return head, deadline, ttl, process end
-    redis.call('ZREM', line, head)
-    redis.call('HDEL', records, head)
-  end
-end
-`;
-
-/**
- * KEYS: n locks, their n fencing counters, n lines, n waiter records.
+ * KEYS: n locks, their n fencing counters, n lines, n waiter records, and n holder sets when ARGV[4]
+ * is given.
  * ARGV: owner, ttl ms, and `<waiter timeout ms> <1 or 0> <backend id>`: 1 if the caller will wait
  * (joins the line when it fails), 0 if it gives up at once (so it stays out of the line); the id of
  * the caller's backend is its wake-up channel (see RELEASE). The last three travel as one string,
  * read only when the usual case does not apply: each value sent costs Redis a Lua string and a
- * slot in ARGV on every call.
+ * slot in ARGV on every call. ARGV[4], only when a key admits several holders: each key's limit,
+ * `1`, `<permits>` or `shared`, separated by spaces.
  * Returns the fencing token in the usual case (one key, free, nobody in line); else
  * {1, fencing token, 1 if a line was kept for a key (others may still wait) else 0}, or
  * {0, ms until a retry may succeed (-1: unknown), the key's last token (single key; -1
- * otherwise)}: a hand-over announced later carries a greater token.
+ * otherwise)}: a hand-over announced later carries a greater token; or {2, i, limit}: key i has
+ * holders of another limit (`shared` or `<permits>`), which waiting does not change.
  *
  * All or nothing: every lock is checked before any is written. A lock this owner already holds
  * (handed over on release, or a request resent after a reconnect) is taken as it is. A free lock
  * still goes to the first waiter in line: the line keeps a process that releases and re-acquires
- * at once from starving the others. Waiters that stopped asking lose their place after the timeout,
- * in all their lines at once.
+ * at once from starving the others. A key that admits several holders lets a caller in beside its
+ * holders while they leave it room, unless a waiter ahead of it in line is of another kind (a
+ * queued writer keeps later readers out) or would take the room left. Waiters that stopped asking
+ * lose their place after the timeout, in all their lines at once.
  * The usual case is four calls: EXISTS of the line, SET NX of the lock, then TIME and SET ... GET
  * for the fencing token (nextToken, inlined).
  */
@@ -115,27 +49,69 @@ if #KEYS == 4 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[
   end
   return token
 end
+local width = ARGV[4] and 5 or 4
 ` +
     PRELUDE +
     `
 local owner, ttl = ARGV[1], ARGV[2]
 local waiterTimeout, willWait, backendId = string.match(ARGV[3], '^(%d+) ([01]) (%S+)$')
-local wait, mine, lined = nil, {}, 0
+local limits = {}
+if ARGV[4] then
+  for limit in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = limit end
+else
+  for i = 1, n do limits[i] = '1' end
+end
+if ARGV[4] then holding() end
+local wait, mine, own, room, lined = nil, {}, {}, {}, 0
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
   if holder == owner then
-    mine[i] = true
+    mine[i], own[i] = true, true
     lined = 1
+  elseif holder and limits[i] ~= '1' and string.byte(holder) == 42 then
+    -- Holders of a kind: this caller's own, or a mistake waiting cannot heal.
+    if holder ~= '*' .. limits[i] then return {2, i, string.sub(holder, 2)} end
+    local holders = KEYS[4 * n + i]
+    local count = live(holders)
+    if redis.call('ZSCORE', holders, owner) then
+      mine[i] = true
+      lined = 1
+    elseif count >= limitSize(limits[i]) then
+      -- Full: the first permit frees when the shortest lease ends, if not before.
+      local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')[2]
+      wait = math.max(wait or -1, tonumber(first) - ms())
+    else
+      room[i] = limitSize(limits[i]) - count
+    end
   elseif holder then
     wait = math.max(wait or -1, redis.call('PTTL', KEYS[i]))
   end
 end
 if not wait then
+  -- Whether a waiter ahead of \`who\` in line i keeps it out: one of another kind, or one of its kind
+  -- when the key has no room left for both (\`room\`: places free beside the holders). Returns that
+  -- waiter's deadline or nil, and whether anyone stands in the line.
+  local function ahead(i, who, limit, room)
+    local line, records, k = KEYS[2 * n + i], KEYS[3 * n + i], 0
+    while true do
+      local waiter = redis.call('ZRANGE', line, k, k)[1]
+      if not waiter or waiter == who then return nil, k > 0 or waiter ~= nil end
+      local deadline, _, _, theirs = standing(i, waiter)
+      if deadline then
+        room = room - 1
+        if theirs ~= limit or room < 1 then return deadline, true end
+        k = k + 1
+      else
+        redis.call('ZREM', line, waiter)
+        redis.call('HDEL', records, waiter)
+      end
+    end
+  end
   for i = 1, n do
     if not mine[i] then
-      local head, deadline = front(i)
-      if head then lined = 1 end
-      if head and head ~= owner then wait = math.max(wait or -1, math.ceil(deadline - clock() / 1000)) end
+      local deadline, anyone = ahead(i, owner, limits[i], room[i] or 1)
+      if anyone then lined = 1 end
+      if deadline then wait = math.max(wait or -1, math.ceil(deadline - clock() / 1000)) end
     end
   end
 end
@@ -160,7 +136,7 @@ if wait then
   for i = 1, n do
     local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
     redis.call('ZADD', line, place, owner)
-    redis.call('HSET', records, owner, record)
+    redis.call('HSET', records, owner, limits[i] == '1' and record or record .. ' ' .. limits[i])
     redis.call('PEXPIRE', line, waiterTimeout)
     redis.call('PEXPIRE', records, waiterTimeout)
   end
@@ -179,7 +155,13 @@ else
   for i = n + 1, 2 * n do redis.call('SET', KEYS[i], written, 'PX', ttl) end
 end
 for i = 1, n do
-  redis.call('SET', KEYS[i], owner, 'PX', ttl)
+  if limits[i] == '1' or own[i] then
+    redis.call('SET', KEYS[i], owner, 'PX', ttl)
+  else
+    -- A lease of its own, by this server's clock; the key lives as long as its longest lease.
+    redis.call('ZADD', KEYS[4 * n + i], ms() + tonumber(ttl), owner)
+    settle(KEYS[i], KEYS[4 * n + i], '*' .. limits[i])
+  end
   if redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then redis.call('HDEL', KEYS[3 * n + i], owner) end
 end
 return {1, token, lined}
@@ -187,63 +169,54 @@ return {1, token, lined}
 );
 
 /**
- * KEYS: n locks. ARGV: owner, ttl ms. Returns 1 if the owner still held every lock and each lease
- * is reset to ttl, else 0 (and nothing changed).
- */
-export const EXTEND = script(
-  'extend',
-  `
-local owner, ttl = ARGV[1], ARGV[2]
-for _, key in ipairs(KEYS) do
-  if redis.call('GET', key) ~= owner then return 0 end
-end
-for _, key in ipairs(KEYS) do
-  redis.call('PEXPIRE', key, ttl)
-end
-return 1
-`,
-);
-
-/**
- * KEYS: n locks, their n fencing counters, n lines, n waiter records. ARGV: owner, and
- * `<PUBLISH or SPUBLISH> <longest lease to hand over, ms> <id of the releasing backend> <1 or 0>`
+ * KEYS: n locks, their n fencing counters, n lines, n waiter records, n holder sets. ARGV: owner,
+ * and `<PUBLISH or SPUBLISH> <longest lease to hand over, ms> <id of the releasing backend> <1 or 0>`
  * in one string (as in ACQUIRE): SPUBLISH is sharded, on Cluster; 1 if a waiter of that backend may
  * go before waiters of other processes (see below), else 0. Returns how many locks the owner still
- * held; each is deleted, or handed to the first waiter in its line. When it goes to a waiter of the
- * releasing backend itself, no message is sent: the answer is `{released, waiter, token, lease ms,
- * 1 if it went before others else 0}`, and the releasing process hands it over in memory.
+ * held; each is deleted, or handed to the waiters at the head of its line that can now enter. When
+ * it goes to one exclusive waiter of the releasing backend itself, no message is sent: the answer
+ * is `{released, waiter, token, lease ms, 1 if it went before others else 0}`, and the releasing
+ * process hands it over in memory.
  *
  * The usual case, one key with nobody in line, may be sent with two KEYS, the lock and its line,
  * and the owner alone: it is three calls (EXISTS, GET, DEL) and returns 1 or 0 as above, or -1 if
- * someone is in line after all (they joined while the lock was held): then nothing was done, and
- * the caller sends the whole call. Each key sent costs Redis as each argument does.
+ * someone is in line after all (they joined while the lock was held) or the key has several
+ * holders (`*...`, whose set only the whole call has): then nothing was done, and the caller sends
+ * the whole call. Each key sent costs Redis as each argument does.
  *
- * Compare-and-delete, so a late release never frees another owner's lock. A waiter that gives up
- * calls it too, to leave the line. Either way, if someone is in line, the first waiter's process
- * is told on its backend's own channel (on Cluster one per lock, `<line key>:<id>`, in the lock's
- * slot; else `nest-distributed-lock:<id>`), so no other process reads it:
- * - a single-key waiter is handed the free lock right here, with its fencing token, and the
- *   message is `<owner> <token> <lease ms>`: it enters without another round trip. The lease is
- *   its ttl, but no longer than the given cap, so a waiter that died in line holds it up briefly;
+ * Compare-and-delete (or remove from the holder set), so a late release never frees another
+ * owner's lock. A waiter that gives up calls it too, to leave the line. Either way, if someone is in
+ * line, the waiters at its head that can now enter are let in, up to the first that cannot (see
+ * admit), and each is told on its backend's own channel (on Cluster one per lock,
+ * `<line key>:<id>`, in the lock's slot; else `nest-distributed-lock:<id>`), so no other process
+ * reads it and nobody who still cannot enter is woken:
+ * - a single-key waiter is handed the key right here, with its fencing token, and the message is
+ *   `<owner> <token> <lease ms>`: it enters without another round trip. The lease is its ttl, but
+ *   no longer than the given cap, so a waiter that died in line holds it up briefly;
  * - a multi-key waiter is told `<owner>` and tries again.
  * Without a line there is nobody to wake: no message.
  *
- * A single key that its owner held goes to a waiter of the releasing backend without a message
- * when that waiter is first in line, or, if allowed, among the first few behind waiters of other
- * processes: the releasing process bounds how many times in a row it lets its own waiters go first
- * (as cohort locks do), since every hand-over between processes costs a message through Redis.
+ * A single key that its owner held alone goes to an exclusive waiter of the releasing backend
+ * without a message when that waiter is first in line, or, if allowed, among the first few
+ * exclusive waiters behind waiters of other processes: the releasing process bounds how many times
+ * in a row it lets its own waiters go first (as cohort locks do), since every hand-over between
+ * processes costs a message through Redis.
  */
 export const RELEASE = script(
   'release',
   // The usual case first, as in ACQUIRE: one key and nobody in line, so nobody to hand it to.
   `
-local oneLine = #KEYS == 2 and KEYS[2] or #KEYS == 4 and KEYS[3]
+local oneLine = #KEYS == 2 and KEYS[2] or #KEYS == 5 and KEYS[3]
 if oneLine and redis.call('EXISTS', oneLine) == 0 then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-  redis.call('DEL', KEYS[1])
-  return 1
+  local holder = redis.call('GET', KEYS[1])
+  if holder == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  if not holder or string.byte(holder) ~= 42 then return 0 end
 end
 if #KEYS == 2 then return -1 end
+local width = 5
 ` +
     PRELUDE +
     `
@@ -251,17 +224,78 @@ local owner = ARGV[1]
 local publish, maxLease, releaser, mayPass = string.match(ARGV[2], '^(%u+) (%d+) (%S+) ([01])$')
 maxLease, mayPass = tonumber(maxLease), mayPass == '1'
 local released = 0
--- The first waiter of the releasing backend among the first few in line, behind others.
+-- The first exclusive waiter of the releasing backend among the first few in line, behind
+-- exclusive waiters of others.
 local function nextOfOurs(i)
   local line = KEYS[2 * n + i]
   for _, waiter in ipairs(redis.call('ZRANGE', line, 1, 8)) do
-    local deadline, ttl, process = standing(i, waiter)
+    local deadline, ttl, process, limit = standing(i, waiter)
+    if deadline and limit ~= '1' then return nil end
     if deadline and process == releaser and ttl > 0 then return waiter, ttl end
   end
 end
+-- Lets in, from the head of line i (\`waiter\` and its standing, from front), the waiters that can
+-- enter a key nobody holds alone and \`count\` hold beside each other (\`marker\` says of which kind):
+-- an exclusive waiter when nobody holds it; waiters of the holders' kind while it has room. The
+-- first that cannot enter ends it, so nobody passes it (one of another limit is told, to learn of
+-- the mismatch). A multi-key waiter told to try again counts as entered: its room stays its own.
+-- Returns 1 if an exclusive waiter was handed the key, and the key's marker.
+local function admit(i, count, marker, waiter, ttl, process, limit)
+  local lock, line, records, holders = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i]
+  local kind, k = marker, 0
+  while waiter do
+    local channel = publish == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
+    local exclusive, lease = limit == '1', math.min(ttl, maxLease)
+    if not exclusive then holding() end
+    if exclusive and count > 0 or not exclusive and (count >= limitSize(limit) or kind and kind ~= '*' .. limit) then
+      if not exclusive and kind and kind ~= '*' .. limit then redis.call(publish, channel, waiter) end
+      return 0, marker
+    end
+    count = count + 1
+    if not exclusive then kind = '*' .. limit end
+    if lease == 0 then
+      redis.call(publish, channel, waiter)
+      k = k + 1
+    else
+      redis.call('ZREM', line, waiter)
+      redis.call('HDEL', records, waiter)
+      local token = string.format('%d', nextToken(KEYS[n + i], lease))
+      if exclusive then
+        redis.call('SET', lock, waiter, 'PX', lease)
+      else
+        redis.call('ZADD', holders, ms() + lease, waiter)
+        marker = kind
+      end
+      redis.call(publish, channel, waiter .. ' ' .. token .. ' ' .. lease)
+    end
+    if exclusive then return lease > 0 and 1 or 0, marker end
+    -- The next waiter that still has its place.
+    repeat
+      waiter = redis.call('ZRANGE', line, k, k)[1]
+      if waiter then
+        local deadline
+        deadline, ttl, process, limit = standing(i, waiter)
+        if not deadline then
+          redis.call('ZREM', line, waiter)
+          redis.call('HDEL', records, waiter)
+        end
+      end
+    until not waiter or process
+  end
+  return 0, marker
+end
 for i = 1, n do
-  local lock, line, records = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i]
-  local held = redis.call('GET', lock) == owner
+  local lock, line, records, holders = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i]
+  local value = redis.call('GET', lock)
+  local alone = value == owner
+  local held = alone
+  -- '*': the key has holders that hold it beside each other (see HOLDERS).
+  local marker, count = value and string.byte(value) == 42 and value, 0
+  if marker then
+    holding()
+    count = live(holders)
+    if redis.call('ZREM', holders, owner) == 1 then held, count = true, count - 1 end
+  end
   local turn = held
   if held then released = released + 1 end
   local lined = redis.call('EXISTS', line) == 1
@@ -270,51 +304,31 @@ for i = 1, n do
     redis.call('HDEL', records, owner)
     turn = true
   end
-  local handed = false
-  if lined and turn then
-    local head, _, ttl, process = front(i)
+  local handed = 0
+  if lined and turn and (alone or marker or not value) then
+    local head, _, ttl, process, limit = front(i)
     local passed = 0
-    if head and n == 1 and held and process ~= releaser and mayPass then
+    if head and n == 1 and alone and limit == '1' and process ~= releaser and mayPass then
       local ours, oursTtl = nextOfOurs(i)
       if ours then head, ttl, process, passed = ours, oursTtl, releaser, 1 end
     end
-    if head and n == 1 and held and process == releaser and ttl > 0 then
+    if head and n == 1 and alone and limit == '1' and process == releaser and ttl > 0 then
       local lease = math.min(ttl, maxLease)
       redis.call('SET', lock, head, 'PX', lease)
       redis.call('ZREM', line, head)
       redis.call('HDEL', records, head)
       return {released, head, nextToken(KEYS[2], lease), lease, passed}
     end
-    if head then
-      local channel = publish == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
-      local lease = math.min(ttl, maxLease)
-      if lease > 0 then
-        -- Ours: overwritten for the waiter. After a waiter left: only if nobody holds it.
-        if held then
-          handed = redis.call('SET', lock, head, 'PX', lease) ~= false
-        else
-          handed = redis.call('SET', lock, head, 'NX', 'PX', lease) ~= false
-        end
-      end
-      if handed then
-        redis.call('ZREM', line, head)
-        redis.call('HDEL', records, head)
-        redis.call(publish, channel, head .. ' ' .. string.format('%d', nextToken(KEYS[n + i], lease)) .. ' ' .. lease)
-      else
-        redis.call(publish, channel, head)
-      end
-    end
+    if head then handed, marker = admit(i, count, marker, head, ttl, process, limit) end
   end
-  if held and not handed then redis.call('DEL', lock) end
+  if handed == 1 then
+    if marker then redis.call('DEL', holders) end
+  elseif marker then
+    settle(lock, holders, marker)
+  elseif alone then
+    redis.call('DEL', lock)
+  end
 end
 return released
-`,
-);
-
-/** KEYS: a lock and its fencing counter. Returns {owner or false, pttl, last token or false}. */
-export const INSPECT = script(
-  'inspect',
-  `
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
 `,
 );

@@ -1,0 +1,132 @@
+import { createHash } from 'node:crypto';
+
+/**
+ * A Lua script of the Redis backend. Every script runs in one round trip; the backend sends
+ * EVALSHA and falls back to EVAL (which loads the script again) when Redis answers NOSCRIPT, e.g.
+ * after a restart.
+ */
+export interface RedisScript {
+  readonly name: string;
+  readonly lua: string;
+  readonly sha: string;
+}
+
+export function script(name: string, lua: string): RedisScript {
+  return { name, lua, sha: createHash('sha1').update(lua).digest('hex') };
+}
+
+/** The server's clock in µs, read at most once per call. */
+export const CLOCK = `
+local now = nil
+local function clock()
+  if not now then
+    local time = redis.call('TIME')
+    now = time[1] * 1000000 + time[2]
+  end
+  return now
+end
+`;
+
+/**
+ * Helpers for keys that admit several holders (shared locks and semaphores), made by holding()
+ * before their first use: an exclusive caller never needs them, and each function a script makes
+ * costs Redis CPU on every call (see bench/README.md). Such a key holds a marker instead of an
+ * owner, `*shared` or `*<permits>` (owners never start with `*`), so every exclusive caller finds it
+ * taken without looking further: the exclusive path costs what it did. Its holders stand in a
+ * sorted set next to it, owner -> end of its own lease (ms, by this server's clock, never a
+ * client's).
+ *
+ * - ms(): the server time in ms.
+ * - limitSize(limit): how many holders a limit ('1', '<permits>', 'shared') admits.
+ * - live(holders): drops holders whose lease ran out; how many are left.
+ * - settle(lock, holders, marker): after holders came or went, the marker and the set live as long
+ *   as the longest lease, or both go with the last holder. So neither outlives its holders.
+ */
+export const HOLDERS = `
+local ms, limitSize, live, settle
+local function holding()
+  if ms then return end
+  ms = function() return math.floor(clock() / 1000) end
+  limitSize = function(limit) return limit == 'shared' and math.huge or tonumber(limit) end
+  live = function(holders)
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', ms())
+    return redis.call('ZCARD', holders)
+  end
+  settle = function(lock, holders, marker)
+    live(holders)
+    local last = redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2]
+    if not last then
+      redis.call('DEL', lock, holders)
+      return
+    end
+    local lease = string.format('%d', tonumber(last) - ms())
+    redis.call('SET', lock, marker, 'PX', lease)
+    redis.call('PEXPIRE', holders, lease)
+  end
+end
+`;
+
+/**
+ * Helpers both line-keeping scripts share; they expect `width` set (4, or 5 with the holder sets)
+ * and KEYS laid out as n locks, their n fencing counters, n lines, n waiter records and maybe n
+ * holder sets (see redis.keys.ts), and the rarer arguments packed in one ARGV string (see ACQUIRE
+ * and RELEASE).
+ *
+ * - nextToken(counter): one more than the counter's last token, but never below the server time
+ *   in µs, and written back. The counter alone keeps tokens increasing while Redis keeps its data;
+ *   the clock floor keeps them increasing when it does not: a restart from an RDB snapshot or an
+ *   AOF fsynced every second, or a failover to a replica that lagged, brings back an older counter
+ *   (or none), and tokens handed out since were at most the clock when they were issued (one per
+ *   acquisition never outruns one per µs). So a token is greater than every earlier one of its key
+ *   as long as the clock of the server that issues it has not gone back behind the clock of the
+ *   server that issued them. So the counter needs to outlive only the lease it was written with:
+ *   after that the clock alone is above every token of the key, and a key nobody locks anymore
+ *   costs no memory (one request per distinct id would otherwise leave a counter per id).
+ *   The clock is written first and the counter read back in the same call (SET ... GET): the
+ *   counter is behind the clock but for a clock set back or a second acquisition within the same
+ *   µs, and only then is it written again, one above the counter. Every holder of a key, whatever
+ *   its kind, takes its token from this one counter.
+ * - standing(i, who): if `who` still has its place in line i, its deadline (ms), the ttl it asked
+ *   for (0 for a multi-key waiter), the id of its process's backend and its limit for the key.
+ * - front(i): the first waiter in line i that still has its place, with the same four values.
+ *   Waiters whose place ran out are dropped on the way.
+ *
+ * A token goes to Redis through string.format('%d'): a Lua number given to redis.call is written
+ * with '%.17g', exact too, but the floating-point formatting costs Redis more than the call itself.
+ */
+export const PRELUDE =
+  CLOCK +
+  HOLDERS +
+  `
+local n = #KEYS / width
+local function nextToken(counter, lease)
+  local token = clock()
+  local last = tonumber(redis.call('SET', counter, string.format('%d', token), 'PX', lease, 'GET'))
+  if last and last >= token then
+    token = last + 1
+    redis.call('SET', counter, string.format('%d', token), 'PX', lease)
+  end
+  return token
+end
+-- A record is '<deadline> <ttl> <backend id>', and ' <limit>' after it unless the limit is 1 (the
+-- form processes of earlier versions read).
+local function standing(i, who)
+  local record = redis.call('HGET', KEYS[3 * n + i], who)
+  if not record then return nil end
+  local deadline, ttl, process, limit = string.match(record, '^(%d+) (%d+) (%S+) ?(%S*)$')
+  if deadline and tonumber(deadline) * 1000 > clock() then
+    return tonumber(deadline), tonumber(ttl), process, limit == '' and '1' or limit
+  end
+end
+local function front(i)
+  local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
+  while true do
+    local head = redis.call('ZRANGE', line, 0, 0)[1]
+    if not head then return nil end
+    local deadline, ttl, process, limit = standing(i, head)
+    if deadline then return head, deadline, ttl, process, limit end
+    redis.call('ZREM', line, head)
+    redis.call('HDEL', records, head)
+  end
+end
+`;
