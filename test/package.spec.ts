@@ -73,6 +73,8 @@ describe('the published package', () => {
         '@opentelemetry/api': peer('@opentelemetry/api'),
         pg: [pgTypes],
         etcd3: peer('etcd3'),
+        // mysql2 names its types without an extension, which ESM resolution does not complete.
+        mysql2: [join(root, 'node_modules/mysql2/index.d.ts')],
       },
     };
     writeFileSync(
