@@ -4,6 +4,7 @@ import { requirePeer } from '../../peer-require.cjs';
 import { accessRefusal, type EtcdIdentity } from './etcd.access.js';
 import { hostPolicies, noRetries, watchBackoff } from './etcd.host-policy.js';
 import type { CheckedEtcdConnection, ResolvedEtcdOptions } from './etcd.options.js';
+import { sentence } from '../backend-message.js';
 
 type Etcd3Package = typeof import('etcd3');
 
@@ -209,9 +210,4 @@ function tooLarge(keys: readonly string[], cause: Error): InvalidLockKeyError {
 /** etcd's answer to a request that names a lease it no longer has (expired or revoked). */
 function leaseGone(error: unknown): boolean {
   return error instanceof Error && /requested lease not found/.test(error.message);
-}
-
-/** Messages from etcd and our own may end in '.' or '?' already. */
-function sentence(text: string): string {
-  return /[.?!]$/.test(text) ? text : `${text}.`;
 }

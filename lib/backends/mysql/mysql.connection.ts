@@ -15,6 +15,8 @@ import {
 } from './mysql.errors.js';
 import type { CheckedMysqlConnection, ResolvedMysqlOptions } from './mysql.options.js';
 import { lockNames, MYSQL_SCHEMA_VERSION, mysqlLockTablesSql, type MysqlLockNames } from './mysql.schema.js';
+import { sentence } from '../backend-message.js';
+import { withTimeout } from '../bounded-wait.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -291,16 +293,4 @@ function loadMysql2(): Mysql2Package {
         `you created (${error instanceof Error ? error.message : String(error)})`,
     );
   }
-}
-
-/** Messages from mysql2 and our own may end in '.' or '?' already. */
-function sentence(text: string): string {
-  return /[.?!]$/.test(text) ? text : `${text}.`;
-}
-
-function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
-  let timer: NodeJS.Timeout | undefined;
-  return Promise.race([promise, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ms)))]).finally(() =>
-    clearTimeout(timer),
-  );
 }

@@ -20,6 +20,8 @@ import {
   schemaLayout,
   type PostgresLockNames,
 } from './postgres.schema.js';
+import { sentence } from '../backend-message.js';
+import { withTimeout } from '../bounded-wait.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -355,16 +357,4 @@ function loadPg(option: string): PgPackage {
 
 function isReadOnly(error: unknown): boolean {
   return typeof error === 'object' && error !== null && (error as { code?: unknown }).code === READ_ONLY_SQL_TRANSACTION;
-}
-
-/** Messages from pg and our own may end in '.' or '?' already. */
-function sentence(text: string): string {
-  return /[.?!]$/.test(text) ? text : `${text}.`;
-}
-
-function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
-  let timer: NodeJS.Timeout | undefined;
-  return Promise.race([promise, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ms)))]).finally(() =>
-    clearTimeout(timer),
-  );
 }

@@ -4,6 +4,7 @@ import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js'
 import { requirePeer } from '../../peer-require.cjs';
 import { refusalFix, refusalOf } from './redis.refusals.js';
 import { CREATED_CLIENT_DEFAULTS, CREATED_SENTINEL_CLIENT_DEFAULTS, type CheckedConnection } from './redis.options.js';
+import { withTimeout } from '../bounded-wait.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -363,11 +364,4 @@ function loadIoredis(): IoredisPackage {
         `(${error instanceof Error ? error.message : String(error)})`,
     );
   }
-}
-
-function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
-  let timer: NodeJS.Timeout | undefined;
-  return Promise.race([promise, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ms)))]).finally(() =>
-    clearTimeout(timer),
-  );
 }

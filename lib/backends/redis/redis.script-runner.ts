@@ -5,6 +5,7 @@ import { ACL_RULE_DOCS } from './redis.acl.js';
 import { refusalFix, refusalOf } from './redis.refusals.js';
 import type { RedisConnection } from './redis.connection.js';
 import type { RedisScript } from './redis.script-prelude.js';
+import { sentence } from '../backend-message.js';
 
 class CommandTimeoutError extends Error {}
 
@@ -125,9 +126,4 @@ function aclAdvice(op: string, redisKeys: readonly string[], client: Redis | Clu
 
 function isReadOnly(error: unknown): boolean {
   return error instanceof Error && /\bREADONLY\b/.test(error.message);
-}
-
-/** Messages from ioredis and our own may end in '.' or '?' already; no 'cache..' or 'overloaded?.'. */
-function sentence(text: string): string {
-  return /[.?!]$/.test(text) ? text : `${text}.`;
 }
