@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
-import { CommandDeadlines } from '../lib/backends/redis/command-deadlines.js';
+import { CommandDeadlines } from '../lib/backends/command-deadlines.js';
 import { until } from './support/wait.js';
 
 describe('CommandDeadlines', () => {

@@ -2,7 +2,7 @@ import { Logger } from '@nestjs/common';
 import type { Pool, PoolOptions } from 'mysql2';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
-import { CommandDeadlines } from '../redis/command-deadlines.js';
+import { CommandDeadlines } from '../command-deadlines.js';
 import {
   errnoOf,
   isRetryable,

@@ -2,7 +2,7 @@ import { Logger } from '@nestjs/common';
 import type { Client, ClientConfig, Pool, PoolConfig } from 'pg';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
-import { CommandDeadlines } from '../redis/command-deadlines.js';
+import { CommandDeadlines } from '../command-deadlines.js';
 import { PoolStarvationWatch } from './postgres.pool-watch.js';
 import {
   createTablesFix,

@@ -1,6 +1,6 @@
 import type { Cluster, Redis } from 'ioredis';
 import { LockBackendError } from '../../lock.errors.js';
-import { CommandDeadlines } from './command-deadlines.js';
+import { CommandDeadlines } from '../command-deadlines.js';
 import { ACL_RULE_DOCS } from './redis.acl.js';
 import { refusalFix, refusalOf } from './redis.refusals.js';
 import type { RedisConnection } from './redis.connection.js';
