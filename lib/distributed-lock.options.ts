@@ -2,6 +2,7 @@ import type { ExecutionContext } from '@nestjs/common';
 import type { LockBackend } from './backends/lock-backend.interface.js';
 import { InvalidLockOptionsError, type LockNotAcquiredError } from './lock.errors.js';
 import { checkKindOptions, type LockMode } from './lock-mode.js';
+import { IDENTITY_NAME_RULE, defaultInstance, isIdentityName } from './lock-identity.js';
 import type { LockTelemetryOptions } from './lock.telemetry.js';
 import { show } from './option-value.js';
 
@@ -35,6 +36,13 @@ export interface LockOptions {
    * of the key must ask for the same number; a different one is an InvalidLockOptionsError.
    */
   permits?: number;
+  /**
+   * Where in the code the lock is taken, stored with the lease and the place in line so that
+   * `inspect()` can tell who holds or waits (docs/inspection.md): a label of at most 128
+   * characters, e.g. 'nightly-report'. Default: `Class.method` for @Locked, none for LockService
+   * calls. Never put argument values in it: it is readable by anyone who can read the store.
+   */
+  site?: string;
 }
 
 /** What a busy lock does to a `using()` call or a @Locked method. */
@@ -108,6 +116,12 @@ export interface DistributedLockModuleOptions {
    * or was refused one. Default false: Nest's default logger shows debug lines.
    */
   debugLogs?: boolean;
+  /**
+   * The name of this process, stored with each lease and place in line it takes so that
+   * `inspect()` can tell which instance holds or waits (docs/inspection.md): at most 128
+   * characters, e.g. the pod name. Default `hostname:pid`.
+   */
+  instance?: string;
 }
 
 /** Milliseconds until a retry is worth it; a result that is not a number of 0 or more falls back to the default. */
@@ -136,6 +150,7 @@ export const MODULE_DEFAULTS: ResolvedModuleOptions = {
   encodeKeyValues: false,
   telemetry: false,
   debugLogs: false,
+  instance: defaultInstance(),
 };
 
 /** The longest delay a Node timer keeps: beyond it, setTimeout fires after 1 ms. */
@@ -160,8 +175,14 @@ const bool: Check = ['true or false', (v) => typeof v === 'boolean'];
 const LOCK_OPTIONS: Record<string, Check> = { ttl: leaseMs, wait: waitMs, autoExtend: bool };
 const signal: Check = ['an AbortSignal', (v) => v instanceof AbortSignal];
 const positiveInteger: Check = ['a positive integer', (v) => Number.isInteger(v) && (v as number) > 0];
+const identityName: Check = [
+  IDENTITY_NAME_RULE,
+  isIdentityName,
+  'It is stored with the lease: name the code or the process, not the data.',
+];
 const PER_LOCK_OPTIONS: Record<string, Check> = {
   ...LOCK_OPTIONS,
+  site: identityName,
   minHold: leaseMs,
   maxHold: leaseMs,
   mode: ["'exclusive' or 'shared'", (v) => v === 'exclusive' || v === 'shared', 'For at most n holders at once, use permits: n.'],
@@ -201,6 +222,7 @@ const MODULE_OPTIONS: Record<string, Check> = {
     (v) => typeof v === 'boolean' || (typeof v === 'object' && v !== null && !Array.isArray(v)),
   ],
   debugLogs: bool,
+  instance: identityName,
 };
 const MODULE_EXTRAS: Record<string, Check> = { isGlobal: bool, interceptor: bool };
 

@@ -18,7 +18,8 @@ export type {
 export { Locked, type LockableMethod, type LockedDecorator } from './locked.decorator.js';
 export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LOCK_CONFLICT_CODE, LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
-export { LockService, type LockInfo } from './lock.service.js';
+export { LockService } from './lock.service.js';
+export type { LockHolderInfo, LockInfo, LockList, LockListQuery, LockWaiterInfo } from './lock-inspection.js';
 export { LockHealthIndicator, type LockHealthResult } from './lock.health-indicator.js';
 export { LockHandle } from './lock.handle.js';
 export {
@@ -53,8 +54,13 @@ export {
   type BackendHealth,
   type ExtendResult,
   type ImmediateLockSteps,
+  type LockHolderIdentity,
   type LockHolderState,
+  type LockListOptions,
+  type LockListPage,
   type LockState,
+  type LockWaiterState,
+  MAX_IDENTITY_LENGTH,
   type TryAcquireOptions,
   SHARED,
 } from './backends/lock-backend.interface.js';

@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import type { AcquireResult, LockBackend } from './backends/lock-backend.interface.js';
+import type { AcquireResult, LockBackend, LockHolderIdentity } from './backends/lock-backend.interface.js';
 import type { AcquireOptions, ResolvedModuleOptions } from './distributed-lock.options.js';
 import { Lease, type LeaseTracker } from './lock-lease.js';
 import type { LockWaitQueue, Waiter } from './lock-wait-queue.js';
@@ -48,6 +48,8 @@ export class LockAcquisition {
   readonly limit: number;
   /** What the backend gets for it: nothing for an exclusive lock, as before shared holders existed. */
   private readonly limits: readonly number[] | undefined;
+  /** Who asks, stored with the lease and the place in line (docs/inspection.md). */
+  private readonly holder: LockHolderIdentity;
   /**
    * One per call, shared by its attempts: the backend's line knows a waiter by it, and a release
    * hands the lock to it.
@@ -76,7 +78,11 @@ export class LockAcquisition {
     private readonly host: AcquisitionHost,
     private readonly keys: string[],
     options: AcquireOptions | undefined,
+    /** The site when the options name none: `Class.method` of a @Locked method. */
+    site?: string,
   ) {
+    const named = options?.site ?? site;
+    this.holder = named === undefined ? { instance: host.options.instance } : { instance: host.options.instance, site: named };
     this.maxHold = options?.maxHold;
     this.minHold = options?.minHold;
     // A first lease longer than maxHold would outlive it.
@@ -104,7 +110,7 @@ export class LockAcquisition {
     // As run(): a caller that does not wait tries whoever is queued; one that waits goes behind them.
     const queue = this.host.queue;
     if (this.willWait && (queue.full(this.keys) !== undefined || !queue.allTrying(this.id))) return undefined;
-    const result = immediate.tryAcquire(this.keys, this.owner, this.ttl, this.started);
+    const result = immediate.tryAcquire(this.keys, this.owner, this.ttl, this.started, this.holder);
     return result.acquired ? this.won(result, this.started) : undefined;
   }
 
@@ -238,6 +244,7 @@ export class LockAcquisition {
       result = await backend.tryAcquire(this.keys, this.owner, this.ttl, {
         willWait: this.willWait,
         onLateAcquire,
+        holder: this.holder,
         ...(this.limits && { limits: this.limits }),
       });
     } catch (error) {

@@ -24,34 +24,10 @@ import { LockEvents, type LockBusyEvent } from './lock.events.js';
 import { instrumentLocks } from './lock.telemetry.js';
 import { InvalidLockKeyError, LockBackendError, LockNotAcquiredError } from './lock.errors.js';
 import { LockHandle } from './lock.handle.js';
-import { checkBackendHolds, checkReentry, kindFields, kindOf, limitOf, type LockKind } from './lock-mode.js';
+import { checkBackendHolds, checkReentry, kindFields, limitOf } from './lock-mode.js';
+import { checkListQuery, lockInfo, type LockInfo, type LockList, type LockListQuery } from './lock-inspection.js';
 
-/** What `inspect()` tells about a key. */
-export interface LockInfo {
-  /** Full key, prefix included. */
-  key: string;
-  /** Remaining lease in milliseconds (the longest, when the key has several holders). */
-  ttlMs: number;
-  /** The holder's token (the greatest, when the key has several holders). */
-  fencingToken?: number;
-  /** Whether this LockService (this process) holds it (is one of its holders). */
-  heldHere: boolean;
-  /** How it is held: 'exclusive', 'shared' (by readers), or 'permits' (a semaphore's). */
-  mode: LockKind;
-  /** How many holders it admits: 1 exclusive, n permits, Infinity shared. */
-  limit: number;
-  /** Every holder, when the key admits more than one. */
-  holders?: LockHolderInfo[];
-}
-
-/** One holder of a shared lock or a semaphore, as `inspect()` tells it. */
-export interface LockHolderInfo {
-  /** Remaining lease in milliseconds. */
-  ttlMs: number;
-  fencingToken?: number;
-  /** Whether this LockService (this process) is this holder. */
-  heldHere: boolean;
-}
+export type { LockHolderInfo, LockInfo } from './lock-inspection.js';
 
 /**
  * Manual lock control, and the engine behind @Locked. Use it from Nest (inject it) or on its own:
@@ -125,24 +101,29 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     return (await this.inspect(key)) !== undefined;
   }
 
-  /** The current lease on a key, or undefined when it is free. */
+  /**
+   * The current lease on a key, or undefined when it is free: its holders and, where the backend
+   * stores them, who they are and the line of waiters (docs/inspection.md). Read-only.
+   */
   async inspect(key: string): Promise<LockInfo | undefined> {
     const [full] = this.fullKeys(key);
     const state = await this.backend.inspect(full);
     if (!state) return undefined;
     const owners = new Set([...this.leases].map((lease) => lease.owner));
-    const limit = state.limit ?? 1;
-    const holders = state.holders?.map(({ ttlMs, fencingToken, owner }) => ({ ttlMs, fencingToken, heldHere: owners.has(owner) }));
-    const heldHere = holders ? holders.some((holder) => holder.heldHere) : owners.has(state.owner);
-    return {
-      key: full,
-      ttlMs: state.ttlMs,
-      fencingToken: state.fencingToken,
-      heldHere,
-      mode: kindOf(limit),
-      limit,
-      ...(holders && { holders }),
-    };
+    return lockInfo({ ...state, key: full }, (owner) => owners.has(owner));
+  }
+
+  /**
+   * One page of the keys held now under `prefix` (after the keyPrefix), at most `limit`; pass the
+   * page's `cursor` back for the next. A key held from the first page to the last is listed exactly
+   * once. Read-only; the cost per backend is in docs/inspection.md.
+   */
+  async list(query?: LockListQuery): Promise<LockList> {
+    const { prefix, limit, cursor } = checkListQuery(query, this.backend);
+    const { keyPrefix } = this.options;
+    const page = await this.backend.list!({ prefix: keyPrefix + prefix, limit, ...(cursor !== undefined && { cursor }) });
+    const keys = page.keys.map((key) => key.slice(keyPrefix.length));
+    return page.cursor === undefined ? { keys } : { keys, cursor: page.cursor };
   }
 
   /**
@@ -167,11 +148,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     fn: (lock: LockHandle) => T | Promise<T>,
     options?: UsingOptions,
     template?: string,
+    site?: string,
   ): Promise<T | undefined> {
     // 'skip' means "do not wait": a job that another instance is running is skipped at once, not
     // run after it (unless a wait is asked for).
     if (options?.onBusy === 'skip' && options.wait === undefined) options = { ...options, wait: 0 };
-    const held = this.hold(keys, options, template);
+    const held = this.hold(keys, options, template, site);
     const result = held instanceof LockHandle ? held : await held;
     if (!(result instanceof LockHandle)) {
       if (options?.onBusy === 'skip') return undefined;
@@ -189,7 +171,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       const value = await runHolding(result, () => fn(result));
       if (!isObservable(value)) return value;
       // An Observable's work runs while it is subscribed: the lock goes with it.
-      const held = holdWhileSubscribed(value, result, release, (subscribe) => this.run(keys, subscribe, options, template));
+      const held = holdWhileSubscribed(value, result, release, (subscribe) => this.run(keys, subscribe, options, template, site));
       handedOver = held !== undefined;
       return held ? (held as T) : value;
     } finally {
@@ -278,13 +260,18 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * on the in-memory backend most calls end there, and each promise saved is a measurable share
    * of their cost (more so once an AsyncLocalStorage has Node run its hooks for every promise).
    */
-  private hold(keys: string[], options: AcquireOptions | undefined, template?: string): LockHandle | Promise<LockHandle | NotAcquired> {
+  private hold(
+    keys: string[],
+    options: AcquireOptions | undefined,
+    template?: string,
+    site?: string,
+  ): LockHandle | Promise<LockHandle | NotAcquired> {
     checkBackendHolds(this.backend, limitOf(options), keys);
     const held = heldLocks(this.backend);
-    if (held !== undefined && keys.some((key) => held.has(key))) return this.holdAsync(keys, options, template);
-    const acquisition = new LockAcquisition(this, keys, options);
+    if (held !== undefined && keys.some((key) => held.has(key))) return this.holdAsync(keys, options, template, site);
+    const acquisition = new LockAcquisition(this, keys, options, site);
     const lease = acquisition.tryNow();
-    if (!lease) return this.holdAsync(keys, options, template, acquisition);
+    if (!lease) return this.holdAsync(keys, options, template, site, acquisition);
     return this.handleFor(keys, [lease], false, acquisition.started, false, template, 1, acquisition.started);
   }
 
@@ -313,6 +300,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     keys: string[],
     options: AcquireOptions | undefined,
     template: string | undefined,
+    site: string | undefined,
     first?: LockAcquisition,
   ): Promise<LockHandle | NotAcquired> {
     const started = first?.started ?? performance.now();
@@ -340,7 +328,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         }
         let fresh: Lease | undefined;
         if (missing.length > 0) {
-          const acquisition = first ?? new LockAcquisition(this, missing, options);
+          const acquisition = first ?? new LockAcquisition(this, missing, options, site);
           first = undefined;
           const running = acquisition.run();
           // Shutdown wakes waiters and closes the backend after what it tracks: a woken waiter

@@ -5,6 +5,7 @@ import { isObservableType, lockOnSubscribe } from './lock-observable.js';
 import { LockModuleNotImportedError } from './lock.errors.js';
 import type { LockService } from './lock.service.js';
 import { declaredParameters } from './parameter-names.js';
+import { methodSite } from './lock-identity.js';
 import { processShared } from './process-shared.js';
 
 /** Metadata key under which @Locked records a LockedMethod on the method it decorates. */
@@ -21,6 +22,8 @@ export class LockedMethod {
   private compiled: KeyResolver | Error | undefined;
   /** The key as declared (`order:<id>`), which events and metrics name the lock by. */
   readonly template: string;
+  /** Stored with the lease as where it was taken (docs/inspection.md): the `site` option, or `Class.method`. */
+  readonly site: string;
 
   constructor(
     readonly className: string,
@@ -31,6 +34,7 @@ export class LockedMethod {
     readonly isStatic = false,
   ) {
     this.template = keySourceTemplate(source, { className, methodName });
+    this.site = options?.site ?? methodSite(className, methodName);
   }
 
   /** Throws the typed error that makes start-up fail when the template or options are wrong. */
@@ -121,7 +125,7 @@ export function Locked<K extends LockKeySource>(key: K, options?: LockedOptions)
       }
       try {
         const keys = service.fullKeys(spec.check()(args, service.options.encodeKeyValues));
-        return service.run(keys, () => original.apply(this, args), spec.options, spec.template);
+        return service.run(keys, () => original.apply(this, args), spec.options, spec.template, spec.site);
       } catch (error) {
         return Promise.reject(error);
       }

@@ -42,11 +42,12 @@ describe('LockService and LockHandle', () => {
     expect(await locks.isLocked('scoped')).toBe(false);
   });
 
-  it('inspect() tells the token, the remaining lease and whether this process holds it', async () => {
-    locks = new LockService();
+  it('inspect() tells the token, the remaining lease, whether this process holds it, and who holds it', async () => {
+    locks = new LockService(undefined, { instance: 'web-1' });
     const other = new LockService(locks.backend);
     expect(await locks.inspect('i')).toBeUndefined();
     const handle = await locks.acquire('i', { ttl: 8_000 });
+    const holder = { ttlMs: expect.any(Number), fencingToken: handle.fencingToken, heldHere: true, instance: 'web-1' };
     expect(await locks.inspect('i')).toEqual({
       key: 'lock:i',
       ttlMs: expect.any(Number),
@@ -54,6 +55,8 @@ describe('LockService and LockHandle', () => {
       heldHere: true,
       mode: 'exclusive',
       limit: 1,
+      holders: [{ ...holder, acquiredAt: expect.any(Number) }],
+      waiters: [],
     });
     expect((await other.inspect('i'))?.heldHere).toBe(false);
     await handle.release();

@@ -30,6 +30,13 @@ export interface LockBackend {
    */
   readonly waiterTimeout?: number;
 
+  /**
+   * Whether the backend stores who holds and waits (TryAcquireOptions.holder) and reports it from
+   * inspect: every holder in `LockState.holders`, with its identity, and the line in
+   * `LockState.waiters`. Without it inspect tells the lease alone (docs/inspection.md).
+   */
+  readonly storesIdentity?: boolean;
+
   /** One attempt, no waiting: take every key or none. */
   tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult>;
 
@@ -45,6 +52,14 @@ export interface LockBackend {
 
   /** The current holder of a key, or undefined when it is free. */
   inspect(key: string): Promise<LockState | undefined>;
+
+  /**
+   * Optional, read-only: one page of the keys held now whose names start with `prefix` (full
+   * keys), at most `limit` of them, from where `cursor` (a previous page's) left off. A key held
+   * from the first page to the last is on exactly one page; one taken or freed meanwhile may or
+   * may not be. `cursor` is absent on the last page. docs/inspection.md states each backend's cost.
+   */
+  list?(options: LockListOptions): Promise<LockListPage>;
 
   /**
    * Optional: call `onRelease` when one of `keys` may have become free for `owner` (the waiting
@@ -103,7 +118,7 @@ export interface ImmediateLockSteps {
    * the ttl is not brought to the full ttl before its holder runs, as it is through tryAcquire when
    * autoExtend is off: a backend that hands locks over with a shorter lease leaves this out.
    */
-  tryAcquire(keys: readonly string[], owner: string, ttlMs: number, now: number): AcquireResult;
+  tryAcquire(keys: readonly string[], owner: string, ttlMs: number, now: number, holder?: LockHolderIdentity): AcquireResult;
 
   /** release, with its answer. */
   release(keys: readonly string[], owner: string): boolean;
@@ -170,6 +185,41 @@ export interface TryAcquireOptions {
    * 1 and differ disagree on what the key is: the attempt fails with `limitMismatch`.
    */
   limits?: readonly number[];
+  /**
+   * Who asks, stored with the lease and with the caller's place in line by a backend whose
+   * `storesIdentity` is true (others ignore it). Each string is at most MAX_IDENTITY_LENGTH
+   * characters without control characters (the service checks); never argument values.
+   */
+  holder?: LockHolderIdentity;
+}
+
+/** Who holds or waits for a key, as stored with its lease (docs/inspection.md). */
+export interface LockHolderIdentity {
+  /** The process: the module's `instance` option, `hostname:pid` by default. */
+  readonly instance: string;
+  /** Where in the code: `Class.method` for @Locked, the `site` option of a call; absent when not given. */
+  readonly site?: string;
+}
+
+/** The longest `instance` or `site` a backend stores: longer ones are refused (or cut, for a derived `Class.method`). */
+export const MAX_IDENTITY_LENGTH = 128;
+
+/** What LockBackend.list reads. */
+export interface LockListOptions {
+  /** Full-key prefix (the service's keyPrefix included); '' lists every key of the store's locks. */
+  prefix: string;
+  /** At most this many keys on the page (the service asks for 1 to 1 000). */
+  limit: number;
+  /** Where the previous page left off; absent for the first page. */
+  cursor?: string;
+}
+
+/** One page of held keys. */
+export interface LockListPage {
+  /** Full keys, each once on this page. */
+  keys: string[];
+  /** Where the next page starts; absent when this page is the last. */
+  cursor?: string;
 }
 
 /** The limit of a shared (read) holder: any number of them at once (see TryAcquireOptions.limits). */
@@ -187,16 +237,32 @@ export interface LockState {
   fencingToken?: number;
   /** How many holders the key admits (see TryAcquireOptions.limits); absent: 1. */
   limit?: number;
-  /** Every holder, when the key admits more than one. */
+  /**
+   * Every holder: always from a backend whose `storesIdentity` is true, else only when the key admits
+   * more than one.
+   */
   holders?: LockHolderState[];
+  /** The line of waiters, first first, from a backend whose `storesIdentity` is true. */
+  waiters?: LockWaiterState[];
 }
 
-/** One holder of a key that admits several. */
-export interface LockHolderState {
+/** One holder of a key. */
+export interface LockHolderState extends Partial<LockHolderIdentity> {
   owner: string;
   /** Remaining lease in milliseconds. */
   ttlMs: number;
   fencingToken?: number;
+  /** When it took the key: ms since the epoch, by the store's clock where it has one. */
+  acquiredAt?: number;
+}
+
+/** One caller in a key's line. */
+export interface LockWaiterState extends Partial<LockHolderIdentity> {
+  owner: string;
+  /** When it took its place: ms since the epoch, by the store's clock where it has one. */
+  waitingSince?: number;
+  /** How many holders it asks the key to admit (see TryAcquireOptions.limits); absent: 1. */
+  limit?: number;
 }
 
 /**

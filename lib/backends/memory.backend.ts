@@ -4,10 +4,14 @@ import type {
   ExtendResult,
   ImmediateLockSteps,
   LockBackend,
+  LockHolderIdentity,
+  LockListOptions,
+  LockListPage,
   LockState,
   TryAcquireOptions,
 } from './lock-backend.interface.js';
 import { KeyHolders } from './memory.key-holders.js';
+import { listPage } from './memory.listing.js';
 
 const SWEEP_FLOOR = 1_024;
 
@@ -21,6 +25,7 @@ export class MemoryLockBackend implements LockBackend {
   readonly name = 'memory';
   readonly fencing = true;
   readonly sharedHolders = true;
+  readonly storesIdentity = true;
 
   private readonly states = new Map<string, KeyHolders>();
   /** Per key, who listens for it to admit them: each callback with the owner it waits as (if it said). */
@@ -40,12 +45,12 @@ export class MemoryLockBackend implements LockBackend {
     // Exclusive only: the steps carry no limits (the service sends shared locks through tryAcquire).
     // A caller here has not said it waits, so it stays out of the line; the service's next
     // attempt, through tryAcquire, puts it there if it does wait.
-    tryAcquire: (keys, owner, ttlMs, now) => this.acquireAt(keys, owner, ttlMs, now, undefined, false),
+    tryAcquire: (keys, owner, ttlMs, now, holder) => this.acquireAt(keys, owner, ttlMs, now, undefined, false, holder),
     release: (keys, owner) => this.free(keys, owner),
   };
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
-    return this.acquireAt(keys, owner, ttlMs, performance.now(), options?.limits, options?.willWait ?? true);
+    return this.acquireAt(keys, owner, ttlMs, performance.now(), options?.limits, options?.willWait ?? true, options?.holder);
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
@@ -84,6 +89,7 @@ export class MemoryLockBackend implements LockBackend {
     now: number,
     limits: readonly number[] | undefined,
     willWait: boolean,
+    holder: LockHolderIdentity | undefined,
   ): AcquireResult {
     const states = keys.map((key) => this.live(key, now) ?? new KeyHolders());
     let retryAfterMs: number | undefined;
@@ -110,7 +116,7 @@ export class MemoryLockBackend implements LockBackend {
         for (const [i, state] of states.entries()) {
           if (state.holder(owner)) continue;
           if (i <= blocked) {
-            state.join(owner, limits?.[i] ?? 1, now + ttlMs);
+            state.join(owner, limits?.[i] ?? 1, now + ttlMs, holder, now);
             this.states.set(keys[i], state);
           } else if (state.remove(owner).changed) {
             if (state.empty) this.states.delete(keys[i]);
@@ -123,7 +129,7 @@ export class MemoryLockBackend implements LockBackend {
     const fencingToken = this.nextToken();
     for (const [i, state] of states.entries()) {
       state.remove(owner);
-      state.holders.push({ owner, expiresAt: now + ttlMs, fencingToken, limit: limits?.[i] ?? 1 });
+      state.holders.push({ owner, expiresAt: now + ttlMs, fencingToken, limit: limits?.[i] ?? 1, holder, since: now });
       this.states.set(keys[i], state);
     }
     this.pendingWakes.delete(owner);
@@ -164,20 +170,39 @@ export class MemoryLockBackend implements LockBackend {
 
   async inspect(key: string): Promise<LockState | undefined> {
     const now = performance.now();
-    const holders = this.live(key, now)?.holders;
-    if (!holders?.length) return undefined;
+    const state = this.live(key, now);
+    if (!state?.holders.length) return undefined;
+    const holders = state.holders;
     const ttl = (expiresAt: number) => Math.max(0, Math.ceil(expiresAt - now));
+    // performance.now() readings as wall-clock times: this process's clock is the store's.
+    const epoch = (at: number) => Math.round(performance.timeOrigin + at);
     const limit = holders[0].limit;
     return {
       key,
       owner: holders[0].owner,
       ttlMs: Math.max(...holders.map((h) => ttl(h.expiresAt))),
       fencingToken: Math.max(...holders.map((h) => h.fencingToken)),
-      ...(limit !== 1 && {
-        limit,
-        holders: holders.map((h) => ({ owner: h.owner, ttlMs: ttl(h.expiresAt), fencingToken: h.fencingToken })),
-      }),
+      ...(limit !== 1 && { limit }),
+      holders: holders.map((h) => ({
+        owner: h.owner,
+        ttlMs: ttl(h.expiresAt),
+        fencingToken: h.fencingToken,
+        acquiredAt: epoch(h.since),
+        ...h.holder,
+      })),
+      waiters: state.waiters.map((w) => ({
+        owner: w.owner,
+        waitingSince: epoch(w.since),
+        ...(w.limit !== 1 && { limit: w.limit }),
+        ...w.holder,
+      })),
     };
+  }
+
+  /** Keys in sorted order after the cursor: one pass over the keys in memory per page (see listPage). Changes nothing. */
+  async list(options: LockListOptions): Promise<LockListPage> {
+    const now = performance.now();
+    return listPage(this.states, options, (state) => state.holders.some((h) => h.expiresAt > now));
   }
 
   /**

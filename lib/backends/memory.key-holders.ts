@@ -1,3 +1,5 @@
+import type { LockHolderIdentity } from './lock-backend.interface.js';
+
 /** One holder of a key in the in-memory store. */
 export interface MemoryHolder {
   owner: string;
@@ -6,6 +8,10 @@ export interface MemoryHolder {
   fencingToken: number;
   /** How many holders it admits beside itself and the others (TryAcquireOptions.limits). */
   limit: number;
+  /** Who it is, as the caller said (TryAcquireOptions.holder). */
+  holder: LockHolderIdentity | undefined;
+  /** performance.now() when it took the key. */
+  since: number;
 }
 
 /** A caller whose attempt failed and that waits: its place in the key's line. */
@@ -18,6 +24,9 @@ interface LineEntry {
    * still listens for its turn has not vanished, and keeps its place past it (see prune).
    */
   expiresAt: number;
+  holder: LockHolderIdentity | undefined;
+  /** performance.now() when it took its place. */
+  since: number;
 }
 
 /**
@@ -31,6 +40,11 @@ interface LineEntry {
 export class KeyHolders {
   readonly holders: MemoryHolder[] = [];
   private readonly line: LineEntry[] = [];
+
+  /** The line, first first, as inspect shows it. */
+  get waiters(): readonly Readonly<LineEntry>[] {
+    return this.line;
+  }
 
   /** Nobody holds or waits: the key's state can go. */
   get empty(): boolean {
@@ -97,10 +111,10 @@ export class KeyHolders {
   }
 
   /** Into the line (at its end), or a renewed place for one already in it. */
-  join(owner: string, limit: number, expiresAt: number): void {
+  join(owner: string, limit: number, expiresAt: number, holder: LockHolderIdentity | undefined, now: number): void {
     const waiting = this.line.find((w) => w.owner === owner);
     if (waiting) waiting.expiresAt = Math.max(waiting.expiresAt, expiresAt);
-    else this.line.push({ owner, limit, expiresAt });
+    else this.line.push({ owner, limit, expiresAt, holder, since: now });
   }
 
   /** Out of the line and off the holders; whether it held the key, and whether anything changed. */

@@ -3,6 +3,7 @@ import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
 import { LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
 import { LockService } from '../../lib/lock.service.js';
 import { activeTimers, eventually, until } from '../support/wait.js';
+import { describeInspectionConformance } from './inspection.conformance.js';
 import { describeSharedConformance } from './shared-locks.conformance.js';
 
 export interface ConformanceTarget {
@@ -294,4 +295,5 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
     });
   });
   describeSharedConformance(name, target);
+  describeInspectionConformance(name, target);
 }
