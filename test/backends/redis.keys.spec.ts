@@ -36,9 +36,9 @@ describe('Redis key layout', () => {
       );
     }
     for (const key of keys) {
-      const { lock, fence, line, records, holders } = lockKeyLayout(key);
+      const { lock, fence, line, records, holders, holder, who } = lockKeyLayout(key);
       expect(lock).toBe(key);
-      for (const companion of [fence, line, records, holders]) {
+      for (const companion of [fence, line, records, holders, holder, who]) {
         expect([key, companion, keySlot(companion)]).toEqual([key, companion, keySlot(key)]);
         expect(companion.startsWith('{')).toBe(true);
       }
@@ -55,6 +55,8 @@ describe('Redis key layout', () => {
       line: '{lock:order:42}:queue',
       records: '{lock:order:42}:waiters',
       holders: '{lock:order:42}:holders',
+      holder: '{lock:order:42}:holder',
+      who: '{lock:order:42}:who',
     });
   });
 

@@ -8,6 +8,8 @@ import {
   type BackendHealth,
   type ExtendResult,
   type LockBackend,
+  type LockListOptions,
+  type LockListPage,
   type LockState,
   type TryAcquireOptions,
 } from '../lock-backend.interface.js';
@@ -18,6 +20,9 @@ import { checkConnection, resolveBackendOptions, type RedisLockBackendOptions, t
 import { ACQUIRE, EXTEND, EXTEND_HOLDERS, INSPECT, RELEASE } from './redis.scripts.js';
 import { RedisScriptRunner } from './redis.script-runner.js';
 import { verifyRedis } from './redis.verify.js';
+import { inspectReply, type InspectReply } from './redis.inspection.js';
+import { listRedisKeys } from './redis.listing.js';
+import { encodeIdentity } from '../../lock-identity.js';
 import { LockBackendError } from '../../lock.errors.js';
 
 /**
@@ -36,6 +41,7 @@ export class RedisLockBackend implements LockBackend {
   readonly name = 'redis';
   readonly fencing = true;
   readonly sharedHolders = true;
+  readonly storesIdentity = true;
   readonly waiterTimeout: number;
   /** How many times in a row a released lock may go to a waiter of this process before earlier ones of others. */
   readonly localHandoffs: number;
@@ -102,7 +108,7 @@ export class RedisLockBackend implements LockBackend {
     const redisKeys = lineScriptKeys(this.layouts(keys, client), limits !== undefined);
     const entry = this.line.attemptStarting(owner, keys, willWait);
     const sentAt = performance.now();
-    const args = [owner, Math.ceil(ttlMs), willWait ? this.waitingArgs : this.tryingArgs];
+    const args = [owner, Math.ceil(ttlMs), willWait ? this.waitingArgs : this.tryingArgs, encodeIdentity(options?.holder)];
     if (limits !== undefined) {
       args.push(limits);
       this.holdsBesideOthers(owner);
@@ -145,13 +151,14 @@ export class RedisLockBackend implements LockBackend {
     const client = this.connection.open() ?? (await this.connection.connected('extend', keys));
     const layouts = this.layouts(keys, client);
     const locks = layouts.map((l) => l.lock);
+    const holderStrings = layouts.map((l) => l.holder);
     const args = [owner, Math.ceil(ttlMs)];
     // -1: a key has holders beside each other, whose sets EXTEND does not have.
     let extended = this.besideOthers.has(owner)
       ? -1
-      : await this.scripts.run(client, { op: 'extend', keys, script: EXTEND, redisKeys: locks, args });
+      : await this.scripts.run(client, { op: 'extend', keys, script: EXTEND, redisKeys: [...locks, ...holderStrings], args });
     if (extended === -1) {
-      const redisKeys = [...locks, ...layouts.map((l) => l.holders)];
+      const redisKeys = [...locks, ...layouts.map((l) => l.holders), ...holderStrings, ...layouts.map((l) => l.who)];
       extended = await this.scripts.run(client, { op: 'extend', keys, script: EXTEND_HOLDERS, redisKeys, args });
     }
     return extended === 1 ? { extended: true } : { extended: false };
@@ -289,19 +296,16 @@ export class RedisLockBackend implements LockBackend {
       op: 'inspect',
       keys: [key],
       script: INSPECT,
-      redisKeys: [layout.lock, layout.fence, layout.holders],
+      redisKeys: [layout.lock, layout.fence, layout.holders, layout.line, layout.records, layout.holder, layout.who],
       args: [],
     });
-    const [owner, pttl, token, holderList, now] = reply as [string | null, number, string | null, string[]?, number?];
-    if (owner === null) return undefined;
-    const fencingToken = token === null ? undefined : Number(token);
-    if (holderList === undefined) return { key, owner, ttlMs: pttl >= 0 ? pttl : Number.POSITIVE_INFINITY, fencingToken };
-    // Several holders (the lock holds `*shared` or `*<permits>`): their own leases, longest last.
-    const holders = [];
-    for (let i = 0; i < holderList.length; i += 2) holders.push({ owner: holderList[i], ttlMs: Number(holderList[i + 1]) - now! });
-    if (holders.length === 0) return undefined;
-    const limit = owner === '*shared' ? SHARED : Number(owner.slice(1));
-    return { key, owner: holders[0].owner, ttlMs: holders[holders.length - 1].ttlMs, fencingToken, limit, holders };
+    return inspectReply(key, reply as InspectReply);
+  }
+
+  /** SCAN on each master (see listRedisKeys). Read-only. */
+  async list(options: LockListOptions): Promise<LockListPage> {
+    const client = this.connection.open() ?? (await this.connection.connected('list', []));
+    return listRedisKeys(client, this.connection.cluster, options, this.commandTimeout);
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {

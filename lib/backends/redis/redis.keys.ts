@@ -32,6 +32,17 @@ export interface LockKeyLayout {
    * end of its lease (server time, ms). The lock itself then holds `*shared` or `*<permits>`.
    */
   holders: string;
+  /**
+   * String: who holds the key alone, `<owner> <taken at, server ms> <instance>\n<site>`, with the
+   * lock's lease. Read only while the lock names that owner, so one left behind by a release is
+   * never shown.
+   */
+  holder: string;
+  /**
+   * Hash: who waits in line or holds beside others, owner -> `<written at, server ms>
+   * <instance>\n<site>`. Processes of earlier versions neither write nor read these two.
+   */
+  who: string;
 }
 
 /**
@@ -43,7 +54,15 @@ export function lockKeyLayout(key: string, clientPrefix = ''): LockKeyLayout {
   // The names stored in Redis keep their first spelling (`:queue` for the line, `:waiters` for its
   // records): during a rolling upgrade processes of two versions share one Redis, and must find
   // each other's waiters.
-  return { lock: key, fence: `${base}:fence`, line: `${base}:queue`, records: `${base}:waiters`, holders: `${base}:holders` };
+  return {
+    lock: key,
+    fence: `${base}:fence`,
+    line: `${base}:queue`,
+    records: `${base}:waiters`,
+    holders: `${base}:holders`,
+    holder: `${base}:holder`,
+    who: `${base}:who`,
+  };
 }
 
 /**
@@ -66,21 +85,23 @@ export function lockKeyLayouts(keys: readonly string[], clientPrefix: string, cl
 
 /**
  * The KEYS of the scripts that keep the line: n locks, n fencing counters, n lines, n waiter
- * records, and with `holders` n holder sets (for keys that admit several holders, and for RELEASE,
- * which may hand a key to several).
+ * records, with `holders` n holder sets (for keys that admit several holders, and for RELEASE,
+ * which may hand a key to several), then n holder strings and n identity hashes (who holds and
+ * waits).
  */
 export function lineScriptKeys(layouts: readonly LockKeyLayout[], holders = false): string[] {
   if (layouts.length === 1) {
-    const [{ lock, fence, line, records }] = layouts;
-    return holders ? [lock, fence, line, records, layouts[0].holders] : [lock, fence, line, records];
+    const [{ lock, fence, line, records, holder, who }] = layouts;
+    return holders ? [lock, fence, line, records, layouts[0].holders, holder, who] : [lock, fence, line, records, holder, who];
   }
   const keys = [
     ...layouts.map((l) => l.lock),
     ...layouts.map((l) => l.fence),
     ...layouts.map((l) => l.line),
     ...layouts.map((l) => l.records),
+    ...(holders ? layouts.map((l) => l.holders) : []),
   ];
-  return holders ? [...keys, ...layouts.map((l) => l.holders)] : keys;
+  return [...keys, ...layouts.map((l) => l.holder), ...layouts.map((l) => l.who)];
 }
 
 function slotPinnedBase(key: string): string {

@@ -1,16 +1,18 @@
 import { CLOCK, HOLDERS, script } from './redis.script-prelude.js';
 
 /**
- * KEYS: n locks. ARGV: owner, ttl ms. Returns 1 if the owner still held every lock and each lease
- * is reset to ttl, else 0 (and nothing changed), or -1 if a key has holders that hold it beside
- * each other (`*...`): then EXTEND_HOLDERS, which has their sets, answers for the owner.
+ * KEYS: n locks, their n holder strings. ARGV: owner, ttl ms. Returns 1 if the owner still held
+ * every lock and each lease (and who holds it) is reset to ttl, else 0 (and nothing changed), or -1
+ * if a key has holders that hold it beside each other (`*...`): then EXTEND_HOLDERS, which has
+ * their sets, answers for the owner.
  */
 export const EXTEND = script(
   'extend',
   `
 local owner, ttl = ARGV[1], ARGV[2]
-for _, key in ipairs(KEYS) do
-  local holder = redis.call('GET', key)
+local n = #KEYS / 2
+for i = 1, n do
+  local holder = redis.call('GET', KEYS[i])
   if holder ~= owner then return holder and string.byte(holder) == 42 and -1 or 0 end
 end
 for _, key in ipairs(KEYS) do
@@ -21,7 +23,8 @@ return 1
 );
 
 /**
- * KEYS: n locks, their n holder sets. ARGV: owner, ttl ms. EXTEND for an owner that holds some of
+ * KEYS: n locks, their n holder sets, n holder strings, n identity hashes. ARGV: owner, ttl ms.
+ * EXTEND for an owner that holds some of
  * its keys beside others (shared, or a permit): its own lease in the set is reset to ttl, by this
  * server's clock, and the key's to the longest lease of its holders. Returns 1, or 0 if the owner no
  * longer holds every key (its lease ran out, or it was never in): then nothing changed.
@@ -32,7 +35,7 @@ export const EXTEND_HOLDERS = script(
     HOLDERS +
     `
 local owner, ttl = ARGV[1], tonumber(ARGV[2])
-local n = #KEYS / 2
+local n = #KEYS / 4
 holding()
 local values = {}
 for i = 1, n do
@@ -45,9 +48,11 @@ end
 for i = 1, n do
   if values[i] == owner then
     redis.call('PEXPIRE', KEYS[i], ttl)
+    redis.call('PEXPIRE', KEYS[2 * n + i], ttl)
   else
     redis.call('ZADD', KEYS[n + i], 'XX', ms() + ttl, owner)
     settle(KEYS[i], KEYS[n + i], values[i])
+    if redis.call('PTTL', KEYS[3 * n + i]) < ttl then redis.call('PEXPIRE', KEYS[3 * n + i], ttl) end
   end
 end
 return 1
@@ -55,20 +60,43 @@ return 1
 );
 
 /**
- * KEYS: a lock, its fencing counter and its holder set. Returns {owner or marker or false, pttl,
- * last token or false}, and for a key with holders beside each other (`*...`) also its live
- * holders with the ends of their leases (owner, ms, owner, ms, ...) and the server time in ms.
+ * KEYS: a lock, its fencing counter, its holder set, its line, its waiter records, its holder
+ * string and its identity hash. Returns {owner or marker or false, pttl, last token or false,
+ * holders, server time in ms, holder string or false, waiters}: for a key with holders beside each
+ * other (`*...`), `holders` lists the live ones as owner, end of lease (ms), identity; else it is
+ * empty, and the holder string tells who holds it alone. `waiters` lists the first 100 waiters that
+ * still have their place, in line order, as owner, place (server µs), limit, identity. An identity
+ * is `<written at, ms> <instance>\n<site>`, or false where none was stored.
  */
 export const INSPECT = script(
   'inspect',
   `
-local holder = redis.call('GET', KEYS[1])
-local answer = {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
-if holder and string.byte(holder) == 42 then
-  local time = redis.call('TIME')
-  local now = time[1] * 1000 + math.floor(time[2] / 1000)
-  answer[4] = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%d', now), '+inf', 'WITHSCORES')
-  answer[5] = now
+local lock, fence, holders, line, records, holderKey, who = unpack(KEYS)
+local holder = redis.call('GET', lock)
+if not holder then return {false} end
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local answer = {holder, redis.call('PTTL', lock), redis.call('GET', fence), {}, now, redis.call('GET', holderKey), {}}
+if string.byte(holder) == 42 then
+  local list = redis.call('ZRANGEBYSCORE', holders, '(' .. string.format('%d', now), '+inf', 'WITHSCORES')
+  for k = 1, #list, 2 do
+    local entry = answer[4]
+    entry[#entry + 1] = list[k]
+    entry[#entry + 1] = list[k + 1]
+    entry[#entry + 1] = redis.call('HGET', who, list[k])
+  end
+end
+local waiting = redis.call('ZRANGE', line, 0, 99, 'WITHSCORES')
+for k = 1, #waiting, 2 do
+  local record = redis.call('HGET', records, waiting[k])
+  local deadline, limit = string.match(record or '', '^(%d+) %d+ %S+ ?(%S*)$')
+  if deadline and tonumber(deadline) > now then
+    local entry = answer[7]
+    entry[#entry + 1] = waiting[k]
+    entry[#entry + 1] = waiting[k + 1]
+    entry[#entry + 1] = limit == '' and '1' or limit
+    entry[#entry + 1] = redis.call('HGET', who, waiting[k])
+  end
 end
 return answer
 `,

@@ -67,10 +67,10 @@ end
 `;
 
 /**
- * Helpers both line-keeping scripts share; they expect `width` set (4, or 5 with the holder sets)
- * and KEYS laid out as n locks, their n fencing counters, n lines, n waiter records and maybe n
- * holder sets (see redis.keys.ts), and the rarer arguments packed in one ARGV string (see ACQUIRE
- * and RELEASE).
+ * Helpers both line-keeping scripts share; they expect `width` set (6, or 7 with the holder sets)
+ * and KEYS laid out as n locks, their n fencing counters, n lines, n waiter records, maybe n
+ * holder sets, then n holder strings and n identity hashes (see redis.keys.ts), and the rarer
+ * arguments packed in one ARGV string (see ACQUIRE and RELEASE).
  *
  * - nextToken(counter): one more than the counter's last token, but never below the server time
  *   in µs, and written back. The counter alone keeps tokens increasing while Redis keeps its data;
@@ -90,6 +90,11 @@ end
  *   for (0 for a multi-key waiter), the id of its process's backend and its limit for the key.
  * - front(i): the first waiter in line i that still has its place, with the same four values.
  *   Waiters whose place ran out are dropped on the way.
+ * - leave(i, who): `who` out of line i: its place, its record and its identity.
+ * - tookAlone(i, who, lease, identity) / tookBeside(...): `who` holds key i now, alone or beside
+ *   others: its identity (`identity`, or the one it waited with) is stamped with the server time,
+ *   into the key's holder string for the lease, or into its identity hash, kept at least as long.
+ *   Who holds and waits is only told, never decided on: nothing else reads these.
  *
  * A token goes to Redis through string.format('%d'): a Lua number given to redis.call is written
  * with '%.17g', exact too, but the floating-point formatting costs Redis more than the call itself.
@@ -118,15 +123,36 @@ local function standing(i, who)
     return tonumber(deadline), tonumber(ttl), process, limit == '' and '1' or limit
   end
 end
+local function holderKey(i) return KEYS[(width - 2) * n + i] end
+local function whoKey(i) return KEYS[(width - 1) * n + i] end
+local function keepAtLeast(key, lease)
+  if redis.call('PTTL', key) < tonumber(lease) then redis.call('PEXPIRE', key, lease) end
+end
+local function leave(i, who)
+  redis.call('ZREM', KEYS[2 * n + i], who)
+  redis.call('HDEL', KEYS[3 * n + i], who)
+  redis.call('HDEL', whoKey(i), who)
+end
+local function stamped(i, who, identity)
+  identity = identity or string.match(redis.call('HGET', whoKey(i), who) or '', '^%d+ (.*)$') or ''
+  return string.format('%d', math.floor(clock() / 1000)) .. ' ' .. identity
+end
+local function tookAlone(i, who, lease, identity)
+  redis.call('SET', holderKey(i), who .. ' ' .. stamped(i, who, identity), 'PX', lease)
+  redis.call('HDEL', whoKey(i), who)
+end
+local function tookBeside(i, who, lease, identity)
+  redis.call('HSET', whoKey(i), who, stamped(i, who, identity))
+  keepAtLeast(whoKey(i), lease)
+end
 local function front(i)
-  local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
+  local line = KEYS[2 * n + i]
   while true do
     local head = redis.call('ZRANGE', line, 0, 0)[1]
     if not head then return nil end
     local deadline, ttl, process, limit = standing(i, head)
     if deadline then return head, deadline, ttl, process, limit end
-    redis.call('ZREM', line, head)
-    redis.call('HDEL', records, head)
+    leave(i, head)
   end
 end
 `;

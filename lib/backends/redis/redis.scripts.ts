@@ -10,14 +10,15 @@ export { EXTEND, EXTEND_HOLDERS, INSPECT } from './redis.lease-scripts.js';
  */
 
 /**
- * KEYS: n locks, their n fencing counters, n lines, n waiter records, and n holder sets when ARGV[4]
- * is given.
+ * KEYS: n locks, their n fencing counters, n lines, n waiter records, n holder sets when ARGV[5]
+ * is given, then n holder strings and n identity hashes (see redis.keys.ts).
  * ARGV: owner, ttl ms, and `<waiter timeout ms> <1 or 0> <backend id>`: 1 if the caller will wait
  * (joins the line when it fails), 0 if it gives up at once (so it stays out of the line); the id of
  * the caller's backend is its wake-up channel (see RELEASE). The last three travel as one string,
  * read only when the usual case does not apply: each value sent costs Redis a Lua string and a
- * slot in ARGV on every call. ARGV[4], only when a key admits several holders: each key's limit,
- * `1`, `<permits>` or `shared`, separated by spaces.
+ * slot in ARGV on every call. ARGV[4]: who asks, `<instance>\n<site>` (stored, never read
+ * here). ARGV[5], only when a key admits several holders: each key's limit, `1`, `<permits>` or
+ * `shared`, separated by spaces.
  * Returns the fencing token in the usual case (one key, free, nobody in line); else
  * {1, fencing token, 1 if a line was kept for a key (others may still wait) else 0}, or
  * {0, ms until a retry may succeed (-1: unknown), the key's last token (single key; -1
@@ -39,9 +40,10 @@ export const ACQUIRE = script(
   // The usual case first, before the prelude: its functions are closures made anew on every call,
   // which cost Redis more CPU than this path's own calls (measured in bench/README.md).
   `
-if #KEYS == 4 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if #KEYS == 6 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local time = redis.call('TIME')
   local token = time[1] * 1000000 + time[2]
+  redis.call('SET', KEYS[5], ARGV[1] .. ' ' .. string.format('%d', math.floor(token / 1000)) .. ' ' .. ARGV[4], 'PX', ARGV[2])
   local last = tonumber(redis.call('SET', KEYS[2], string.format('%d', token), 'PX', ARGV[2], 'GET'))
   if last and last >= token then
     token = last + 1
@@ -49,19 +51,19 @@ if #KEYS == 4 and redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[
   end
   return token
 end
-local width = ARGV[4] and 5 or 4
+local width = ARGV[5] and 7 or 6
 ` +
     PRELUDE +
     `
-local owner, ttl = ARGV[1], ARGV[2]
+local owner, ttl, identity = ARGV[1], ARGV[2], ARGV[4]
 local waiterTimeout, willWait, backendId = string.match(ARGV[3], '^(%d+) ([01]) (%S+)$')
 local limits = {}
-if ARGV[4] then
-  for limit in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = limit end
+if ARGV[5] then
+  for limit in string.gmatch(ARGV[5], '%S+') do limits[#limits + 1] = limit end
 else
   for i = 1, n do limits[i] = '1' end
 end
-if ARGV[4] then holding() end
+if ARGV[5] then holding() end
 local wait, mine, own, room, lined = nil, {}, {}, {}, 0
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
@@ -102,8 +104,7 @@ if not wait then
         if theirs ~= limit or room < 1 then return deadline, true end
         k = k + 1
       else
-        redis.call('ZREM', line, waiter)
-        redis.call('HDEL', records, waiter)
+        leave(i, waiter)
       end
     end
   end
@@ -139,6 +140,9 @@ if wait then
     redis.call('HSET', records, owner, limits[i] == '1' and record or record .. ' ' .. limits[i])
     redis.call('PEXPIRE', line, waiterTimeout)
     redis.call('PEXPIRE', records, waiterTimeout)
+    -- Who waits, for inspect; since when is the place's score.
+    redis.call('HSET', whoKey(i), owner, stamped(i, owner, identity))
+    keepAtLeast(whoKey(i), waiterTimeout)
   end
   -- Without a counter, a later hand-over starts one from the clock, so the clock is the bar.
   return {0, wait, n == 1 and (tonumber(redis.call('GET', KEYS[2])) or clock()) or -1}
@@ -157,10 +161,12 @@ end
 for i = 1, n do
   if limits[i] == '1' or own[i] then
     redis.call('SET', KEYS[i], owner, 'PX', ttl)
+    if not own[i] then tookAlone(i, owner, ttl, identity) end
   else
     -- A lease of its own, by this server's clock; the key lives as long as its longest lease.
     redis.call('ZADD', KEYS[4 * n + i], ms() + tonumber(ttl), owner)
     settle(KEYS[i], KEYS[4 * n + i], '*' .. limits[i])
+    if not mine[i] then tookBeside(i, owner, ttl, identity) end
   end
   if redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then redis.call('HDEL', KEYS[3 * n + i], owner) end
 end
@@ -206,7 +212,7 @@ export const RELEASE = script(
   'release',
   // The usual case first, as in ACQUIRE: one key and nobody in line, so nobody to hand it to.
   `
-local oneLine = #KEYS == 2 and KEYS[2] or #KEYS == 5 and KEYS[3]
+local oneLine = #KEYS == 2 and KEYS[2] or #KEYS == 7 and KEYS[3]
 if oneLine and redis.call('EXISTS', oneLine) == 0 then
   local holder = redis.call('GET', KEYS[1])
   if holder == ARGV[1] then
@@ -216,7 +222,7 @@ if oneLine and redis.call('EXISTS', oneLine) == 0 then
   if not holder or string.byte(holder) ~= 42 then return 0 end
 end
 if #KEYS == 2 then return -1 end
-local width = 5
+local width = 7
 ` +
     PRELUDE +
     `
@@ -262,8 +268,10 @@ local function admit(i, count, marker, waiter, ttl, process, limit)
       local token = string.format('%d', nextToken(KEYS[n + i], lease))
       if exclusive then
         redis.call('SET', lock, waiter, 'PX', lease)
+        tookAlone(i, waiter, lease)
       else
         redis.call('ZADD', holders, ms() + lease, waiter)
+        tookBeside(i, waiter, lease)
         marker = kind
       end
       redis.call(publish, channel, waiter .. ' ' .. token .. ' ' .. lease)
@@ -275,10 +283,7 @@ local function admit(i, count, marker, waiter, ttl, process, limit)
       if waiter then
         local deadline
         deadline, ttl, process, limit = standing(i, waiter)
-        if not deadline then
-          redis.call('ZREM', line, waiter)
-          redis.call('HDEL', records, waiter)
-        end
+        if not deadline then leave(i, waiter) end
       end
     until not waiter or process
   end
@@ -294,7 +299,10 @@ for i = 1, n do
   if marker then
     holding()
     count = live(holders)
-    if redis.call('ZREM', holders, owner) == 1 then held, count = true, count - 1 end
+    if redis.call('ZREM', holders, owner) == 1 then
+      held, count = true, count - 1
+      redis.call('HDEL', whoKey(i), owner)
+    end
   end
   local turn = held
   if held then released = released + 1 end
@@ -302,6 +310,7 @@ for i = 1, n do
   -- A holder left the line when it took the lock: only a waiter that gives up is still in it.
   if lined and not held and redis.call('ZREM', line, owner) == 1 then
     redis.call('HDEL', records, owner)
+    redis.call('HDEL', whoKey(i), owner)
     turn = true
   end
   local handed = 0
@@ -315,6 +324,7 @@ for i = 1, n do
     if head and n == 1 and alone and limit == '1' and process == releaser and ttl > 0 then
       local lease = math.min(ttl, maxLease)
       redis.call('SET', lock, head, 'PX', lease)
+      tookAlone(i, head, lease)
       redis.call('ZREM', line, head)
       redis.call('HDEL', records, head)
       return {released, head, nextToken(KEYS[2], lease), lease, passed}
@@ -326,7 +336,7 @@ for i = 1, n do
   elseif marker then
     settle(lock, holders, marker)
   elseif alone then
-    redis.call('DEL', lock)
+    redis.call('DEL', lock, holderKey(i))
   end
 end
 return released
