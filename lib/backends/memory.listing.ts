@@ -1,5 +1,5 @@
 import type { LockListOptions, LockListPage } from './lock-backend.interface.js';
-import { InvalidLockOptionsError } from '../lock.errors.js';
+import { decodeKeyCursor, encodeKeyCursor } from './key-cursor.js';
 
 /**
  * One page of list() over keys kept in an unordered map: the `limit` smallest held keys after the
@@ -10,7 +10,7 @@ import { InvalidLockOptionsError } from '../lock.errors.js';
  */
 export function listPage<S>(states: ReadonlyMap<string, S>, options: LockListOptions, held: (state: S) => boolean): LockListPage {
   const { prefix, limit } = options;
-  const after = options.cursor === undefined ? undefined : decodeCursor(options.cursor);
+  const after = options.cursor === undefined ? undefined : decodeKeyCursor(options.cursor, 'memory');
   /** Sorted; at most limit + 1, the extra one telling that another page follows. */
   const page: string[] = [];
   for (const [key, state] of states) {
@@ -22,7 +22,7 @@ export function listPage<S>(states: ReadonlyMap<string, S>, options: LockListOpt
   }
   if (page.length <= limit) return { keys: page };
   page.pop();
-  return { keys: page, cursor: encodeCursor(page[page.length - 1]) };
+  return { keys: page, cursor: encodeKeyCursor(page[page.length - 1]) };
 }
 
 function insertionPoint(sorted: readonly string[], key: string): number {
@@ -34,20 +34,4 @@ function insertionPoint(sorted: readonly string[], key: string): number {
     else high = middle;
   }
   return low;
-}
-
-/** The last key listed, opaque to callers (they pass it back as it came). */
-export function encodeCursor(lastKey: string): string {
-  return Buffer.from(lastKey, 'utf8').toString('base64url');
-}
-
-export function decodeCursor(cursor: string): string {
-  const key = Buffer.from(cursor, 'base64url').toString('utf8');
-  if (key === '' || encodeCursor(key) !== cursor) {
-    throw new InvalidLockOptionsError(
-      'cursor',
-      `list: cursor '${cursor.slice(0, 40)}' is not one this backend returned. Pass a page's cursor back unchanged.`,
-    );
-  }
-  return key;
 }

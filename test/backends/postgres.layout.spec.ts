@@ -135,3 +135,79 @@ describe('PostgreSQL lock tables: version 4 (several holders per key) next to th
     expect((await backend(url, { createTables: false }).tryAcquire(['k'], 'owner', 30_000)).acquired).toBe(true);
   });
 });
+
+/** The release before who holds was stored (version 4, without its columns), as its postgresLockTablesSql() creates them. */
+const VERSION_4_SQL = readFileSync(resolve(import.meta.dirname, '../fixtures/postgres-tables-v4.sql'), 'utf8');
+
+/** A process of that release: the statements its backend sends. */
+function releaseBeforeIdentity(db: pg.Pool) {
+  return {
+    async createTables(): Promise<void> {
+      await db.query(VERSION_4_SQL);
+    },
+    async acquire(key: string, owner: string, willWait = false): Promise<{ acquired: boolean; token: string }> {
+      const { rows } = await db.query('SELECT acquired, token FROM distributed_locks_acquire($1, $2, $3, $4, $5, $6, $7)', [
+        [key],
+        owner,
+        30_000,
+        3_000,
+        willWait,
+        'ndl_old',
+        null,
+      ]);
+      return rows[0];
+    },
+    async release(key: string, owner: string): Promise<number> {
+      return (await db.query('SELECT distributed_locks_release($1, $2) AS released', [[key], owner])).rows[0].released;
+    },
+  };
+}
+
+const holder = { instance: 'web-1', site: 'Orders.pay' };
+
+describe('PostgreSQL lock tables: who holds, next to the release before it', () => {
+  it('tables of that release get the columns in place, keep their version, and its leases stay held', async () => {
+    const { url, db } = await database();
+    const old = releaseBeforeIdentity(db);
+    await old.createTables();
+    const held = await old.acquire('held', 'old-owner');
+    const b = backend(url);
+    expect((await b.tryAcquire(['k'], 'new-owner', 30_000, { holder })).acquired).toBe(true);
+    expect(await version(db)).toBe(SCHEMA_VERSION);
+    const old_ = await b.inspect('held');
+    expect(old_).toMatchObject({ owner: 'old-owner', fencingToken: Number(held.token), holders: [{ owner: 'old-owner' }] });
+    expect(old_?.holders?.[0].instance).toBeUndefined();
+    expect((await b.inspect('k'))?.holders?.[0]).toMatchObject({ owner: 'new-owner', ...holder, acquiredAt: expect.any(Number) });
+  });
+
+  it('its processes still running, and those that start later, take and release keys in the same line', async () => {
+    const { url, db } = await database();
+    const old = releaseBeforeIdentity(db);
+    await old.createTables();
+    const b = backend(url);
+    expect((await b.tryAcquire(['k'], 'new-owner', 30_000, { holder })).acquired).toBe(true);
+    // It waits behind the new holder, unnamed in the line; the release hands it the key.
+    expect((await old.acquire('k', 'old-owner', true)).acquired).toBe(false);
+    expect((await b.inspect('k'))?.waiters).toEqual([{ owner: 'old-owner', waitingSince: expect.any(Number) }]);
+    await b.release(['k'], 'new-owner');
+    expect(await b.inspect('k')).toMatchObject({ owner: 'old-owner', holders: [{ owner: 'old-owner' }] });
+    expect(await old.release('k', 'old-owner')).toBe(1);
+    // Its SQL run again (a process of it starting, or its migration): nothing breaks.
+    await old.createTables();
+    expect(await version(db)).toBe(SCHEMA_VERSION);
+    expect((await old.acquire('k', 'old-owner-2')).acquired).toBe(true);
+    expect(await b.tryAcquire(['k'], 'new-2', 30_000, { holder, willWait: false })).toMatchObject({ acquired: false });
+    expect(await old.release('k', 'old-owner-2')).toBe(1);
+    expect((await b.tryAcquire(['k'], 'new-2', 30_000, { holder })).acquired).toBe(true);
+  });
+
+  it('with createTables: false, its tables are refused until the migration adds the columns', async () => {
+    const { url, db } = await database();
+    await releaseBeforeIdentity(db).createTables();
+    const attempt = backend(url, { createTables: false }).tryAcquire(['k'], 'owner', 30_000);
+    await expect(attempt).rejects.toMatchObject({ permanent: true });
+    await expect(attempt).rejects.toThrow(/at version 4 without the columns of who holds .* run the SQL of postgresLockTablesSql/);
+    await db.query(postgresLockTablesSql());
+    expect((await backend(url, { createTables: false }).tryAcquire(['k'], 'owner', 30_000, { holder })).acquired).toBe(true);
+  });
+});

@@ -106,7 +106,7 @@ describe('PostgreSQL backend: shared locks and semaphores', () => {
     expect(second.inside()).toBe(false);
     expect(second.wakes()).toBe(0);
     expect((await a.inspect('gone'))?.owner).toBeDefined();
-    expect((await a.inspect('gone'))?.holders).toBeUndefined();
+    expect((await a.inspect('gone'))?.limit).toBeUndefined();
     await holder.leave();
     await second.entered;
   });

@@ -1,7 +1,18 @@
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
-import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import type {
+  AcquireResult,
+  BackendHealth,
+  ExtendResult,
+  LockBackend,
+  LockListOptions,
+  LockListPage,
+  LockState,
+  TryAcquireOptions,
+} from '../lock-backend.interface.js';
+import { encodeIdentity } from '../../lock-identity.js';
+import { inspectPostgres, listPostgres } from './postgres.inspection.js';
 import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import { PostgresConnection } from './postgres.connection.js';
@@ -46,6 +57,7 @@ export class PostgresLockBackend implements LockBackend {
   readonly name = 'postgres';
   readonly fencing = true;
   readonly sharedHolders = true;
+  readonly storesIdentity = true;
   readonly waiterTimeout: number;
 
   private readonly connection: PostgresConnection;
@@ -84,8 +96,17 @@ export class PostgresLockBackend implements LockBackend {
       keys,
       text:
         `SELECT acquired, token, retry_after_ms, mismatch_key, mismatch_limit ` +
-        `FROM ${this.connection.names.acquire}($1, $2, $3, $4, $5, $6, $7)`,
-      values: [keys, owner, Math.ceil(ttlMs), this.waiterTimeout, willWait, this.line.channel, options?.limits ?? null],
+        `FROM ${this.connection.names.acquire}($1, $2, $3, $4, $5, $6, $7, $8)`,
+      values: [
+        keys,
+        owner,
+        Math.ceil(ttlMs),
+        this.waiterTimeout,
+        willWait,
+        this.line.channel,
+        options?.limits ?? null,
+        options?.holder ? encodeIdentity(options.holder) : null,
+      ],
       onLateAnswer: ([late]) => {
         // It answered after we reported a failure. Freeing the keys here would be wrong when the
         // same owner tries again (its next attempt finds the lock its own) or holds the lock by
@@ -135,25 +156,14 @@ export class PostgresLockBackend implements LockBackend {
     return (rows[0].released as number) > 0;
   }
 
+  /** Two reads, the holders then the line (see postgres.inspection.ts). */
   async inspect(key: string): Promise<LockState | undefined> {
-    const rows = await this.connection.run({
-      op: 'inspect',
-      keys: [key],
-      text:
-        `SELECT owner, fencing_token, max_holders, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8 AS ttl_ms ` +
-        `FROM ${this.connection.names.locks} WHERE key = $1 AND expires_at > clock_timestamp() ORDER BY fencing_token`,
-      values: [key],
-    });
-    if (rows.length === 0) return undefined;
-    const holders = rows.map((row) => ({
-      owner: row.owner as string,
-      ttlMs: Math.max(0, row.ttl_ms as number),
-      fencingToken: Number(row.fencing_token),
-    }));
-    const limit = rows[0].max_holders as number;
-    if (limit === 1) return { key, ...holders[0] };
-    const ttlMs = Math.max(...holders.map((h) => h.ttlMs));
-    return { key, owner: holders[0].owner, ttlMs, fencingToken: holders.at(-1)!.fencingToken, limit, holders };
+    return inspectPostgres(this.connection, key);
+  }
+
+  /** An index range on the lock table's primary key, after the cursor's key. Read-only. */
+  async list(options: LockListOptions): Promise<LockListPage> {
+    return listPostgres(this.connection, options);
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {

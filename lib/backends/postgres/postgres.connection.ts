@@ -16,6 +16,8 @@ import {
   lockNames,
   newerLayoutRefusal,
   postgresLockTablesSql,
+  IDENTITY_COLUMN,
+  SCHEMA_LAYOUT,
   SCHEMA_VERSION,
   schemaLayout,
   type PostgresLockNames,
@@ -24,6 +26,9 @@ import { sentence } from '../backend-message.js';
 import { withTimeout } from '../bounded-wait.js';
 
 const logger = new Logger('DistributedLock');
+
+/** What createTables finds of tables at this version made by a release before IDENTITY_COLUMN. */
+const WITHOUT_IDENTITY = 'version 4 without the columns of who holds';
 
 /**
  * For pools the backend creates: TCP keep-alive, so a connection to a server that vanished is
@@ -289,8 +294,16 @@ export class PostgresConnection {
       if (why) throw new LockBackendError(this.backendName, why, undefined, { permanent: true });
     };
     const pool = this.openPool();
-    const version = async (client: Pool | { query: Pool['query'] }) =>
-      (await client.query(`SELECT obj_description(to_regclass($1), 'pg_class') AS version`, [this.names.qualified])).rows[0]?.version;
+    // The version comment, or (without the columns of who holds, see IDENTITY_COLUMN) less than it.
+    const version = async (client: Pool | { query: Pool['query'] }) => {
+      const { rows } = await client.query(
+        `SELECT obj_description(to_regclass($1), 'pg_class') AS version, EXISTS (SELECT 1 FROM pg_attribute a ` +
+          `WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped) AS current`,
+        [this.names.qualified, IDENTITY_COLUMN],
+      );
+      const { version: comment, current } = rows[0] ?? {};
+      return comment === SCHEMA_VERSION && !current ? WITHOUT_IDENTITY : comment;
+    };
     const found = await version(pool);
     if (found === SCHEMA_VERSION) return;
     refuse(found);
@@ -299,7 +312,7 @@ export class PostgresConnection {
       throw new LockBackendError(
         this.backendName,
         `the lock table ${this.names.qualified} (version '${SCHEMA_VERSION}') is ` +
-          `${schemaLayout(found) === undefined ? 'missing' : `at version ${schemaLayout(found)}`} and createTables is false: run the SQL of ` +
+          `${found === WITHOUT_IDENTITY ? `at version ${SCHEMA_LAYOUT} without the columns of who holds (made by an earlier release)` : schemaLayout(found) === undefined ? 'missing' : `at version ${schemaLayout(found)}`} and createTables is false: run the SQL of ` +
           `postgresLockTablesSql({ schema: '${schema}', table: '${table}' }) in a migration, or leave createTables on.`,
         undefined,
         { permanent: true },

@@ -66,10 +66,11 @@ $fn$;
 -- lease that must end first, or the first waiter's place) and as token the last one handed out
 -- so far, after putting a caller that will wait in line: a hand-over announced with a greater
 -- token came after this call. A limit mismatch returns the key and its holders' limit, and
--- leaves the line alone.
+-- leaves the line alone. p_holder is who asks ('<instance>' || E'\\n' || '<site>'), stored with the
+-- lease or the place in line for inspect, never read here.
 CREATE OR REPLACE FUNCTION ${n.acquire}(
   p_keys text[], p_owner text, p_ttl_ms integer, p_waiter_timeout_ms integer, p_will_wait boolean, p_channel text,
-  p_limits double precision[],
+  p_limits double precision[], p_holder text,
   OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint, OUT mismatch_key text, OUT mismatch_limit double precision
 ) LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $fn$
 DECLARE
@@ -141,23 +142,26 @@ BEGIN
       kept_place := coalesce(kept_place, nextval('${n.places}'));
       -- A waiter for one key is handed the lock on release, with its ttl but no longer than its
       -- place lasts, so one that died in line holds the others up that long at most.
-      INSERT INTO ${n.waiters} AS w (key, owner, place, channel, deadline, lease_ms, max_holders)
+      INSERT INTO ${n.waiters} AS w (key, owner, place, channel, deadline, lease_ms, max_holders, holder, since)
         SELECT u.key, p_owner, kept_place, p_channel, now_ts + p_waiter_timeout_ms * interval '1 millisecond',
-               CASE WHEN cardinality(p_keys) = 1 THEN least(p_ttl_ms, p_waiter_timeout_ms) ELSE 0 END, coalesce(u.lim, 1)
+               CASE WHEN cardinality(p_keys) = 1 THEN least(p_ttl_ms, p_waiter_timeout_ms) ELSE 0 END, coalesce(u.lim, 1),
+               p_holder, now_ts
           FROM unnest(p_keys, p_limits) AS u(key, lim)
         ON CONFLICT (key, owner) DO UPDATE
           SET place = excluded.place, channel = excluded.channel, deadline = excluded.deadline, lease_ms = excluded.lease_ms,
-              max_holders = excluded.max_holders;
+              max_holders = excluded.max_holders, holder = excluded.holder,
+              since = CASE WHEN w.place = excluded.place THEN coalesce(w.since, excluded.since) ELSE excluded.since END;
     END IF;
     RETURN;
   END IF;
 
   token := nextval('${n.tokens}');
-  INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at, max_holders)
-    SELECT u.key, p_owner, token, now_ts + p_ttl_ms * interval '1 millisecond', coalesce(u.lim, 1)
+  INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at, max_holders, holder, acquired_at)
+    SELECT u.key, p_owner, token, now_ts + p_ttl_ms * interval '1 millisecond', coalesce(u.lim, 1), p_holder, now_ts
       FROM unnest(p_keys, p_limits) AS u(key, lim)
     ON CONFLICT (key, owner) DO UPDATE
-      SET fencing_token = excluded.fencing_token, expires_at = excluded.expires_at, max_holders = excluded.max_holders;
+      SET fencing_token = excluded.fencing_token, expires_at = excluded.expires_at, max_holders = excluded.max_holders,
+          holder = excluded.holder, acquired_at = excluded.acquired_at;
   DELETE FROM ${n.waiters} w WHERE w.key = ANY (p_keys) AND w.owner = p_owner;
   GET DIAGNOSTICS left_line = ROW_COUNT;
   -- It stood at the head of lines where others may enter beside it: those behind it that can.
@@ -171,14 +175,22 @@ BEGIN
 END
 $fn$;
 
--- The previous version's signature, for a process of an older release still running while the
--- tables are brought to this version: it takes keys as an exclusive caller of the same line.
+-- The signatures of earlier releases, for their processes still running on these tables: without
+-- who asks (stored as unknown), and before shared holders (an exclusive caller of the same line).
+CREATE OR REPLACE FUNCTION ${n.acquire}(
+  p_keys text[], p_owner text, p_ttl_ms integer, p_waiter_timeout_ms integer, p_will_wait boolean, p_channel text,
+  p_limits double precision[],
+  OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint, OUT mismatch_key text, OUT mismatch_limit double precision
+) LANGUAGE sql AS $fn$
+  SELECT a.acquired, a.token, a.retry_after_ms, a.mismatch_key, a.mismatch_limit
+    FROM ${n.acquire}(p_keys, p_owner, p_ttl_ms, p_waiter_timeout_ms, p_will_wait, p_channel, p_limits, NULL::text) a
+$fn$;
 CREATE OR REPLACE FUNCTION ${n.acquire}(
   p_keys text[], p_owner text, p_ttl_ms integer, p_waiter_timeout_ms integer, p_will_wait boolean, p_channel text,
   OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint
 ) LANGUAGE sql AS $fn$
   SELECT a.acquired, a.token, a.retry_after_ms
-    FROM ${n.acquire}(p_keys, p_owner, p_ttl_ms, p_waiter_timeout_ms, p_will_wait, p_channel, NULL::double precision[]) a
+    FROM ${n.acquire}(p_keys, p_owner, p_ttl_ms, p_waiter_timeout_ms, p_will_wait, p_channel, NULL::double precision[], NULL::text) a
 $fn$;
 
 -- Resets the lease of every key if the owner still holds all of them; else changes nothing.
@@ -212,7 +224,7 @@ DECLARE
   handed bigint;
 BEGIN
   DELETE FROM ${n.waiters} x WHERE x.key = p_key AND x.deadline <= p_now;
-  FOR w IN SELECT x.owner, x.channel, x.lease_ms, x.max_holders FROM ${n.waiters} x WHERE x.key = p_key ORDER BY x.place LOOP
+  FOR w IN SELECT x.owner, x.channel, x.lease_ms, x.max_holders, x.holder FROM ${n.waiters} x WHERE x.key = p_key ORDER BY x.place LOOP
     -- Read once someone waits: most releases find an empty line.
     IF holders IS NULL THEN
       SELECT count(*), min(l.max_holders), max(l.max_holders) FILTER (WHERE l.max_holders > 1)
@@ -239,10 +251,11 @@ BEGIN
       PERFORM pg_notify(w.channel, w.owner);
       EXIT;
     END IF;
-    INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at, max_holders)
-      VALUES (p_key, w.owner, handed, p_now + w.lease_ms * interval '1 millisecond', w.max_holders)
+    INSERT INTO ${n.locks} AS l (key, owner, fencing_token, expires_at, max_holders, holder, acquired_at)
+      VALUES (p_key, w.owner, handed, p_now + w.lease_ms * interval '1 millisecond', w.max_holders, w.holder, p_now)
       ON CONFLICT (key, owner) DO UPDATE
-        SET fencing_token = excluded.fencing_token, expires_at = excluded.expires_at, max_holders = excluded.max_holders;
+        SET fencing_token = excluded.fencing_token, expires_at = excluded.expires_at, max_holders = excluded.max_holders,
+            holder = excluded.holder, acquired_at = excluded.acquired_at;
     DELETE FROM ${n.waiters} x WHERE x.key = p_key AND x.owner = w.owner;
     -- Sent when this transaction commits.
     PERFORM pg_notify(w.channel, w.owner || ' ' || handed || ' ' || w.lease_ms);

@@ -39,8 +39,16 @@ export function lockNames(schema: string, table: string): PostgresLockNames {
   };
 }
 
-/** The version of the tables' layout this release reads and writes (see SCHEMA_VERSION). */
+/**
+ * The version of the tables' layout this release reads and writes (see SCHEMA_VERSION). The
+ * columns of who holds and waits (IDENTITY_COLUMN) came within version 4: releases before them
+ * run on tables that have them, so they did not change the version, which those releases would
+ * refuse.
+ */
 export const SCHEMA_LAYOUT = 4;
+
+/** A column this release needs that tables of version 4 made by an earlier release lack. */
+export const IDENTITY_COLUMN = 'acquired_at';
 
 /**
  * Stored as the lock table's comment: the backend checks it on first use, brings older tables to
@@ -123,6 +131,8 @@ CREATE TABLE IF NOT EXISTS ${n.locks} (
   fencing_token bigint NOT NULL,
   expires_at timestamptz NOT NULL,
   max_holders double precision NOT NULL DEFAULT 1,
+  holder text,
+  acquired_at timestamptz,
   PRIMARY KEY (key, owner)
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 -- Version 3 and earlier: one holder per key (primary key on key alone), no limit.
@@ -151,12 +161,22 @@ CREATE TABLE IF NOT EXISTS ${n.waiters} (
   deadline timestamptz NOT NULL,
   lease_ms integer NOT NULL DEFAULT 0,
   max_holders double precision NOT NULL DEFAULT 1,
+  holder text,
+  since timestamptz,
   PRIMARY KEY (key, owner)
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 -- Version 1 had no hand-over; version 3 and earlier no limit.
 ALTER TABLE ${n.waiters} ADD COLUMN IF NOT EXISTS lease_ms integer NOT NULL DEFAULT 0;
 ALTER TABLE ${n.waiters} ADD COLUMN IF NOT EXISTS max_holders double precision NOT NULL DEFAULT 1;
 CREATE INDEX IF NOT EXISTS "${table}_waiters_line" ON ${n.waiters} (key, place);
+-- Who holds and waits, for inspect (docs/inspection.md): '<instance>' || E'\\n' || '<site>', when the
+-- lease was taken and when the place in line was. Nullable columns without a default: adding them
+-- rewrites nothing, and releases before this one neither write nor read them, so they run on
+-- these tables unchanged (a rolling upgrade, or a rollback).
+ALTER TABLE ${n.locks} ADD COLUMN IF NOT EXISTS holder text;
+ALTER TABLE ${n.locks} ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
+ALTER TABLE ${n.waiters} ADD COLUMN IF NOT EXISTS holder text;
+ALTER TABLE ${n.waiters} ADD COLUMN IF NOT EXISTS since timestamptz;
 
 -- Tokens stop at the largest integer a JavaScript number holds exactly: past it they would repeat
 -- in the application (9007199254740992 + 1 reads as 9007199254740992). Reaching it is an error
