@@ -110,10 +110,9 @@ describe('shared locks and semaphores: fairness of the in-memory line', () => {
     expect(order).toEqual(['r1', 'w', 'r2']);
   });
 
-  // Still fails: a caller of several keys that waits for one of them keeps a place in the line of
-  // every one, also of those it cannot take yet; a holder of 'a' asking for 'b' next (sorted order,
-  // as the reentrancy rules ask) waits behind it, while it waits for 'a'. Both wait until a wait
-  // runs out. Marked failing so that it turns red once fixed (then drop `.failing`).
+  // A caller of several keys that waits for one of them must not keep others out of the keys it
+  // cannot take yet: a holder of 'a' asking for 'b' next (sorted order, as the reentrancy rules
+  // ask) would wait behind it while it waits for 'a', and both would wait until a wait runs out.
   it('lets a holder take its next key in sorted order while a caller of both keys waits for the first', async () => {
     const locks = service(new MemoryLockBackend(), { pollInterval: 60_000 });
     let entered!: () => void;
