@@ -22,6 +22,8 @@ export interface AcquisitionHost extends LeaseTracker {
   readonly options: ResolvedModuleOptions;
   /** This process's callers waiting for a key set, in order of arrival. */
   readonly queue: LockWaitQueue;
+  /** Who this process is when a call names no site: one object for all of them. */
+  readonly holder: LockHolderIdentity;
   /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
   readonly shuttingDown: boolean;
   /** A lease this acquisition won: the host tracks it until it ends. */
@@ -82,7 +84,7 @@ export class LockAcquisition {
     site?: string,
   ) {
     const named = options?.site ?? site;
-    this.holder = named === undefined ? { instance: host.options.instance } : { instance: host.options.instance, site: named };
+    this.holder = named === undefined ? host.holder : { instance: host.options.instance, site: named };
     this.maxHold = options?.maxHold;
     this.minHold = options?.minHold;
     // A first lease longer than maxHold would outlive it.
