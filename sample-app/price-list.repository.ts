@@ -37,12 +37,17 @@ export class PriceListRepository {
     return rows.map(toPrice);
   }
 
-  async price(productId: number): Promise<Price | undefined> {
-    const { rows } = await this.db.query<PriceRow>(
-      'SELECT l.product_id, p.name, l.cents, l.version FROM price_list l JOIN products p ON p.id = l.product_id WHERE l.product_id = $1',
+  /**
+   * What a product costs in the published list, in one statement (a purchase pays for it in time).
+   * One statement sees one snapshot, but the rebuild commits product by product: only the lock
+   * keeps the row and the version from two different rebuilds.
+   */
+  async quote(productId: number): Promise<{ cents: number; version: number } | undefined> {
+    const { rows } = await this.db.query<{ cents: number; version: number }>(
+      'SELECT cents, (SELECT max(version) FROM price_list_versions) AS version FROM price_list WHERE product_id = $1',
       [productId],
     );
-    return rows[0] && toPrice(rows[0]);
+    return rows[0];
   }
 
   /** What a rebuild prices each product from. */

@@ -40,11 +40,8 @@ export class PriceListService {
   }
 
   /** What one product costs now, and from which version of the list; undefined before a rebuild priced it. */
-  quote(productId: number): Promise<Price | undefined> {
-    return this.read(async () => {
-      const price = await this.prices.price(productId);
-      return price && { ...price, version: await this.prices.publishedVersion() };
-    });
+  quote(productId: number): Promise<{ cents: number; version: number } | undefined> {
+    return this.read(() => this.prices.quote(productId));
   }
 
   /**

@@ -67,8 +67,7 @@ export class ProductsService {
     // The price the buyer pays, read beside other readers of the price list (never half a
     // rebuild), and before the product's lock: a buyer queued for a busy product does not hold up
     // a rebuild.
-    const quote = await this.priceList.quote(id);
-    return this.sellUnderLock(id, quantity, quote ? { cents: quote.cents, version: quote.version } : null);
+    return this.sellUnderLock(id, quantity, (await this.priceList.quote(id)) ?? null);
   }
 
   @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
