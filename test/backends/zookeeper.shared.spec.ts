@@ -1,0 +1,242 @@
+import { describe, expect, it } from '@jest/globals';
+import fc from 'fast-check';
+// @ts-expect-error: node-zookeeper-client ships no types; the test only passes it to the fixture.
+import zookeeper from 'node-zookeeper-client';
+import { SHARED, type LockBackend } from '../../lib/backends/lock-backend.interface.js';
+import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
+import { kindSuffix, lineStanding, parseEntry } from '../../lib/backends/zookeeper/zookeeper.kinds.js';
+import { inLineOrder, LinePaths } from '../../lib/backends/zookeeper/zookeeper.line.js';
+import type { LockHandle } from '../../lib/lock.handle.js';
+import { LockLostError } from '../../lib/lock.errors.js';
+import { LockService } from '../../lib/lock.service.js';
+// @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
+import { connectedClient } from '../fixtures/zookeeper-fenced-store.mjs';
+import { Holder } from '../support/lock-holder-process.js';
+import { until } from '../support/wait.js';
+import { useZooKeeper } from '../support/zookeeper-fixture.js';
+
+/**
+ * Shared locks and semaphores on ZooKeeper: the rule read off a line, wake-ups of permit callers,
+ * a reader or permit holder killed with SIGKILL, and a reader's node deleted by an operator. The
+ * holder processes load dist/: run `npm run build` first.
+ */
+const fixture = useZooKeeper();
+
+/** A line entry's name: owner, limit, sequence number. */
+const entry = (owner: string, limit: number, sequence: number) => `${owner}${kindSuffix(limit)}-${String(sequence).padStart(10, '0')}`;
+
+describe('ZooKeeper line rule for shared locks and semaphores', () => {
+  it('names carry the kind; a name without one is a writer (as every earlier version named it)', () => {
+    expect(entry('a', 1, 1)).toBe('a-0000000001');
+    expect(parseEntry(entry('a%2Eb-c', SHARED, 2))).toEqual({ owner: 'a.b-c', limit: SHARED });
+    expect(parseEntry(entry('a', 7, 3))).toEqual({ owner: 'a', limit: 7 });
+    // A kind this version does not know keeps everyone out, as a writer does.
+    expect(parseEntry('a.future-0000000004')).toEqual({ owner: 'a', limit: 1 });
+    expect(parseEntry('not-an-entry')).toBeUndefined();
+    expect(LinePaths.owner(entry('x-y', 3, 5))).toBe('x-y');
+  });
+
+  it('a reader waits for the nearest writer ahead, a writer for the node just before it', () => {
+    const line = [entry('w1', 1, 1), entry('r1', SHARED, 2), entry('r2', SHARED, 3), entry('w2', 1, 4), entry('r3', SHARED, 5)];
+    expect(lineStanding(line, line[0], 1)).toEqual({ in: true, mark: false });
+    expect(lineStanding(line, line[1], SHARED)).toEqual({ in: false, waitFor: [line[0]], marks: false });
+    expect(lineStanding(line, line[2], SHARED)).toEqual({ in: false, waitFor: [line[0]], marks: false });
+    expect(lineStanding(line, line[3], 1)).toEqual({ in: false, waitFor: [line[2]], marks: false });
+    expect(lineStanding(line, line[4], SHARED)).toEqual({ in: false, waitFor: [line[3]], marks: false });
+    // The writer gone: both readers are in, the second writer still waits for the one before it.
+    const next = line.slice(1);
+    expect([next[0], next[1]].map((name) => lineStanding(next, name, SHARED))).toEqual([
+      { in: true, mark: false },
+      { in: true, mark: false },
+    ]);
+    expect(lineStanding(next, 'gone-0000000009', 1)).toEqual({ gone: true });
+  });
+
+  it('the first permit caller behind n holders watches all of them; later ones the one before them, for its mark', () => {
+    const line = [1, 2, 3, 4].map((i) => entry(`p${i}`, 2, i));
+    expect(lineStanding(line, line[0], 2)).toEqual({ in: true, mark: true });
+    expect(lineStanding(line, line[1], 2)).toEqual({ in: true, mark: true });
+    expect(lineStanding(line, line[2], 2)).toEqual({ in: false, waitFor: [line[0], line[1]], marks: false });
+    expect(lineStanding(line, line[3], 2)).toEqual({ in: false, waitFor: [line[2]], marks: true });
+    // Behind a writer: those its going lets in watch it; the one after them waits its turn.
+    const behindWriter = [entry('w', 1, 1), ...[2, 3, 4].map((i) => entry(`p${i}`, 2, i))];
+    expect(lineStanding(behindWriter, behindWriter[1], 2)).toEqual({ in: false, waitFor: [behindWriter[0]], marks: false });
+    expect(lineStanding(behindWriter, behindWriter[2], 2)).toEqual({ in: false, waitFor: [behindWriter[0]], marks: false });
+    expect(lineStanding(behindWriter, behindWriter[3], 2)).toEqual({ in: false, waitFor: [behindWriter[2]], marks: true });
+  });
+
+  it('refuses a caller whose limit disagrees with a node ahead; a writer disagrees with nobody', () => {
+    const line = [entry('a', 3, 1), entry('b', 5, 2), entry('r', SHARED, 3), entry('w', 1, 4)];
+    expect(lineStanding(line, line[1], 5)).toEqual({ in: false, mismatch: 3 });
+    expect(lineStanding(line, line[2], SHARED)).toEqual({ in: false, mismatch: 3 });
+    expect(lineStanding(line, line[3], 1)).toMatchObject({ in: false });
+  });
+
+  it('on any line: who is in is a prefix (nobody passes a waiter), never a writer beside anyone nor more than n, and waiters watch nodes ahead', () => {
+    const kind = fc.constantFrom(1, 2, 3, SHARED);
+    fc.assert(
+      fc.property(fc.array(kind, { maxLength: 12 }), (limits) => {
+        const line = limits.map((limit, i) => entry(`o${i}`, limit, i + 1));
+        const standings = line.map((name, i) => lineStanding(line, name, limits[i]));
+        const inside = standings.flatMap((s, i) => ('in' in s && s.in ? [i] : []));
+        const left = standings.flatMap((s, i) => ('in' in s && !s.in && !('mismatch' in s) ? [i] : []));
+        // A prefix, less callers that disagree on the limit (they leave at once).
+        for (const i of inside) for (let j = 0; j < i; j++) expect(inside.includes(j) || 'mismatch' in standings[j]).toBe(true);
+        if (left.length > 0) expect(Math.max(...inside, -1)).toBeLessThan(left[0]);
+        const held = inside.map((i) => limits[i]);
+        if (held.includes(1)) expect(held).toHaveLength(1);
+        for (const limit of held) expect(held.length).toBeLessThanOrEqual(limit);
+        for (const i of left) {
+          const s = standings[i] as { waitFor: string[] };
+          expect(s.waitFor.length).toBeGreaterThan(0);
+          for (const name of s.waitFor) expect(line.indexOf(name)).toBeLessThan(i);
+        }
+      }),
+      { numRuns: 500 },
+    );
+  });
+});
+
+/** A backend (a session of its own, as another process) that counts its attempts and wake-ups. */
+function countingBackend(): { backend: LockBackend; failed: () => number; wakes: () => number } {
+  const inner = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 4_000 });
+  let failed = 0;
+  let wakes = 0;
+  const backend: LockBackend = {
+    name: inner.name,
+    fencing: inner.fencing,
+    sharedHolders: inner.sharedHolders,
+    tryAcquire: async (...args) => {
+      const result = await inner.tryAcquire(...args);
+      if (!result.acquired) failed++;
+      return result;
+    },
+    extend: (...args) => inner.extend(...args),
+    release: (...args) => inner.release(...args),
+    inspect: (...args) => inner.inspect(...args),
+    watch: (keys, onRelease, owner) => inner.watch(keys, () => (wakes++, onRelease()), owner),
+    watching: () => inner.watching(),
+    close: () => inner.close(),
+  };
+  return { backend, failed: () => failed, wakes: () => wakes };
+}
+
+function service(backend: LockBackend, options: ConstructorParameters<typeof LockService>[1] = {}): LockService {
+  // No polling: only a release can move a waiter.
+  const locks = new LockService(backend, { keyPrefix: 'shared:', pollInterval: 60_000, ...options });
+  fixture.cleanup(() => locks.onApplicationShutdown());
+  return locks;
+}
+
+/** Long enough for a herd to show: every waiter of a herd would ask ZooKeeper within a few ms. */
+const SETTLE_MS = 300;
+
+describe('ZooKeeper shared locks and semaphores', () => {
+  it('a permit freed by any holder lets in the first waiter; later waiters are not woken by it', async () => {
+    // In this order in line: h0, h1, then the waiters.
+    const holders: LockHandle[] = [];
+    for (let i = 0; i < 2; i++) holders.push(await service(countingBackend().backend).acquire('sem', { permits: 2, ttl: 60_000 }));
+    const waiters = Array.from({ length: 3 }, () => countingBackend());
+    const got: number[] = [];
+    const handles: Promise<LockHandle>[] = [];
+    for (const [i, waiter] of waiters.entries()) {
+      handles.push(
+        service(waiter.backend)
+          .acquire('sem', { permits: 2, wait: 30_000, ttl: 60_000 })
+          .then((handle) => (got.push(i), handle)),
+      );
+      // Arrival order is the order the requests reached ZooKeeper: one at a time.
+      await until(() => waiter.failed() === 1, 10_000, `waiter ${i} to stand in line`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+    // Out of order: the later holder first (a waiter watching only the earliest would sleep on),
+    // then the earlier one (the next waiter must have taken its turn at watching the holders),
+    // then the first waiter that got in (the last waiter watches more than the one before it).
+    const leave = [() => holders[1].release(), () => holders[0].release(), async () => (await handles[0]).release()];
+    for (let turn = 0; turn < 3; turn++) {
+      const before = waiters.map((w) => w.wakes());
+      await leave[turn]();
+      await until(() => got.length === turn + 1, 10_000, `waiter ${turn} to get a permit`);
+      await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+      expect(got).toEqual([0, 1, 2].slice(0, turn + 1));
+      const woken = waiters.map((w, i) => w.wakes() - before[i]);
+      // The one that got in was woken once; the next in line at most once, to watch the holders
+      // in its place; nobody behind it.
+      expect(woken[turn]).toBe(1);
+      for (let i = turn + 2; i < 3; i++) expect(woken[i]).toBe(0);
+      for (let i = turn + 1; i < 3; i++) expect(woken[i]).toBeLessThanOrEqual(1);
+    }
+    for (const handle of [handles[1], handles[2]]) await (await handle).release();
+  }, 60_000);
+
+  it.each([
+    ['a reader', 'shared', SHARED],
+    ['a permit holder', '2', 2],
+  ] as const)(
+    '%s killed with SIGKILL frees its share within its session timeout, however long its ttl',
+    async (_, limitText, limit) => {
+      // A 60 s ttl: only the session's end can free it.
+      const holder = await Holder.start('zookeeper-shared-holder.mjs', fixture.connectionString, 'killed', 60_000, [
+        limitText,
+        fixture.root,
+      ]);
+      fixture.cleanup(() => holder.kill());
+      const { name: owner, token } = await holder.next('acquired');
+      const b = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 4_000 });
+      fixture.cleanup(() => b.close());
+      expect((await b.tryAcquire(['killed'], 'beside', 60_000, { limits: [limit] })).acquired).toBe(true);
+      const owners = async () => (await b.inspect('killed'))?.holders?.map((h) => h.owner).sort();
+      expect(await owners()).toEqual(['beside', owner].sort());
+      // Alive, it keeps its share past two of its session timeouts.
+      await new Promise((resolve) => setTimeout(resolve, 2_500));
+      expect(await owners()).toContain(owner);
+      // A writer waits for both; killed, the child's share goes with its session.
+      expect((await b.tryAcquire(['killed'], 'writer', 60_000, { willWait: false })).acquired).toBe(false);
+      await holder.kill();
+      const killedAt = Date.now();
+      await b.release(['killed'], 'beside');
+      const writer = await service(b, { keyPrefix: '' }).acquire('killed', { wait: 10_000, ttl: 60_000 });
+      // 1 s session, rounded up to the server's ticks; the rest is margin for a loaded machine.
+      expect(Date.now() - killedAt).toBeLessThan(5_000);
+      expect(writer.fencingToken).toBeGreaterThan(token!);
+      await writer.release();
+    },
+    30_000,
+  );
+
+  it('a reader whose node an operator deletes loses its hold (signal, and its other keys), while the others go on', async () => {
+    const [a, b, c] = [0, 1, 2].map(() => service(countingBackend().backend, { keyPrefix: '' }));
+    // A reads two keys at once; B reads one of them; C waits to write the other.
+    const readerA = await a.acquire(['doc', 'idx'], { mode: 'shared', ttl: 1_000 });
+    const readerB = await b.acquire('doc', { mode: 'shared', ttl: 1_000 });
+    const writer = c.acquire('idx', { wait: 20_000 });
+    const writerDoc = c.acquire('doc', { wait: 20_000 });
+    for (const waiting of [writer, writerDoc]) waiting.catch(() => undefined);
+    await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+    type Raw = {
+      getChildren(path: string, done: (error: Error | null, names: string[]) => void): void;
+      remove(path: string, version: number, done: (error: Error | null) => void): void;
+      close(): void;
+    };
+    const raw = (await connectedClient(zookeeper, fixture.connectionString)) as Raw;
+    fixture.cleanup(() => raw.close());
+    const parent = `${fixture.root}/doc`;
+    const names = await new Promise<string[]>((resolve, reject) => raw.getChildren(parent, (e, n) => (e ? reject(e) : resolve(n))));
+    // A came first: the first node of the line is its.
+    const nodeOfA = inLineOrder(names)[0];
+    expect(nodeOfA).toMatch(/\.read-\d{10}$/);
+    await new Promise<void>((resolve, reject) => raw.remove(`${parent}/${nodeOfA}`, -1, (e) => (e ? reject(e) : resolve())));
+    // A is told at its next extension (a third of its lease), and its node on 'idx' goes too.
+    await until(() => readerA.signal.aborted, 5_000, "reader A's signal");
+    expect(readerA.signal.reason).toBeInstanceOf(LockLostError);
+    const w = await writer;
+    expect(w.isHeld).toBe(true);
+    // B still reads 'doc': the writer of 'doc' waits for it, not for A.
+    expect(readerB.signal.aborted).toBe(false);
+    expect((await b.inspect('doc'))?.holders?.map((h) => h.heldHere)).toEqual([true]);
+    await readerB.release();
+    await (await writerDoc).release();
+    await w.release();
+    await readerA.release().catch(() => undefined);
+  }, 30_000);
+});
