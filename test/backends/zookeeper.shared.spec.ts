@@ -70,6 +70,10 @@ describe('ZooKeeper line rule for shared locks and semaphores', () => {
     expect(lineStanding(line, line[1], 5)).toEqual({ in: false, mismatch: 3 });
     expect(lineStanding(line, line[2], SHARED)).toEqual({ in: false, mismatch: 3 });
     expect(lineStanding(line, line[3], 1)).toMatchObject({ in: false });
+    // The earliest says what the key is: one behind it that disagrees (and will leave) refuses nobody.
+    // It counts as a writer until it leaves: those behind it wait for it.
+    const stale = [entry('a', 3, 1), entry('b', 5, 2), entry('c', 3, 3)];
+    expect(lineStanding(stale, stale[2], 3)).toEqual({ in: false, waitFor: [stale[1]], marks: false });
   });
 
   it('on any line: who is in is a prefix (nobody passes a waiter), never a writer beside anyone nor more than n, and waiters watch nodes ahead', () => {
@@ -89,7 +93,59 @@ describe('ZooKeeper line rule for shared locks and semaphores', () => {
         for (const i of left) {
           const s = standings[i] as { waitFor: string[] };
           expect(s.waitFor.length).toBeGreaterThan(0);
-          for (const name of s.waitFor) expect(line.indexOf(name)).toBeLessThan(i);
+          for (const name of s.waitFor) {
+            expect(line.indexOf(name)).toBeGreaterThanOrEqual(0);
+            expect(line.indexOf(name)).toBeLessThan(i);
+          }
+        }
+        // No wake-up missed: whichever node ahead of a waiter goes, if that lets the waiter in, it
+        // watched that node, or the one it watches goes in too and marks its node.
+        for (const i of left) {
+          const s = standings[i] as { waitFor: string[]; marks: boolean };
+          for (let j = 0; j < i; j++) {
+            const after = line.filter((_, k) => k !== j);
+            const now = lineStanding(after, line[i], limits[i]);
+            if (!('in' in now && now.in)) continue;
+            const watched = s.waitFor.includes(line[j]);
+            const relayed = s.marks && s.waitFor.length === 1 && lineStanding(after, s.waitFor[0], limits[line.indexOf(s.waitFor[0])]);
+            expect(watched || (relayed && 'in' in relayed && relayed.in && relayed.mark)).toBe(true);
+          }
+        }
+      }),
+      { numRuns: 500 },
+    );
+  });
+
+  it('on any line, nodes leaving in any order: every caller the rule lets in was woken by a node it watched', () => {
+    const kind = fc.constantFrom(1, 2, 3, SHARED);
+    fc.assert(
+      fc.property(fc.array(kind, { maxLength: 10 }), fc.array(fc.nat(), { maxLength: 10 }), (limits, picks) => {
+        let line = limits.map((limit, i) => entry(`o${i}`, limit, i + 1));
+        const limitOf = new Map(line.map((name, i) => [name, limits[i]]));
+        const look = (name: string) => lineStanding(line, name, limitOf.get(name)!);
+        // What each caller saw at its last look: it looks again only when a node it watches wakes it.
+        const seen = new Map(line.map((name) => [name, look(name)]));
+        const inside = (standing: ReturnType<typeof lineStanding> | undefined) => !!standing && 'in' in standing && standing.in;
+        for (const pick of picks) {
+          if (line.length === 0) break;
+          // A caller told of a disagreement leaves first; else any node (a release, or a waiter that gives up).
+          const gone = line.find((name) => 'mismatch' in seen.get(name)!) ?? line[pick % line.length];
+          line = line.filter((name) => name !== gone);
+          const woken = line.filter((name) => (seen.get(name) as { waitFor?: string[] }).waitFor?.includes(gone));
+          while (woken.length > 0) {
+            const name = woken.shift()!;
+            const now = look(name);
+            const wasIn = inside(seen.get(name));
+            seen.set(name, now);
+            if (!wasIn && inside(now) && (now as { mark: boolean }).mark) {
+              // Its mark wakes those that watch it for that.
+              for (const other of line) {
+                const their = seen.get(other) as { waitFor?: string[]; marks?: boolean };
+                if (their.marks && their.waitFor?.includes(name)) woken.push(other);
+              }
+            }
+          }
+          for (const name of line) if (inside(look(name))) expect(inside(seen.get(name))).toBe(true);
         }
       }),
       { numRuns: 500 },

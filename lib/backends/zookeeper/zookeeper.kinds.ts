@@ -37,7 +37,8 @@ function limitOf(kind: string | undefined): number {
  * Where one node stands in its line (names in line order):
  * - `in`: it holds the key (as far as this line goes); `mark`: a permit caller right behind it
  *   may be watching it as a waiter, to take its turn at watching the holders once it enters;
- * - `mismatch`: a node ahead is a semaphore of another size, or one of shared against permits;
+ * - `mismatch`: the earliest reader or permit caller ahead has another limit (a semaphore of
+ *   another size, or shared against permits);
  * - `waitFor`: the nodes to watch, and whether their data being set (a mark) counts as well as
  *   their deletion.
  */
@@ -63,10 +64,10 @@ export type LineStanding =
 export function lineStanding(line: readonly string[], name: string, limit: number): LineStanding {
   const at = line.indexOf(name);
   if (at < 0) return { gone: true };
-  const limits = line.slice(0, at + 1).map((entry) => parseEntry(entry)?.limit ?? 1);
+  const limits = effectiveLimits(line.slice(0, at + 1));
   if (limit > 1) {
-    const theirs = limits.slice(0, at).find((l) => l > 1 && l !== limit);
-    if (theirs !== undefined) return { in: false, mismatch: theirs };
+    const theirs = limits.slice(0, at).find((l) => l > 1);
+    if (theirs !== undefined && theirs !== limit) return { in: false, mismatch: theirs };
   }
   if (at + 1 <= Math.min(...limits)) {
     const behind = line[at + 1] === undefined ? undefined : parseEntry(line[at + 1])?.limit;
@@ -74,10 +75,32 @@ export function lineStanding(line: readonly string[], name: string, limit: numbe
   }
   const before = (i: number) => ({ in: false as const, waitFor: [line[i]], marks: false });
   if (limit === 1) return before(at - 1);
-  const writer = limits.lastIndexOf(1, at - 1);
   // Not in, so something ahead is a writer or (for a semaphore) n holders.
+  const writer = lastIndex(limits, at, (l) => l === 1);
   if (limit === SHARED) return before(writer);
   if (writer >= 0 && at - 1 < limit) return before(writer);
   if (writer < 0 && at === limit) return { in: false, waitFor: line.slice(0, at), marks: false };
   return { in: false, waitFor: [line[at - 1]], marks: limits[at - 1] !== 1 };
+}
+
+/**
+ * The limits the rule counts with: the earliest reader or permit caller says what the key is, and
+ * a later one that disagrees with it counts as a writer. It leaves as soon as it looks (its caller
+ * gets limitMismatch); one whose process died before it looked keeps everyone behind it waiting
+ * until its session ends, as a dead writer does, and refuses nobody.
+ */
+function effectiveLimits(line: readonly string[]): number[] {
+  let key: number | undefined;
+  return line.map((entry) => {
+    const limit = parseEntry(entry)?.limit ?? 1;
+    if (limit === 1) return 1;
+    key ??= limit;
+    return limit === key ? limit : 1;
+  });
+}
+
+/** The last index before `end` whose limit passes `test`, or -1. */
+function lastIndex(limits: readonly number[], end: number, test: (limit: number) => boolean): number {
+  for (let i = end - 1; i >= 0; i--) if (test(limits[i])) return i;
+  return -1;
 }
