@@ -225,6 +225,41 @@ describe('ZooKeeper shared locks and semaphores', () => {
     for (const handle of [handles[1], handles[2]]) await (await handle).release();
   }, 60_000);
 
+  it('a stream of readers from three processes never passes a queued writer: every reader in while it waits came before it', async () => {
+    const readers = [0, 1, 2].map(() => service(countingBackend().backend));
+    const entered: { token: number; at: number }[] = [];
+    let stop = false;
+    const streams = Array.from({ length: 6 }, (_, i) =>
+      (async () => {
+        while (!stop) {
+          await readers[i % 3].using(
+            'stream',
+            async (handle) => {
+              entered.push({ token: handle.fencingToken!, at: performance.now() });
+              await new Promise((resolve) => setTimeout(resolve, 5 + (i % 3) * 5));
+            },
+            { mode: 'shared', wait: 30_000 },
+          );
+        }
+      })(),
+    );
+    // Readers overlap all the time now: without a line, a writer would never find the key free.
+    await until(() => entered.length > 20, 10_000, 'the readers to run');
+    const writer = countingBackend();
+    const queuedAt = performance.now();
+    const handle = await service(writer.backend).acquire('stream', { wait: 20_000 });
+    const inAt = performance.now();
+    stop = true;
+    await handle.release();
+    await Promise.all(streams);
+    expect(writer.failed()).toBeGreaterThan(0);
+    // Tokens are creation order in the line: a reader that came after the writer has a greater one.
+    const passed = entered.filter((r) => r.at > queuedAt && r.at < inAt && r.token > handle.fencingToken!);
+    expect(passed).toEqual([]);
+    // And those after it did come in after it.
+    expect(entered.some((r) => r.token > handle.fencingToken!)).toBe(true);
+  }, 40_000);
+
   it.each([
     ['a reader', 'shared', SHARED],
     ['a permit holder', '2', 2],
