@@ -10,7 +10,7 @@ import type { LockHandle } from '../../lib/lock.handle.js';
 import { LockLostError } from '../../lib/lock.errors.js';
 import { LockService } from '../../lib/lock.service.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
-import { connectedClient } from '../fixtures/zookeeper-fenced-store.mjs';
+import { connectedClient, fencedWrite } from '../fixtures/zookeeper-fenced-store.mjs';
 import { Holder } from '../support/lock-holder-process.js';
 import { until } from '../support/wait.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
@@ -259,6 +259,30 @@ describe('ZooKeeper shared locks and semaphores', () => {
     // And those after it did come in after it.
     expect(entered.some((r) => r.token > handle.fencingToken!)).toBe(true);
   }, 40_000);
+
+  it('a writer paused past its session: readers come in with greater tokens, and its late write is refused by a register the readers recorded', async () => {
+    const holder = await Holder.start('zookeeper-lock-holder.mjs', fixture.connectionString, 'paused-rw', 60_000);
+    fixture.cleanup(() => holder.kill());
+    const stale = (await holder.next('acquired')).token!;
+    holder.child.kill('SIGSTOP'); // a long GC pause: no heartbeat, no extension, nothing
+    fixture.cleanup(() => holder.child.kill('SIGCONT'));
+    const register = (await connectedClient(zookeeper, fixture.connectionString)) as { close(): void };
+    fixture.cleanup(() => register.close());
+    const readers = [0, 1].map(() =>
+      service(new ZooKeeperLockBackend(fixture.connectionString, { root: '/fault', sessionTimeout: 4_000 }), { keyPrefix: 'fault:' }),
+    );
+    const handles = await Promise.all(readers.map((locks) => locks.acquire('paused-rw', { mode: 'shared', wait: 10_000 })));
+    for (const handle of handles) {
+      expect(handle.fencingToken).toBeGreaterThan(stale);
+      // A reader records the highest token that read (refused only when a greater one already did).
+      await fencedWrite(register, '/fenced', handle.fencingToken, 'read');
+    }
+    holder.child.kill('SIGCONT');
+    expect(await holder.next('lost')).toMatchObject({ name: 'LockLostError' });
+    holder.child.send({ type: 'write' });
+    expect(await holder.next('wrote')).toMatchObject({ accepted: false });
+    for (const handle of handles) await handle.release();
+  }, 30_000);
 
   it.each([
     ['a reader', 'shared', SHARED],
