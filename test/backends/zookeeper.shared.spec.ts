@@ -302,8 +302,8 @@ describe('ZooKeeper shared locks and semaphores', () => {
       expect((await b.tryAcquire(['killed'], 'beside', 60_000, { limits: [limit] })).acquired).toBe(true);
       const owners = async () => (await b.inspect('killed'))?.holders?.map((h) => h.owner).sort();
       expect(await owners()).toEqual(['beside', owner].sort());
-      // Alive, it keeps its share past two of its session timeouts.
-      await new Promise((resolve) => setTimeout(resolve, 2_500));
+      // Alive, it keeps its share past one and a half of its session timeouts.
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
       expect(await owners()).toContain(owner);
       // A writer waits for both; killed, the child's share goes with its session.
       expect((await b.tryAcquire(['killed'], 'writer', 60_000, { willWait: false })).acquired).toBe(false);
