@@ -56,7 +56,7 @@ describe('MySQL backend: shared holders that die, and the line', () => {
     expect(await b.inspect(key)).toMatchObject({ owner: 'writer', fencingToken: writerToken });
   });
 
-  it('a writer leaving hands the key to every reader at the head of the line at once, in its release, and stops at the next writer', async () => {
+  it('a writer leaving hands the key to every reader at the head of the line at once, in its release, stops at the next writer, and wakes only them', async () => {
     const [a, b] = [backend(), backend()];
     expect((await a.tryAcquire(['rw'], 'writer', 60_000)).acquired).toBe(true);
     for (const [owner, limit] of [
@@ -67,7 +67,13 @@ describe('MySQL backend: shared holders that die, and the line', () => {
     ] as const) {
       expect((await b.tryAcquire(['rw'], owner, 60_000, { limits: [limit] })).acquired).toBe(false);
     }
+    // Their process's look wakes exactly the readers handed the key, in one pass: not the writer behind them, nor the reader behind it.
+    const woken: string[] = [];
+    const stops = await Promise.all(['r1', 'r2', 'w2', 'r3'].map((owner) => b.watch(['rw'], () => woken.push(owner), owner)));
     expect(await a.release(['rw'], 'writer')).toBe(true);
+    await until(() => woken.includes('r1') && woken.includes('r2'), 5_000, 'the readers handed the key to be woken');
+    expect([...new Set(woken)].sort()).toEqual(['r1', 'r2']);
+    for (const stop of stops) stop();
     // Handed over in the release's own transaction: no attempt of the readers' process came in between.
     const state = await a.inspect('rw');
     expect(state).toMatchObject({ limit: SHARED });
