@@ -96,7 +96,7 @@ describe(`processes of the previous release (${previous.name}) and of this one o
       await fixture.admin.query(
         'CREATE TABLE IF NOT EXISTS stress_values (lock_key VARCHAR(64) PRIMARY KEY, count INT NOT NULL, token BIGINT NOT NULL) ENGINE = InnoDB',
       );
-      const outcome = await mixed(fixtures('mysql'), (c, s) => [fixture.url, fixture.url, c, s, keys.join(',')], { readers: false });
+      const outcome = await mixed(fixtures('mysql'), (c, s) => [fixture.url, fixture.url, c, s, keys.join(',')]);
       expectOneHolderAtATime(outcome);
       const [rows] = await fixture.admin.query('SELECT lock_key, count FROM stress_values');
       expect(Object.fromEntries((rows as { lock_key: string; count: number }[]).map((r) => [r.lock_key, r.count]))).toEqual(outcome.writes);
@@ -123,9 +123,7 @@ describe(`processes of the previous release (${previous.name}) and of this one o
         );
       await call('create', '/stress-data', Buffer.from('{}'));
       for (const key of keys) await call('create', `/stress-data/${key}`, Buffer.from(JSON.stringify({ count: 0, token: 0 })));
-      const outcome = await mixed(fixtures('zookeeper'), (c, s) => [fixture.connectionString, fixture.root, c, s, keys.join(',')], {
-        readers: false,
-      });
+      const outcome = await mixed(fixtures('zookeeper'), (c, s) => [fixture.connectionString, fixture.root, c, s, keys.join(',')]);
       expectOneHolderAtATime(outcome);
       for (const key of keys) {
         const [value] = (await call('getData', `/stress-data/${key}`)) as [Buffer];
