@@ -15,6 +15,7 @@
  * - `conformance-zookeeper-shared`, `conformance-zookeeper-line`: its shared-lock tests on ZooKeeper
  *   that no writer holds beside anyone, and that a reader does not pass a queued writer (at once,
  *   where a stream of readers passes it only when the timing lets one arrive while it waits);
+ * - `conformance-mysql-shared`: the same test of readers, writers and permits on MariaDB;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
@@ -68,6 +69,13 @@ export const DETECTORS = {
   'conformance-zookeeper-shared': {
     kind: 'jest',
     file: 'test/backends/zookeeper.conformance.spec.ts',
+    test: 'lets readers hold together, never a writer beside anyone, and never more holders than permits',
+    env: {},
+    seeded: false,
+  },
+  'conformance-mysql-shared': {
+    kind: 'jest',
+    file: 'test/backends/mysql.conformance.spec.ts',
     test: 'lets readers hold together, never a writer beside anyone, and never more holders than permits',
     env: {},
     seeded: false,
@@ -293,5 +301,12 @@ export const MUTANTS = [
     file: 'lib/lock-acquisition.ts',
     replace: [['const first = queue.allTrying(this.id) && !queue.behindUnseen(this.keys);', 'const first = queue.allTrying(this.id);']],
     detector: 'local-queue-key-sets',
+  },
+  {
+    name: 'mysql-reader-beside-writer',
+    bug: 'MySQL lets a caller in while the holders are fewer than its own limit, whatever theirs: a reader beside a writer',
+    file: 'lib/backends/mysql/mysql.procedures.ts',
+    replace: [['ELSEIF holders >= LEAST(lim, COALESCE(least_limit, lim)) THEN', 'ELSEIF holders >= lim THEN']],
+    detector: 'conformance-mysql-shared',
   },
 ];
