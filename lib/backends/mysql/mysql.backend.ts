@@ -149,7 +149,7 @@ export class MysqlLockBackend implements LockBackend {
     return { key, owner: holders[0].owner, ttlMs, fencingToken: holders.at(-1)!.fencingToken, limit, holders };
   }
 
-  /** A range of the lock table's primary key after the cursor (see listMysql). Read-only. */
+  /** A range of the holders table's primary key after the cursor (see listMysql). Read-only. */
   list(options: LockListOptions): Promise<LockListPage> {
     return listMysql(this.connection, options);
   }
