@@ -19,7 +19,7 @@ import {
   type MessageEvent,
   type Type,
 } from '@nestjs/common';
-import { exhaustMap, from, merge, Observable, throttleTime, timer } from 'rxjs';
+import { exhaustMap, from, map, merge, Observable, throttleTime, timer } from 'rxjs';
 import { InvalidLockKeyError, InvalidLockOptionsError } from '../lock.errors.js';
 import { LOCK_BOARD_CSP, LOCK_BOARD_PAGE } from './lock-board.page.js';
 import type { ResolvedLockBoardOptions } from './lock-board.options.js';
@@ -67,11 +67,13 @@ export function lockBoardControllers(options: ResolvedLockBoardOptions): Type[] 
     @Sse('api/stream')
     stream(@Query('prefix') prefix: unknown): Observable<MessageEvent> {
       const checked = checkPrefix(prefix);
+      // A change seen here is read fresh; the regular refresh may share what another page just read.
       const soon = this.board.changes().pipe(throttleTime(200, undefined, { leading: false, trailing: true }));
-      return merge(timer(0, options.refreshMs), soon).pipe(
-        exhaustMap(() =>
+      const ticks = merge(timer(0, options.refreshMs).pipe(map(() => true)), soon.pipe(map(() => false)));
+      return ticks.pipe(
+        exhaustMap((shared) =>
           from(
-            this.board.snapshot(checked).then(
+            this.board.snapshot(checked, shared).then(
               (data): MessageEvent => ({ data }),
               (error: unknown): MessageEvent => {
                 const bad = badInput(error);

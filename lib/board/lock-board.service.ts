@@ -90,12 +90,15 @@ export class LockBoardService implements OnModuleInit, OnModuleDestroy {
     this.contention?.stop();
   }
 
-  /** The held keys under `prefix` (at most maxKeys), read at most once per half refresh for all open pages. */
-  snapshot(prefix: string): Promise<LockBoardSnapshot> {
+  /**
+   * The held keys under `prefix` (at most maxKeys). `shared`: a snapshot read for another open page
+   * less than half a refresh ago will do, so many open pages do not each read the store.
+   */
+  snapshot(prefix: string, shared = false): Promise<LockBoardSnapshot> {
     const now = Date.now();
     for (const [cached, entry] of this.recent) if (now - entry.at > this.options.refreshMs / 2) this.recent.delete(cached);
     const recent = this.recent.get(prefix);
-    if (recent) return recent.snapshot;
+    if (recent && shared) return recent.snapshot;
     const snapshot = this.read(prefix);
     this.recent.set(prefix, { at: now, snapshot });
     snapshot.catch(() => this.recent.delete(prefix));
