@@ -38,7 +38,8 @@ const STYLE = `
   .hot { color: var(--warn); font-weight: 600; }
   .lost { color: var(--bad); font-weight: 600; }
   button.release { background: #fff; color: var(--bad); border: 1px solid #f3b7b7; border-radius: 6px; padding: 3px 9px; font: inherit; font-size: 12px; cursor: pointer; margin-top: 4px; }
-  #message { min-height: 20px; font-size: 13px; }
+  #message { font-size: 13px; }
+  #message:empty { display: none; }
   #message.bad { color: var(--bad); }
   .empty td { color: var(--muted); text-align: center; padding: 24px; }
 `;
@@ -66,7 +67,8 @@ function duration(ms) {
   const s = Math.round(ms / 1000);
   if (s < 120) return s + ' s';
   const m = Math.floor(s / 60);
-  return m < 120 ? m + ' min ' + (s % 60) + ' s' : Math.floor(m / 60) + ' h ' + (m % 60) + ' min';
+  if (m < 120) return s % 60 ? m + ' min ' + (s % 60) + ' s' : m + ' min';
+  return Math.floor(m / 60) + ' h ' + (m % 60) + ' min';
 }
 
 function modeText(row) {
