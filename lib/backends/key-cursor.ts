@@ -22,7 +22,9 @@ export function decodeKeyCursor(cursor: string, backend: string): string {
   return key;
 }
 
-/** A LIKE pattern for keys that start with `prefix` (`\` escapes `%`, `_` and itself). */
-export function likePrefix(prefix: string): string {
-  return prefix.replace(/[\\%_]/g, '\\$&') + '%';
+/** A LIKE pattern for keys that start with `prefix`: `escape` (by default `\`) before `%`, `_` and itself. */
+export function likePrefix(prefix: string, escape = '\\'): string {
+  let pattern = '';
+  for (const char of prefix) pattern += char === escape || char === '%' || char === '_' ? escape + char : char;
+  return pattern + '%';
 }

@@ -147,5 +147,14 @@ export function describeInspectionConformance(name: string, target: ConformanceT
       await handle.release();
       await until(async () => (await service.list({ prefix: 'gone:' })).keys.length === 0, 10_000, 'the key to leave the listing');
     });
+
+    it('takes the prefix literally: wildcards of LIKE, glob and the escapes are plain characters', async () => {
+      if (!probe.list) return;
+      const service = await newService('a-1');
+      const literal = 'w%_*?[|\\';
+      for (const key of [`${literal}1`, 'wXY*?[|\\2', 'w%_x', 'w%', 'w|']) handles.push(await service.acquire(key));
+      expect((await service.list({ prefix: literal })).keys).toEqual([`${literal}1`]);
+      expect((await service.list({ prefix: 'w%' })).keys.sort()).toEqual([`${literal}1`, 'w%', 'w%_x'].sort());
+    });
   });
 }

@@ -93,7 +93,7 @@ export function accessProbe(prefix: string): ITxnRequest {
 }
 
 /** The end of the range of keys that start with `prefix`, as etcd counts a prefix. */
-function prefixEnd(prefix: Buffer): Buffer {
+export function prefixEnd(prefix: Buffer): Buffer {
   const end = Buffer.from(prefix);
   for (let i = end.length - 1; i >= 0; i--) {
     if (end[i] < 0xff) {

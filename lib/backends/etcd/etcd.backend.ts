@@ -1,4 +1,6 @@
 import { performance } from 'node:perf_hooks';
+import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
+import { listEtcd } from './etcd.listing.js';
 import { inspect } from 'node:util';
 import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
@@ -127,6 +129,11 @@ export class EtcdLockBackend implements LockBackend {
     const seconds = await this.connection.timeToLive(head.lease, what);
     if (seconds <= 0) return undefined;
     return { key, owner: this.keys.ownerOf(head.key), ttlMs: seconds * 1000, fencingToken: Number(head.create_revision) };
+  }
+
+  /** Range reads in key order after the cursor (see listEtcd). Read-only. */
+  list(options: LockListOptions): Promise<LockListPage> {
+    return listEtcd(this.connection, this.keys, options);
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {

@@ -8,7 +8,7 @@ export const WAITING = Buffer.from('waiting');
  * an owner are percent-encoded, so that the line of `a` never holds the entries of `a/b`.
  */
 export class EtcdKeys {
-  constructor(private readonly prefix: string) {}
+  constructor(readonly prefix: string) {}
 
   /** The entry of `owner` in the line of `key`. */
   entry(key: string, owner: string): Buffer {
@@ -37,6 +37,6 @@ export class EtcdKeys {
   }
 }
 
-function encode(segment: string): string {
+export function encode(segment: string): string {
   return segment.replace(/%/g, '%25').replace(/\//g, '%2F');
 }

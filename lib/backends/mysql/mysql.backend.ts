@@ -1,4 +1,6 @@
 import { randomBytes } from 'node:crypto';
+import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
+import { listMysql } from './mysql.listing.js';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
@@ -117,6 +119,11 @@ export class MysqlLockBackend implements LockBackend {
     });
     if (!row) return undefined;
     return { key, owner: ownerText(row.owner), ttlMs: Math.max(0, Number(row.ttl_ms)), fencingToken: Number(row.fencing_token) };
+  }
+
+  /** A range of the lock table's primary key after the cursor (see listMysql). Read-only. */
+  list(options: LockListOptions): Promise<LockListPage> {
+    return listMysql(this.connection, options);
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
