@@ -34,7 +34,7 @@ export interface LockBoardOptions {
   contentionWindowMs?: number;
 }
 
-/** @internal The options with their defaults. */
+/** The options with their defaults, as the board uses them. */
 export interface ResolvedLockBoardOptions {
   path: string;
   guards: LockBoardGuard[];
