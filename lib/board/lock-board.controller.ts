@@ -70,7 +70,7 @@ export function lockBoardControllers(options: ResolvedLockBoardOptions): Type[] 
       // A change seen here is read fresh; the regular refresh may share what another page just read.
       const soon = this.board.changes().pipe(throttleTime(200, undefined, { leading: false, trailing: true }));
       const ticks = merge(timer(0, options.refreshMs).pipe(map(() => true)), soon.pipe(map(() => false)));
-      return ticks.pipe(
+      const snapshots = ticks.pipe(
         exhaustMap((shared) =>
           from(
             this.board.snapshot(checked, shared).then(
@@ -84,6 +84,7 @@ export function lockBoardControllers(options: ResolvedLockBoardOptions): Type[] 
           ),
         ),
       );
+      return this.board.untilShutdown(snapshots);
     }
   }
 

@@ -1,6 +1,6 @@
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
 import { ModuleRef } from '@nestjs/core';
-import { Observable } from 'rxjs';
+import { Observable, Subject, takeUntil } from 'rxjs';
 import { releaseHolders, type ReleasedHolder } from '../forced-release.js';
 import { LockModuleNotImportedError } from '../lock.errors.js';
 import type { LockInfo } from '../lock-inspection.js';
@@ -55,6 +55,7 @@ export class LockBoardService implements OnModuleInit, OnModuleDestroy {
   private readonly logger = new Logger('LockBoard');
   /** Snapshots being read or just read, per prefix: open pages share them instead of each reading the store. */
   private readonly recent = new Map<string, { at: number; snapshot: Promise<LockBoardSnapshot> }>();
+  private readonly closing = new Subject<void>();
 
   constructor(
     @Inject(LOCK_BOARD_OPTIONS) readonly options: ResolvedLockBoardOptions,
@@ -86,8 +87,19 @@ export class LockBoardService implements OnModuleInit, OnModuleDestroy {
     this.contention = new LockContention(locks.events, { windowMs, maxKeys: 1_000, keyPrefix: locks.options.keyPrefix });
   }
 
+  /**
+   * Open pages' streams end here, before the HTTP server closes: it waits for open connections, and
+   * a board left open in a browser would otherwise hold up the application's shutdown for good.
+   */
   onModuleDestroy(): void {
+    this.closing.next();
+    this.closing.complete();
     this.contention?.stop();
+  }
+
+  /** `source` until the application shuts down. */
+  untilShutdown<T>(source: Observable<T>): Observable<T> {
+    return source.pipe(takeUntil(this.closing));
   }
 
   /**

@@ -219,3 +219,40 @@ describe('LockBoardModule.forRoot options', () => {
     expect(() => LockBoardModule.forRoot({ gaurd: OperatorGuard } as never)).toThrow(/unknown option 'gaurd'/);
   });
 });
+
+describe('LockBoardModule at shutdown', () => {
+  it.each(['express', 'fastify'] as const)(
+    'ends open event streams on %s, so a page left open does not hold up app.close()',
+    async (platform) => {
+      @Module({ imports: [DistributedLockModule.forRoot(), LockBoardModule.forRoot({ guard: OperatorGuard })] })
+      class ShutdownApp {}
+      const moduleRef = await Test.createTestingModule({ imports: [ShutdownApp] }).compile();
+      const app =
+        platform === 'fastify'
+          ? moduleRef.createNestApplication<NestFastifyApplication>(new FastifyAdapter(), { logger: false })
+          : moduleRef.createNestApplication({ logger: false });
+      await app.listen(0, '127.0.0.1');
+      const { port } = app.getHttpServer().address() as { port: number };
+      let started!: () => void;
+      const streaming = new Promise<void>((resolve) => (started = resolve));
+      const ended = new Promise<string>((resolve, reject) => {
+        http
+          .get({ host: '127.0.0.1', port, path: '/locks/api/stream', headers: { cookie: COOKIE, connection: 'close' } }, (res) => {
+            let text = '';
+            res.setEncoding('utf8');
+            res.on('data', (chunk: string) => {
+              text += chunk;
+              started();
+            });
+            res.on('end', () => resolve(text));
+            res.on('error', reject);
+          })
+          .on('error', reject);
+      });
+      await streaming;
+      // The stream ends; the connection (not kept alive: Express keeps an idle one open up to 5 s) with it.
+      await app.close();
+      await expect(ended).resolves.toMatch(/^data: /m);
+    },
+  );
+});
