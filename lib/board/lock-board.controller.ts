@@ -12,6 +12,7 @@ import {
   Post,
   Query,
   Req,
+  Res,
   ServiceUnavailableException,
   Sse,
   UnsupportedMediaTypeException,
@@ -23,7 +24,7 @@ import { exhaustMap, from, map, merge, Observable, throttleTime, timer } from 'r
 import { InvalidLockKeyError, InvalidLockOptionsError } from '../lock.errors.js';
 import { LOCK_BOARD_CSP, LOCK_BOARD_PAGE } from './lock-board.page.js';
 import type { ResolvedLockBoardOptions } from './lock-board.options.js';
-import { LockBoardService, type LockBoardSnapshot } from './lock-board.service.js';
+import { LockBoardService, type LockBoardSnapshot, type StreamResponse } from './lock-board.service.js';
 
 /** What the page says when the store does not answer; the error itself goes to the server's log only (it may name hosts). */
 const STORE_DOWN = 'The lock store did not answer; the server log says why.';
@@ -65,7 +66,10 @@ export function lockBoardControllers(options: ResolvedLockBoardOptions): Type[] 
 
     /** The same, pushed every `refreshMs` and soon after each lock event of this process. */
     @Sse('api/stream')
-    stream(@Query('prefix') prefix: unknown): Observable<MessageEvent> {
+    stream(
+      @Query('prefix') prefix: unknown,
+      @Res({ passthrough: true }) response: StreamResponse | { raw: StreamResponse },
+    ): Observable<MessageEvent> {
       const checked = checkPrefix(prefix);
       // A change seen here is read fresh; the regular refresh may share what another page just read.
       const soon = this.board.changes().pipe(throttleTime(200, undefined, { leading: false, trailing: true }));
@@ -84,7 +88,8 @@ export function lockBoardControllers(options: ResolvedLockBoardOptions): Type[] 
           ),
         ),
       );
-      return this.board.untilShutdown(snapshots);
+      // Fastify's reply carries Node's response as `raw`.
+      return this.board.untilShutdown(snapshots, 'raw' in response ? response.raw : response);
     }
   }
 

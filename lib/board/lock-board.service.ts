@@ -40,6 +40,13 @@ export interface LockBoardSnapshot {
   forceRelease: boolean;
 }
 
+/** What the board needs of an open stream's response: Node's, under Express and Fastify alike. */
+export interface StreamResponse {
+  readonly writableFinished: boolean;
+  readonly socket?: { end(): unknown } | null;
+  once(event: 'close' | 'finish', listener: () => void): this;
+}
+
 /** Keys inspected at once for one snapshot: a page of 100 keys is 100 reads, not 100 at the same moment. */
 const INSPECT_CONCURRENCY = 16;
 
@@ -56,6 +63,8 @@ export class LockBoardService implements OnModuleInit, OnModuleDestroy {
   /** Snapshots being read or just read, per prefix: open pages share them instead of each reading the store. */
   private readonly recent = new Map<string, { at: number; snapshot: Promise<LockBoardSnapshot> }>();
   private readonly closing = new Subject<void>();
+  /** The responses of open event streams. */
+  private readonly streams = new Set<StreamResponse>();
 
   constructor(
     @Inject(LOCK_BOARD_OPTIONS) readonly options: ResolvedLockBoardOptions,
@@ -88,18 +97,45 @@ export class LockBoardService implements OnModuleInit, OnModuleDestroy {
   }
 
   /**
-   * Open pages' streams end here, before the HTTP server closes: it waits for open connections, and
-   * a board left open in a browser would otherwise hold up the application's shutdown for good.
+   * Open pages' streams end here, and their responses are finished before the HTTP server closes:
+   * it waits for connections that are not idle, and a board left open in a browser would otherwise
+   * hold up the application's shutdown for good (or until the keep-alive timeout, once ended late).
    */
-  onModuleDestroy(): void {
+  async onModuleDestroy(): Promise<void> {
+    // Taken first: a stream leaves the set as it completes.
+    const open = [...this.streams];
     this.closing.next();
     this.closing.complete();
     this.contention?.stop();
+    // Each connection closes once its stream is written out: kept alive, an idle connection would
+    // still hold up the server's close until its keep-alive timeout.
+    const finished = open.map(
+      (response) =>
+        new Promise<void>((resolve) => {
+          const done = () => {
+            response.socket?.end();
+            resolve();
+          };
+          if (response.writableFinished) done();
+          else response.once('close', done).once('finish', done);
+        }),
+    );
+    let timer: NodeJS.Timeout | undefined;
+    // Bounded: a response that cannot finish (a client that stopped reading) must not stop shutdown either.
+    await Promise.race([Promise.all(finished), new Promise((resolve) => (timer = setTimeout(resolve, 1_000)))]);
+    clearTimeout(timer);
   }
 
-  /** `source` until the application shuts down. */
-  untilShutdown<T>(source: Observable<T>): Observable<T> {
-    return source.pipe(takeUntil(this.closing));
+  /** `source` until the application shuts down; `response` (Node's) is finished before the server closes. */
+  untilShutdown<T>(source: Observable<T>, response: StreamResponse): Observable<T> {
+    return new Observable<T>((subscriber) => {
+      this.streams.add(response);
+      const subscription = source.pipe(takeUntil(this.closing)).subscribe(subscriber);
+      return () => {
+        subscription.unsubscribe();
+        this.streams.delete(response);
+      };
+    });
   }
 
   /**
