@@ -255,3 +255,20 @@ describe('LockBoardModule at shutdown', () => {
     },
   );
 });
+
+describe('LockBoardModule without a guard', () => {
+  it('serves the page and warns at start-up that it is open to whoever reaches the app', async () => {
+    @Module({ imports: [DistributedLockModule.forRoot(), LockBoardModule.forRoot({ path: 'ops/locks/' })] })
+    class OpenApp {}
+    const logger = new RecordingLogger();
+    const moduleRef = await Test.createTestingModule({ imports: [OpenApp] }).compile();
+    const app = moduleRef.createNestApplication({ logger });
+    await app.init();
+    try {
+      expect(logger.lines).toContainEqual(expect.stringMatching(/^The lock board at \/ops\/locks has no guard of its own/));
+      await request(app.getHttpServer()).get('/ops/locks').expect(200);
+    } finally {
+      await app.close();
+    }
+  });
+});
