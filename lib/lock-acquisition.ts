@@ -22,6 +22,8 @@ export interface AcquisitionHost extends LeaseTracker {
   readonly options: ResolvedModuleOptions;
   /** This process's callers waiting for a key set, in order of arrival. */
   readonly queue: LockWaitQueue;
+  /** Who this process is when a call names no site: one object for all of them. */
+  readonly holder: LockHolderIdentity;
   /** Set on application shutdown: no acquisition starts or keeps waiting after it. */
   readonly shuttingDown: boolean;
   /** A lease this acquisition won: the host tracks it until it ends. */
@@ -82,7 +84,7 @@ export class LockAcquisition {
     site?: string,
   ) {
     const named = options?.site ?? site;
-    this.holder = named === undefined ? { instance: host.options.instance } : { instance: host.options.instance, site: named };
+    this.holder = named === undefined ? host.holder : { instance: host.options.instance, site: named };
     this.maxHold = options?.maxHold;
     this.minHold = options?.minHold;
     // A first lease longer than maxHold would outlive it.
@@ -109,7 +111,8 @@ export class LockAcquisition {
     if (!immediate || this.limits || this.host.shuttingDown || this.signal?.aborted) return undefined;
     // As run(): a caller that does not wait tries whoever is queued; one that waits goes behind them.
     const queue = this.host.queue;
-    if (this.willWait && (queue.full(this.keys) !== undefined || !queue.allTrying(this.id))) return undefined;
+    if (this.willWait && (queue.full(this.keys) !== undefined || !queue.allTrying(this.id) || queue.behindUnseen(this.keys)))
+      return undefined;
     const result = immediate.tryAcquire(this.keys, this.owner, this.ttl, this.started, this.holder);
     return result.acquired ? this.won(result, this.started) : undefined;
   }
@@ -150,8 +153,8 @@ export class LockAcquisition {
     // Over a cap on waiters: busy at once, before anything is asked or queued.
     const queueFull = queue.full(this.keys);
     if (queueFull) return { waitedMs: 0, queueFull };
-    const first = queue.allTrying(this.id);
-    const waiter = queue.join(this.id, this.keys, this.limit);
+    const first = queue.allTrying(this.id) && !queue.behindUnseen(this.keys);
+    const waiter = queue.join(this.id, this.keys, this.limit, first);
     try {
       if (first) {
         // The backend listened before the attempt went out and keeps a wake-up until it is watched.
@@ -176,7 +179,7 @@ export class LockAcquisition {
       this.signal?.throwIfAborted();
       if (this.host.shuttingDown) throw this.shutDownError();
       if (performance.now() >= this.deadline) return this.giveUp();
-      if (!this.host.queue.isHead(this.id, waiter)) {
+      if (!this.host.queue.isHead(this.id, waiter) || this.host.queue.behindUnseen(this.keys, waiter)) {
         // Its attempt may be long past once it is first: it then tries again.
         this.heard = false;
         // The backend's line can still have it ahead of the first of this queue (an earlier
@@ -200,6 +203,7 @@ export class LockAcquisition {
         continue;
       }
       if (await this.watchThenTryNow(waiter)) {
+        this.host.queue.seen(waiter);
         const lease = await this.attempt();
         if (lease) return lease;
         waiter.listening = this.listening();

@@ -3,8 +3,15 @@
  * while the waiter is busy (between an attempt and its next sleep) is kept, so none is lost.
  */
 export class Waiter {
-  /** How many holders its keys admit (1 exclusive, n permits, Infinity shared): see LockWaitQueue.isHead. */
-  constructor(readonly limit = 1) {}
+  constructor(
+    /** Its key set's queue (see LockWaitQueue). */
+    readonly id: string,
+    readonly keys: readonly string[],
+    /** How many holders its keys admit (1 exclusive, n permits, Infinity shared): see LockWaitQueue.isHead. */
+    readonly limit = 1,
+    /** When it joined, in this process's order of joins. */
+    readonly order = 0,
+  ) {}
 
   /** Its first attempt is on its way to the backend (see LockWaitQueue.allTrying). */
   trying = false;
@@ -60,11 +67,20 @@ export interface WaiterLimits {
  * queue (up to the first exclusive one), or as many callers for the same permits as there are
  * permits. They try at once, each for itself; a caller behind a queued exclusive one waits for
  * it, as the backend's line has it wait, so no reader of this process passes a writer.
+ *
+ * A waiter behind its queue's head has asked the backend nothing yet, so the backend's line does
+ * not know it. A caller of another key set that shares a key with it would reach that line first
+ * and pass it (a reader of 'doc' and 'toc' entering beside a reader of 'doc' while this process's
+ * writer of 'doc' waits behind that reader). Such a waiter is "unseen" until its first attempt:
+ * a later caller of another key set that shares one of its keys waits until it is seen.
  */
 export class LockWaitQueue {
   private readonly queues = new Map<string, Waiter[]>();
   /** Waiters per key, kept only when there is a cap per key (one map update per key and join). */
   private readonly perKey: Map<string, number> | undefined;
+  /** Per key, the waiters of this process the backend's line does not know yet, oldest first. */
+  private readonly unseen = new Map<string, Waiter[]>();
+  private joins = 0;
   private size = 0;
 
   constructor(private readonly limits: WaiterLimits = {}) {
@@ -84,14 +100,46 @@ export class LockWaitQueue {
     return undefined;
   }
 
-  join(id: string, keys: readonly string[], limit = 1): Waiter {
-    const waiter = new Waiter(limit);
+  /**
+   * Whether an earlier waiter of another key set, sharing one of these keys, is unseen: a caller of
+   * these keys must not reach the backend's line before it. `waiter`: the caller's own place.
+   */
+  behindUnseen(keys: readonly string[], waiter?: Waiter): boolean {
+    if (this.unseen.size === 0) return false;
+    for (const key of keys) {
+      for (const other of this.unseen.get(key) ?? []) {
+        // Oldest first: the rest joined after the waiter.
+        if (waiter && other.order >= waiter.order) break;
+        if (other.id !== waiter?.id) return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Joins the queue of its key set. `seen`: its first attempt goes out now, so the backend's line
+   * knows it; otherwise it is unseen until `seen(waiter)`.
+   */
+  join(id: string, keys: readonly string[], limit = 1, seen = false): Waiter {
+    const waiter = new Waiter(id, keys, limit, ++this.joins);
     const queue = this.queues.get(id);
     if (queue) queue.push(waiter);
     else this.queues.set(id, [waiter]);
     this.size++;
     if (this.perKey) for (const key of keys) this.perKey.set(key, (this.perKey.get(key) ?? 0) + 1);
+    if (!seen) {
+      for (const key of keys) {
+        const list = this.unseen.get(key);
+        if (list) list.push(waiter);
+        else this.unseen.set(key, [waiter]);
+      }
+    }
     return waiter;
+  }
+
+  /** Its attempt is on its way to the backend: callers of other key sets held back by it may go. */
+  seen(waiter: Waiter): void {
+    if (this.unsee(waiter)) this.wakeHeldBack(waiter);
   }
 
   /** Whether the waiter is at the head of its queue, or in the group there that may hold together. */
@@ -113,6 +161,7 @@ export class LockWaitQueue {
     const before = frontGroup(queue);
     queue.splice(index, 1);
     this.size--;
+    if (this.unsee(waiter)) this.wakeHeldBack(waiter);
     if (this.perKey) {
       for (const key of keys) {
         const count = this.perKey.get(key)! - 1;
@@ -135,6 +184,28 @@ export class LockWaitQueue {
   /** How many key sets have a queue, and how many keys a waiter count (kept for a cap per key). */
   get footprint(): { keySets: number; countedKeys: number } {
     return { keySets: this.queues.size, countedKeys: this.perKey?.size ?? 0 };
+  }
+
+  /** Whether the waiter was unseen; it no longer is. */
+  private unsee(waiter: Waiter): boolean {
+    let found = false;
+    for (const key of waiter.keys) {
+      const list = this.unseen.get(key);
+      const index = list?.indexOf(waiter) ?? -1;
+      if (index < 0) continue;
+      found = true;
+      list!.splice(index, 1);
+      if (list!.length === 0) this.unseen.delete(key);
+    }
+    return found;
+  }
+
+  /** Wakes the head groups of the other key sets sharing a key with `waiter`: they may go first now. */
+  private wakeHeldBack(waiter: Waiter): void {
+    for (const [id, queue] of this.queues) {
+      if (id === waiter.id || !queue[0].keys.some((key) => waiter.keys.includes(key))) continue;
+      for (let i = 0, group = frontGroup(queue); i < group; i++) queue[i].wake();
+    }
   }
 
   /** How many callers of this process wait (or make their first attempt) now. */

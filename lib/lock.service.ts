@@ -1,7 +1,7 @@
 import { Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import { isObservable } from 'rxjs';
-import type { LockBackend } from './backends/lock-backend.interface.js';
+import type { LockBackend, LockHolderIdentity } from './backends/lock-backend.interface.js';
 import { MemoryLockBackend } from './backends/memory.backend.js';
 import {
   checkAcquireOptions,
@@ -39,6 +39,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   readonly options: ResolvedModuleOptions;
   /** @internal This process's callers waiting for a key set, in order of arrival. */
   readonly queue: LockWaitQueue;
+  /** @internal Who this process is, stored with its leases when a call names no site (docs/inspection.md). */
+  readonly holder: LockHolderIdentity;
   /** Acquired, released, busy, failed, lost, extended: `locks.events.on('busy', (event) => ...)` (docs/observability.md). */
   readonly events = new LockEvents();
   private readonly leases = new Set<Lease>();
@@ -54,6 +56,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     options?: DistributedLockModuleOptions,
   ) {
     this.options = resolveModuleOptions(options, backend);
+    this.holder = { instance: this.options.instance };
     this.queue = new LockWaitQueue({ perKey: this.options.maxWaitersPerKey, total: this.options.maxWaiters });
     // Both are listeners of `events`, like any the application adds: with neither, no event is built.
     if (this.options.debugLogs) logWaitsAndRefusals(this.events);

@@ -82,11 +82,10 @@ describe('shared locks and semaphores: fairness of the in-memory line', () => {
     expect(order).toEqual(['w1', 'w2', 'w3']);
   });
 
-  // Still fails: a caller queued behind another of its process for the same key set makes no
-  // attempt (only the head asks), so it is not in the store's line, and a caller of this process
-  // on another key set that includes the key, which asks at once, passes it. Marked failing so
-  // that it turns red once fixed (then drop `.failing`).
-  it.failing('does not let a reader of another key set of this process pass a writer queued here before it', async () => {
+  // A caller queued behind another of its process for the same key set makes no attempt (only the
+  // head asks), so the store's line does not know it: a caller of this process on another key set
+  // that includes the key must wait until it has asked, or it passes it in the store's line.
+  it('does not let a reader of another key set of this process pass a writer queued here before it', async () => {
     const locks = service(new MemoryLockBackend(), { pollInterval: 60_000 });
     const holder = await locks.acquire('doc');
     const order: string[] = [];
@@ -111,10 +110,9 @@ describe('shared locks and semaphores: fairness of the in-memory line', () => {
     expect(order).toEqual(['r1', 'w', 'r2']);
   });
 
-  // Still fails: a caller of several keys that waits for one of them keeps a place in the line of
-  // every one, also of those it cannot take yet; a holder of 'a' asking for 'b' next (sorted order,
-  // as the reentrancy rules ask) waits behind it, while it waits for 'a'. Both wait until a wait
-  // runs out. Marked failing so that it turns red once fixed (then drop `.failing`).
+  // A caller of several keys that waits for one of them must not keep others out of the keys it
+  // cannot take yet: a holder of 'a' asking for 'b' next (sorted order, as the reentrancy rules
+  // ask) would wait behind it while it waits for 'a', and both would wait until a wait runs out.
   it('lets a holder take its next key in sorted order while a caller of both keys waits for the first', async () => {
     const locks = service(new MemoryLockBackend(), { pollInterval: 60_000 });
     let entered!: () => void;

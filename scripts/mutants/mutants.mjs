@@ -15,6 +15,7 @@
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
+ * - `local-queue-key-sets`: the test that a reader of another key set does not pass that writer;
  * - `chaos-<backend>`: `npm run chaos` on that backend, for its seconds, with its seed.
  */
 
@@ -65,6 +66,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/shared-locks.spec.ts',
     test: 'in one process: readers queued together enter together, and a queued writer blocks later readers',
+    env: {},
+    seeded: false,
+  },
+  'local-queue-key-sets': {
+    kind: 'jest',
+    file: 'test/shared-locks.review.spec.ts',
+    test: 'does not let a reader of another key set of this process pass a writer queued here before it',
     env: {},
     seeded: false,
   },
@@ -245,5 +253,12 @@ export const MUTANTS = [
       ],
     ],
     detector: 'local-queue-shared',
+  },
+  {
+    name: 'unseen-waiter-passed',
+    bug: "a caller of another key set asks the store at once, ahead of this process's waiter that has not asked yet",
+    file: 'lib/lock-acquisition.ts',
+    replace: [['const first = queue.allTrying(this.id) && !queue.behindUnseen(this.keys);', 'const first = queue.allTrying(this.id);']],
+    detector: 'local-queue-key-sets',
   },
 ];

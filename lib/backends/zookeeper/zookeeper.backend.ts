@@ -1,4 +1,6 @@
 import { performance } from 'node:perf_hooks';
+import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
+import { listZooKeeper } from './zookeeper.listing.js';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
@@ -176,6 +178,11 @@ export class ZooKeeperLockBackend implements LockBackend {
       }
       return undefined;
     });
+  }
+
+  /** The root's children in key order, then each one's line (see listZooKeeper). Read-only. */
+  list(options: LockListOptions): Promise<LockListPage> {
+    return this.session.run('list', [], ({ client }) => listZooKeeper(client, this.paths, options));
   }
 
   async watch(keys: readonly string[], onRelease: () => void, owner?: string): Promise<() => void> {
