@@ -6,6 +6,7 @@ import { mysqlBench } from './mysql.bench.js';
 import { postgresBench } from './postgres.bench.js';
 import { redisBench } from './redis.bench.js';
 import { redisMemoryBench } from './redis-memory.bench.js';
+import { redisSharedBench } from './redis-shared.bench.js';
 import { redlockBench } from './redlock.bench.js';
 import { zookeeperBench } from './zookeeper.bench.js';
 
@@ -17,6 +18,7 @@ const groups: Record<string, (report: Report) => Promise<void>> = {
   memory: memoryBench,
   redis: redisBench,
   'redis-memory': redisMemoryBench,
+  'redis-shared': redisSharedBench,
   'redis-keys': manyKeysBench,
   redlock: redlockBench,
   postgres: postgresBench,

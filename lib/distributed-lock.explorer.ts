@@ -1,11 +1,13 @@
 import { Injectable, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { DiscoveryService, MetadataScanner } from '@nestjs/core';
 import { LOCK_SERVICE, LOCKED_METADATA, registerFallbackService, type LockedMethod } from './locked.decorator.js';
+import { checkBackendHolds, limitOf } from './lock-mode.js';
 import { LockService } from './lock.service.js';
 
 /**
  * At start-up, finds every @Locked method, instance or static, on the app's providers and
- * controllers, checks its key templates against the real parameter names (a wrong name fails
+ * controllers, checks its key templates against the real parameter names and its kind of lock
+ * against the backend (a wrong name, or a shared lock on a backend without shared holders, fails
  * start-up), and binds each instance, and each class with static @Locked methods, to this app's
  * LockService.
  */
@@ -28,7 +30,7 @@ export class LockedMethodsExplorer implements OnModuleInit, OnApplicationShutdow
       for (const name of this.scanner.getAllMethodNames(prototype)) {
         const spec = lockedSpec((prototype as Record<string, unknown>)[name]);
         if (!spec) continue;
-        spec.check();
+        this.check(spec);
         locked = true;
       }
       if (this.checkStatics(metatype)) this.bindClass(metatype as Record<symbol, unknown>);
@@ -48,6 +50,12 @@ export class LockedMethodsExplorer implements OnModuleInit, OnApplicationShutdow
     this.boundClasses.clear();
   }
 
+  /** The same check the call makes, made before the first call: start-up fails, not the first request. */
+  private check(spec: LockedMethod): void {
+    spec.check();
+    checkBackendHolds(this.service.backend, limitOf(spec.options), [spec.template], `@Locked on ${spec.className}.${spec.methodName}`);
+  }
+
   private readonly boundClasses = new Set<Record<symbol, unknown>>();
 
   /** Checks the static @Locked methods of a class and of the classes it extends; whether it has any. */
@@ -57,7 +65,7 @@ export class LockedMethodsExplorer implements OnModuleInit, OnApplicationShutdow
       for (const name of Object.getOwnPropertyNames(current)) {
         const spec = lockedSpec(Object.getOwnPropertyDescriptor(current, name)?.value);
         if (!spec) continue;
-        spec.check();
+        this.check(spec);
         found = true;
       }
     }

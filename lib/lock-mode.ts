@@ -51,12 +51,15 @@ export function checkKindOptions(options: unknown, where: string): void {
   );
 }
 
-/** A backend that cannot hold a key for several holders refuses shared locks and semaphores at the call. */
-export function checkBackendHolds(backend: LockBackend, limit: number, keys: readonly string[]): void {
+/**
+ * A backend that cannot hold a key for several holders refuses shared locks and semaphores: a
+ * @Locked method at start-up (`where` names it), a using()/acquire() call at the call.
+ */
+export function checkBackendHolds(backend: LockBackend, limit: number, keys: readonly string[], where?: string): void {
   if (limit === 1 || backend.sharedHolders === true) return;
   throw new InvalidLockOptionsError(
     limit === SHARED ? 'mode' : 'permits',
-    `${optionsFor(limit)} on ${keys.join(', ')}: the ${backend.name} backend holds exclusive locks only (one holder per key; ` +
+    `${where ? `${where}: ` : ''}${optionsFor(limit)} on ${keys.join(', ')}: the ${backend.name} backend holds exclusive locks only (one holder per key; ` +
       `its sharedHolders is not true), so it cannot hold a ${describeLimit(limit)} lock. Use a backend that supports shared ` +
       `holders (docs/shared-locks.md lists them), or an exclusive lock.`,
   );

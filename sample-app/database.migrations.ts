@@ -34,6 +34,32 @@ export const MIGRATIONS: readonly { id: number; name: string; sql: string }[] = 
         ('Signed poster', 10);
     `,
   },
+  {
+    id: 3,
+    name: 'the price list',
+    sql: `
+      -- What a product costs when plenty is left; the price list adds to it as stock runs low.
+      ALTER TABLE products ADD COLUMN base_cents integer NOT NULL DEFAULT 1000 CHECK (base_cents > 0);
+      UPDATE products SET base_cents = CASE name
+        WHEN 'Limited-edition vinyl' THEN 3000 WHEN 'Concert ticket, row A' THEN 8000 WHEN 'Signed poster' THEN 2000 ELSE 1000 END;
+      -- Rewritten in place by each rebuild, one product at a time; version: the rebuild that wrote the row.
+      CREATE TABLE price_list (
+        product_id    integer PRIMARY KEY REFERENCES products (id),
+        cents         integer NOT NULL,
+        version       integer NOT NULL,
+        fencing_token bigint  NOT NULL DEFAULT 0
+      );
+      -- One row per finished rebuild: the newest is the list readers see.
+      CREATE TABLE price_list_versions (
+        version       integer     PRIMARY KEY,
+        fencing_token bigint      NOT NULL DEFAULT 0,
+        built_at      timestamptz NOT NULL DEFAULT now()
+      );
+      INSERT INTO price_list_versions (version) VALUES (0);
+      -- What a locked purchase charged per item, and from which version of the list.
+      ALTER TABLE orders ADD COLUMN price_cents integer, ADD COLUMN price_list_version integer;
+    `,
+  },
 ];
 
 /** Arbitrary, fixed: every process of the shop takes this advisory lock to migrate. */

@@ -71,3 +71,25 @@ export class StockLimitException extends BadRequestException {
     });
   }
 }
+
+/**
+ * 409: a price list rebuild lost its lock before it finished (the process paused past its lease),
+ * and a newer rebuild has written since. Its prices were not published; the newer list stands.
+ */
+export class StalePriceListException extends ConflictException {
+  constructor(
+    readonly version: number,
+    readonly fencingToken: number | undefined,
+  ) {
+    super({
+      statusCode: 409,
+      error: 'Conflict',
+      code: 'STALE_FENCING_TOKEN',
+      message:
+        `Price list version ${version} refused: a newer rebuild has written since this one's fencing token ${fencingToken}. ` +
+        `This rebuild lost its lock before it finished; the newer price list stands.`,
+      version,
+      fencingToken,
+    });
+  }
+}

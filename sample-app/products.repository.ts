@@ -11,6 +11,12 @@ export interface Product {
 
 export type Endpoint = 'unsafe' | 'locked' | 'atomic';
 
+/** What an order charged per item, and the version of the price list it came from. */
+export interface OrderPrice {
+  cents: number;
+  version: number;
+}
+
 /** The most a product's stock can hold: `stock` is a PostgreSQL `integer` (see database.migrations.ts). */
 export const MAX_STOCK = 2_147_483_647;
 
@@ -56,11 +62,12 @@ export class ProductsRepository {
   }
 
   /** Read-modify-write, last step: write the count the program computed, whatever happened since the read. */
-  async writeStock(id: number, stock: number, quantity: number, endpoint: Endpoint): Promise<number> {
+  async writeStock(id: number, stock: number, quantity: number, endpoint: Endpoint, price?: OrderPrice): Promise<number> {
     const { rows } = await this.db.query<{ id: number }>(
       `WITH sold AS (UPDATE products SET stock = $2 WHERE id = $1 RETURNING id)
-       INSERT INTO orders (product_id, quantity, endpoint) SELECT id, $3, $4 FROM sold RETURNING id`,
-      [id, stock, quantity, endpoint],
+       INSERT INTO orders (product_id, quantity, endpoint, price_cents, price_list_version)
+       SELECT id, $3, $4, $5::integer, $6::integer FROM sold RETURNING id`,
+      [id, stock, quantity, endpoint, price?.cents ?? null, price?.version ?? null],
     );
     return rows[0].id;
   }
@@ -70,11 +77,12 @@ export class ProductsRepository {
    * wrote this row. A holder that lost its lock (paused past its lease) carries an older token
    * than the holder after it, so its write is refused: undefined.
    */
-  async writeStockFenced(id: number, stock: number, quantity: number, token: number): Promise<number | undefined> {
+  async writeStockFenced(id: number, stock: number, quantity: number, token: number, price?: OrderPrice): Promise<number | undefined> {
     const { rows } = await this.db.query<{ id: number }>(
       `WITH sold AS (UPDATE products SET stock = $2, last_token = $3 WHERE id = $1 AND last_token < $3 RETURNING id)
-       INSERT INTO orders (product_id, quantity, endpoint, fencing_token) SELECT id, $4, 'locked', $3 FROM sold RETURNING id`,
-      [id, stock, token, quantity],
+       INSERT INTO orders (product_id, quantity, endpoint, fencing_token, price_cents, price_list_version)
+       SELECT id, $4, 'locked', $3, $5::integer, $6::integer FROM sold RETURNING id`,
+      [id, stock, token, quantity, price?.cents ?? null, price?.version ?? null],
     );
     return rows[0]?.id;
   }

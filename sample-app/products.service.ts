@@ -1,7 +1,8 @@
 import { Injectable } from '@nestjs/common';
 import { Locked, LockService } from 'nest-distributed-lock';
 import { OutOfStockException, ProductNotFoundException, StaleFencingTokenException, StockLimitException } from './products.errors.js';
-import { MAX_STOCK, ProductsRepository, type Endpoint, type Product } from './products.repository.js';
+import { PriceListService } from './price-list.service.js';
+import { MAX_STOCK, ProductsRepository, type Endpoint, type OrderPrice, type Product } from './products.repository.js';
 
 export interface Purchase {
   orderId: number;
@@ -12,6 +13,8 @@ export interface Purchase {
   stockLeft: number;
   /** The lock's fencing token that wrote the sale (locked endpoint only). */
   fencingToken?: number;
+  /** What each item cost, from which version of the price list (locked endpoint; null before the first rebuild). */
+  price?: OrderPrice | null;
 }
 
 /**
@@ -25,6 +28,7 @@ export class ProductsService {
   constructor(
     private readonly products: ProductsRepository,
     private readonly locks: LockService,
+    private readonly priceList: PriceListService,
   ) {}
 
   list(): Promise<Product[]> {
@@ -60,21 +64,24 @@ export class ProductsService {
    */
   async purchase(id: number, quantity: number): Promise<Purchase> {
     await this.mustExist(id);
-    return this.sellUnderLock(id, quantity);
+    // The price the buyer pays, read beside other readers of the price list (never half a
+    // rebuild), and before the product's lock: a buyer queued for a busy product does not hold up
+    // a rebuild.
+    return this.sellUnderLock(id, quantity, (await this.priceList.quote(id)) ?? null);
   }
 
   @Locked('product:<id>', { wait: PRODUCT_LOCK_WAIT_MS })
-  private async sellUnderLock(id: number, quantity: number): Promise<Purchase> {
+  private async sellUnderLock(id: number, quantity: number, price: OrderPrice | null): Promise<Purchase> {
     const token = this.locks.current(`product:${id}`)?.fencingToken;
     const stock = await this.readStock(id, quantity);
     if (token === undefined) {
       // A backend without fencing tokens (Redlock): the lock alone has to be enough.
-      const orderId = await this.products.writeStock(id, stock - quantity, quantity, 'locked');
-      return { orderId, productId: id, quantity, endpoint: 'locked', stockLeft: stock - quantity };
+      const orderId = await this.products.writeStock(id, stock - quantity, quantity, 'locked', price ?? undefined);
+      return { orderId, productId: id, quantity, endpoint: 'locked', stockLeft: stock - quantity, price };
     }
-    const orderId = await this.products.writeStockFenced(id, stock - quantity, quantity, token);
+    const orderId = await this.products.writeStockFenced(id, stock - quantity, quantity, token, price ?? undefined);
     if (orderId === undefined) throw new StaleFencingTokenException(id, token, (await this.products.find(id))?.lastToken);
-    return { orderId, productId: id, quantity, endpoint: 'locked', stockLeft: stock - quantity, fencingToken: token };
+    return { orderId, productId: id, quantity, endpoint: 'locked', stockLeft: stock - quantity, fencingToken: token, price };
   }
 
   /** No lock, one statement: the database decrements and refuses below zero. */

@@ -12,6 +12,10 @@
  * - `model-shared`: the model's programs with shared locks and semaphores on the in-memory store
  *   called directly, where no waiter may be passed by a later caller of its process;
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
+ * - `conformance-zookeeper-shared`, `conformance-zookeeper-line`: its shared-lock tests on ZooKeeper
+ *   that no writer holds beside anyone, and that a reader does not pass a queued writer (at once,
+ *   where a stream of readers passes it only when the timing lets one arrive while it waits);
+ * - `conformance-mysql-shared`: the same test of readers, writers and permits on MariaDB;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
@@ -59,6 +63,27 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/memory.conformance.spec.ts',
     test: 'never lets a stream of readers keep a queued writer waiting longer than the holders ahead of it',
+    env: {},
+    seeded: false,
+  },
+  'conformance-zookeeper-shared': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.conformance.spec.ts',
+    test: 'lets readers hold together, never a writer beside anyone, and never more holders than permits',
+    env: {},
+    seeded: false,
+  },
+  'conformance-mysql-shared': {
+    kind: 'jest',
+    file: 'test/backends/mysql.conformance.spec.ts',
+    test: 'lets readers hold together, never a writer beside anyone, and never more holders than permits',
+    env: {},
+    seeded: false,
+  },
+  'conformance-zookeeper-line': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.conformance.spec.ts',
+    test: 'makes a queued writer wait for the readers ahead of it, and later readers wait for the writer',
     env: {},
     seeded: false,
   },
@@ -243,6 +268,22 @@ export const MUTANTS = [
     detector: 'conformance-memory-line',
   },
   {
+    name: 'zookeeper-reader-beside-writer',
+    bug: 'a ZooKeeper caller enters by its own limit only, whatever the limits of the nodes ahead: a reader beside a writer',
+    file: 'lib/backends/zookeeper/zookeeper.kinds.ts',
+    replace: [['  if (at + 1 <= Math.min(...limits)) {', '  if (at + 1 <= limit) {']],
+    detector: 'conformance-zookeeper-shared',
+  },
+  {
+    name: 'zookeeper-reader-passes-writer',
+    bug: 'a ZooKeeper reader enters whenever no writer holds the key: readers pass a queued writer',
+    file: 'lib/backends/zookeeper/zookeeper.kinds.ts',
+    replace: [
+      ['  if (at + 1 <= Math.min(...limits)) {', '  if ((limit === SHARED && limits[0] !== 1) || at + 1 <= Math.min(...limits)) {'],
+    ],
+    detector: 'conformance-zookeeper-line',
+  },
+  {
     name: 'local-reader-passes-writer',
     bug: "this process's queue lets shared waiters behind a queued exclusive one try with the readers at its head",
     file: 'lib/lock-wait-queue.ts',
@@ -260,5 +301,12 @@ export const MUTANTS = [
     file: 'lib/lock-acquisition.ts',
     replace: [['const first = queue.allTrying(this.id) && !queue.behindUnseen(this.keys);', 'const first = queue.allTrying(this.id);']],
     detector: 'local-queue-key-sets',
+  },
+  {
+    name: 'mysql-reader-beside-writer',
+    bug: 'MySQL lets a caller in while the holders are fewer than its own limit, whatever theirs: a reader beside a writer',
+    file: 'lib/backends/mysql/mysql.procedures.ts',
+    replace: [['ELSEIF holders >= LEAST(lim, COALESCE(least_limit, lim)) THEN', 'ELSEIF holders >= lim THEN']],
+    detector: 'conformance-mysql-shared',
   },
 ];

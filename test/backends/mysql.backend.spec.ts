@@ -187,7 +187,7 @@ describe('MysqlLockBackend options', () => {
     expect(await locks.tryAcquire(['first'], 'owner', 5_000)).toMatchObject({ acquired: true });
     fixture.cleanup(() =>
       fixture.admin.query(
-        'DROP TABLE one_connection_locks, one_connection_locks_waiters, one_connection_locks_fencing_tokens, one_connection_locks_waiter_places',
+        'DROP TABLE one_connection_locks, one_connection_locks_holders, one_connection_locks_waiters, one_connection_locks_fencing_tokens, one_connection_locks_waiter_places',
       ),
     );
   });
@@ -202,7 +202,9 @@ describe('MysqlLockBackend options', () => {
     for (let run = 0; run < 2; run++) for (const sql of mysqlLockTablesSql({ table: 'migrated_locks' })) await migration.query(sql);
     await (await missing.acquire('order:1')).release();
     fixture.cleanup(() =>
-      fixture.admin.query('DROP TABLE migrated_locks, migrated_locks_waiters, migrated_locks_fencing_tokens, migrated_locks_waiter_places'),
+      fixture.admin.query(
+        'DROP TABLE migrated_locks, migrated_locks_holders, migrated_locks_waiters, migrated_locks_fencing_tokens, migrated_locks_waiter_places',
+      ),
     );
   });
 });
@@ -263,7 +265,7 @@ describe('MysqlLockBackend: errors that waiting cannot heal fail at once, naming
     await expect(away.verify()).resolves.toBeUndefined();
     await expect(backend().verify()).resolves.toBeUndefined();
     const [rows] = await fixture.admin.query<mysqlPromise.RowDataPacket[]>(
-      "SELECT lock_key FROM distributed_locks WHERE owner <> '' UNION ALL SELECT lock_key FROM distributed_locks_waiters",
+      'SELECT lock_key FROM distributed_locks_holders UNION ALL SELECT lock_key FROM distributed_locks_waiters',
     );
     expect(rows).toEqual([]);
   });
@@ -339,7 +341,7 @@ describe('MysqlLockBackend: the line and the row locks', () => {
     // What every procedure does first: lock its key's row. Its neighbours are new keys.
     await holder.query('SET TRANSACTION ISOLATION LEVEL READ COMMITTED');
     await holder.query('START TRANSACTION');
-    await holder.query('CALL distributed_locks_lock_keys(?)', [hex('row:1')]);
+    await holder.query('CALL distributed_locks_lock_keys(?, @now)', [hex('row:1')]);
     const [[trx]] = await fixture.admin.query<mysqlPromise.RowDataPacket[]>(
       'SELECT trx_rows_locked FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?',
       [holder.threadId],
@@ -372,7 +374,7 @@ describe('MysqlLockBackend: the line and the row locks', () => {
     const holder = await mysqlPromise.createConnection(fixture.url);
     fixture.cleanup(() => holder.end());
     await holder.query('START TRANSACTION');
-    await holder.query('CALL distributed_locks_lock_keys(?)', [Buffer.from('stuck').toString('hex')]);
+    await holder.query('CALL distributed_locks_lock_keys(?, @now)', [Buffer.from('stuck').toString('hex')]);
     const lockWaits = async () => {
       const [rows] = await fixture.admin.query<mysqlPromise.RowDataPacket[]>("SHOW GLOBAL STATUS LIKE 'Innodb_row_lock_waits'");
       return Number(rows[0].Value);

@@ -1,8 +1,7 @@
 import { afterAll, beforeAll, describe, it } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import type mysql from 'mysql2/promise';
 import { MysqlLockBackend } from '../../lib/index.js';
-import { useMariadbServer } from '../support/mariadb-fixture.js';
+import { emptyLockTables, useMariadbServer } from '../support/mariadb-fixture.js';
 import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
 
 // The random programs of the model on a real MariaDB and real time: its procedures' owner checks,
@@ -14,16 +13,8 @@ describe('LockService on a real MariaDB against the model of its promises, with 
 
   // Not in `npm test`: MODEL_RUNS_MYSQL cases (MODEL_SEED replays a run; see checkModelOn).
   const store: RealStore = {
-    reset: async () => {
-      // The tables the backend made (it makes them on first use): emptied between cases.
-      const [rows] = await fixture.admin.query<mysql.RowDataPacket[]>(
-        `SELECT TABLE_NAME AS name FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_COMMENT LIKE 'nest-distributed-lock%'`,
-      );
-      for (const { name } of rows) {
-        await fixture.admin.query(`DELETE FROM \`${name}\``);
-        await fixture.admin.query(`DELETE FROM \`${name}_waiters\``);
-      }
-    },
+    // The tables the backend made (it makes them on first use): emptied between cases.
+    reset: () => emptyLockTables(fixture.admin),
     connect: () => new MysqlLockBackend(fixture.url),
     waiting: (store) => (store as unknown as { line: { watchers: Map<string, unknown> } }).line.watchers.size,
   };

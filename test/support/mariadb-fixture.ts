@@ -71,13 +71,18 @@ export function useMariadbServer(options: { truncate?: boolean; args?: readonly 
   return fixture;
 }
 
-/** Empties every lock table of the database (the default one and any a test named itself). */
-async function emptyLockTables(admin: mysql.Pool): Promise<void> {
+/**
+ * Empties every lock table of the database (the default one and any a test named itself): the
+ * tables whose comment is ours (key tables and holders tables), and the lines beside them.
+ */
+export async function emptyLockTables(admin: mysql.Pool): Promise<void> {
   const [rows] = await admin.query<mysql.RowDataPacket[]>(
-    `SELECT TABLE_NAME AS name FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_COMMENT LIKE 'nest-distributed-lock%'`,
+    `SELECT TABLE_NAME AS name, TABLE_COMMENT AS comment FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()`,
   );
-  for (const { name } of rows) {
+  const names = new Set(rows.map((row) => row.name as string));
+  for (const { name, comment } of rows) {
+    if (!String(comment).startsWith('nest-distributed-lock')) continue;
     await admin.query(`DELETE FROM \`${name}\``);
-    await admin.query(`DELETE FROM \`${name}_waiters\``);
+    if (names.has(`${name}_waiters`)) await admin.query(`DELETE FROM \`${name}_waiters\``);
   }
 }

@@ -1,6 +1,7 @@
 import {
   nodeZooKeeperClients,
   type ZooKeeperClient,
+  type ZooKeeperNodeEvent,
   type ZooKeeperOp,
   type ZooKeeperStat,
 } from '../../lib/backends/zookeeper/zookeeper.client.js';
@@ -14,7 +15,7 @@ export interface ZooKeeperTaps {
   multi?(ops: readonly ZooKeeperOp[], send: () => Promise<string[]>): Promise<string[]>;
   exists?(
     path: string,
-    watcher: (() => void) | undefined,
+    watcher: ((event: ZooKeeperNodeEvent) => void) | undefined,
     send: () => Promise<ZooKeeperStat | undefined>,
   ): Promise<ZooKeeperStat | undefined>;
   getChildren?(path: string, send: () => Promise<string[]>): Promise<string[]>;
@@ -53,7 +54,7 @@ class TappedClient implements ZooKeeperClient {
     return this.inner.remove(path);
   }
 
-  exists(path: string, watcher?: () => void): Promise<ZooKeeperStat | undefined> {
+  exists(path: string, watcher?: (event: ZooKeeperNodeEvent) => void): Promise<ZooKeeperStat | undefined> {
     const send = () => this.inner.exists(path, watcher);
     return this.taps.exists ? this.taps.exists(path, watcher, send) : send();
   }

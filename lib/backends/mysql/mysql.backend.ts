@@ -3,25 +3,36 @@ import type { LockListOptions, LockListPage } from '../lock-backend.interface.js
 import { listMysql } from './mysql.listing.js';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
-import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
+import {
+  SHARED,
+  type AcquireResult,
+  type BackendHealth,
+  type ExtendResult,
+  type LockBackend,
+  type LockState,
+  type TryAcquireOptions,
+} from '../lock-backend.interface.js';
 import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import { MysqlConnection } from './mysql.connection.js';
 import { READ_ONLY_SERVER, errnoOf } from './mysql.errors.js';
 import { MysqlWaiterLine } from './mysql.line.js';
 import { checkMysqlConnection, resolveMysqlOptions, type MysqlLockBackendOptions, type MysqlLockConnection } from './mysql.options.js';
+import { SHARED_LIMIT_SQL } from './mysql.procedures.js';
 import { MYSQL_MAX_KEY_BYTES, MYSQL_MAX_OWNER_BYTES } from './mysql.schema.js';
 
 /** How often a backend deletes leases and places in line that ran out long ago (see sweepNowAndThen()). */
 const SWEEP_EVERY_MS = 5 * 60_000;
 
 /**
- * Leases in MySQL or MariaDB (InnoDB) tables, through `mysql2`. Every operation is one statement,
- * one round trip, one transaction on the server: a stored procedure (see mysql.schema.ts). Leases
- * expire by the server's clock; fencing tokens come from an AUTO_INCREMENT counter that InnoDB
- * keeps across restarts. Waiters stand in a fair line in the database; a release hands the lock
- * to the first of them in its own transaction, and each process with waiters looks for its turn
- * in one statement every `wakeUpInterval`.
+ * Leases in MySQL or MariaDB (InnoDB) tables, through `mysql2`: a lease per holder, so a key can
+ * be held exclusively, by readers (shared) or by a semaphore's holders. Every operation is one
+ * statement, one round trip, one transaction on the server: a stored procedure (see
+ * mysql.procedures.ts). Leases expire by the server's clock; fencing tokens come from an
+ * AUTO_INCREMENT counter that InnoDB keeps across restarts. Waiters stand in a fair line in the
+ * database; a release hands the key to every waiter at the head that can now enter, in its own
+ * transaction, and each process with waiters looks for its turn in one statement every
+ * `wakeUpInterval`.
  *
  * Exclusive while the server keeps its committed data: a failover to an asynchronous replica that
  * had not received a lease can grant it twice, and hand out tokens again.
@@ -29,6 +40,7 @@ const SWEEP_EVERY_MS = 5 * 60_000;
 export class MysqlLockBackend implements LockBackend {
   readonly name = 'mysql';
   readonly fencing = true;
+  readonly sharedHolders = true;
   readonly waiterTimeout: number;
 
   private readonly connection: MysqlConnection;
@@ -58,24 +70,32 @@ export class MysqlLockBackend implements LockBackend {
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
-    const list = keyList(keys, owner);
+    const { list, limits, byHex } = keyArguments(keys, owner, options?.limits);
     this.failedReleases.forget(owner);
     this.sweepNowAndThen();
     const [row] = await this.connection.run({
       op: 'acquire',
       keys,
-      sql: `CALL ${this.connection.names.acquire}(?, ?, ?, ?, ?)`,
-      values: [list, owner, Math.ceil(ttlMs), this.waiterTimeout, options?.willWait ?? true],
+      sql: `CALL ${this.connection.names.take}(?, ?, ?, ?, ?, ?)`,
+      values: [list, owner, Math.ceil(ttlMs), this.waiterTimeout, options?.willWait ?? true, limits],
       onLateAnswer: ([late]) => {
         // It answered after we reported a failure. Freeing the keys here would be wrong when the
         // same owner tries again (its next attempt finds the lock its own) or holds the lock by
         // now: the caller decides.
         if (Number(late?.acquired) !== 1) return;
+        this.wakeHanded(late.handed_to);
         if (options?.onLateAcquire) options.onLateAcquire();
         else this.release(keys, owner).catch(() => undefined);
       },
     });
-    if (Number(row.acquired) === 1) return { acquired: true, fencingToken: Number(row.token) };
+    if (Number(row.acquired) === 1) {
+      this.wakeHanded(row.handed_to);
+      return { acquired: true, fencingToken: Number(row.token) };
+    }
+    if (row.mismatch_key !== null && row.mismatch_key !== undefined) {
+      const hex = String(row.mismatch_key).toLowerCase();
+      return { acquired: false, limitMismatch: { key: byHex.get(hex) ?? hex, limit: limitOf(row.mismatch_limit) } };
+    }
     return { acquired: false, retryAfterMs: row.retry_after_ms === null ? undefined : Number(row.retry_after_ms) };
   }
 
@@ -84,7 +104,7 @@ export class MysqlLockBackend implements LockBackend {
       op: 'extend',
       keys,
       sql: `CALL ${this.connection.names.extend}(?, ?, ?)`,
-      values: [keyList(keys, owner), owner, Math.ceil(ttlMs)],
+      values: [keyArguments(keys, owner).list, owner, Math.ceil(ttlMs)],
     });
     return Number(row.extended) === 1 ? { extended: true } : { extended: false };
   }
@@ -96,29 +116,37 @@ export class MysqlLockBackend implements LockBackend {
         op: 'release',
         keys,
         sql: `CALL ${this.connection.names.release}(?, ?)`,
-        values: [keyList(keys, owner), owner],
+        values: [keyArguments(keys, owner).list, owner],
       });
     } catch (error) {
       // Sent again once a statement is answered (see FailedReleases); the caller still hears of it.
       if (!this.connection.closed && !(error instanceof LockBackendError && error.permanent)) this.failedReleases.add(keys, owner);
       throw error;
     }
-    // A waiter of this process handed the lock takes it now, not at its next look.
-    if (rows[0].handed_to !== null && rows[0].handed_to !== undefined) this.line.wake(ownerText(rows[0].handed_to));
+    this.wakeHanded(rows[0].handed_to);
     return Number(rows[0].released) > 0;
   }
 
   async inspect(key: string): Promise<LockState | undefined> {
-    const [row] = await this.connection.run({
+    const rows = await this.connection.run({
       op: 'inspect',
       keys: [key],
       sql:
-        `SELECT owner, fencing_token, CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS ttl_ms ` +
-        `FROM ${this.connection.names.locks} WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)`,
+        `SELECT owner, fencing_token, CAST(max_holders AS CHAR) AS max_holders, ` +
+        `CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS ttl_ms ` +
+        `FROM ${this.connection.names.holders} WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY fencing_token`,
       values: [Buffer.from(key)],
     });
-    if (!row) return undefined;
-    return { key, owner: ownerText(row.owner), ttlMs: Math.max(0, Number(row.ttl_ms)), fencingToken: Number(row.fencing_token) };
+    if (rows.length === 0) return undefined;
+    const holders = rows.map((row) => ({
+      owner: ownerText(row.owner),
+      ttlMs: Math.max(0, Number(row.ttl_ms)),
+      fencingToken: Number(row.fencing_token),
+    }));
+    const limit = limitOf(rows[0].max_holders);
+    if (limit === 1) return { key, ...holders[0] };
+    const ttlMs = Math.max(...holders.map((h) => h.ttlMs));
+    return { key, owner: holders[0].owner, ttlMs, fencingToken: holders.at(-1)!.fencingToken, limit, holders };
   }
 
   /** A range of the lock table's primary key after the cursor (see listMysql). Read-only. */
@@ -217,39 +245,49 @@ export class MysqlLockBackend implements LockBackend {
     return `MysqlLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
   }
 
+  /** Waiters of this process a call handed a key to (comma-separated owners) take it now, not at their next look. */
+  private wakeHanded(handedTo: unknown): void {
+    if (handedTo === null || handedTo === undefined) return;
+    for (const owner of ownerText(handedTo).split(',')) this.line.wake(owner);
+  }
+
   /**
-   * A lease that ran out stays in its row (the key's lock) until the key is locked again, and a
-   * waiter that died keeps its rows until someone looks at its line: for keys nobody locks again
-   * (one per order id, say), now and then, in the background, rows that ran out more than a minute
-   * ago are deleted, a thousand at a time, so a delete holds few row locks at once. A call on one
-   * of those keys meanwhile waits for its row, then makes it again.
+   * A lease that ran out stays in its row until its owner releases it, a key's row stays after its
+   * last holder, and a waiter that died keeps its rows until someone looks at its line: for keys
+   * nobody locks again (one per order id, say), now and then, in the background, rows that ran out
+   * more than a minute ago, and key rows nobody holds or waits for, are deleted, a thousand at a
+   * time, so a delete holds few row locks at once. A call on one of those keys meanwhile waits for
+   * its row, then makes it again.
    */
   private sweepNowAndThen(): void {
     const now = performance.now();
     if (now - this.lastSweep < SWEEP_EVERY_MS || this.sweeping) return;
     this.lastSweep = now;
-    const { locks, waiters } = this.connection.names;
-    const sweep = (table: string, column: string) =>
-      this.connection.run({
-        op: 'clean-up',
-        keys: [],
-        sql: `DELETE FROM ${table} WHERE ${column} < UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE LIMIT 1000`,
-        values: [],
-      });
-    this.sweeping = Promise.all([sweep(locks, 'expires_at'), sweep(waiters, 'deadline')]).then(
-      () => undefined,
-      () => undefined,
-    );
+    const { locks, holders, waiters } = this.connection.names;
+    const sweep = (sql: string) => this.connection.run({ op: 'clean-up', keys: [], sql, values: [] });
+    this.sweeping = (async () => {
+      await sweep(`DELETE FROM ${holders} WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE LIMIT 1000`);
+      await sweep(`DELETE FROM ${waiters} WHERE deadline < UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE LIMIT 1000`);
+      await sweep(
+        `DELETE FROM ${locks} WHERE owner = '' AND NOT EXISTS (SELECT 1 FROM ${holders} h WHERE h.lock_key = ${locks}.lock_key) ` +
+          `AND NOT EXISTS (SELECT 1 FROM ${waiters} w WHERE w.lock_key = ${locks}.lock_key) LIMIT 1000`,
+      );
+    })().catch(() => undefined);
     void this.sweeping.finally(() => (this.sweeping = undefined));
   }
 }
 
 /**
  * The keys as the procedures take them: hex of their UTF-8 bytes, sorted (one global order, so
- * calls on several keys do not deadlock), comma-separated. Refuses first what the tables cannot
- * hold.
+ * calls on several keys do not deadlock), comma-separated; their limits in the same order
+ * (null: all exclusive); and each hex back to its key, for answers that name one. Refuses first
+ * what the tables cannot hold.
  */
-function keyList(keys: readonly string[], owner: string): string {
+function keyArguments(
+  keys: readonly string[],
+  owner: string,
+  limits?: readonly number[],
+): { list: string; limits: string | null; byHex: Map<string, string> } {
   if (Buffer.byteLength(owner) > MYSQL_MAX_OWNER_BYTES) {
     throw new InvalidLockOptionsError(
       'owner',
@@ -257,7 +295,7 @@ function keyList(keys: readonly string[], owner: string): string {
         `${Buffer.byteLength(owner)}: lock through LockService, or pass a token of at most ${MYSQL_MAX_OWNER_BYTES} bytes.`,
     );
   }
-  const hex = keys.map((key) => {
+  const entries = keys.map((key, i) => {
     const bytes = Buffer.from(key);
     if (bytes.length > MYSQL_MAX_KEY_BYTES) {
       throw new InvalidLockKeyError(
@@ -266,9 +304,22 @@ function keyList(keys: readonly string[], owner: string): string {
           `hash of a long one), and set maxKeyLength in DistributedLockModule.forRoot() to refuse longer keys.`,
       );
     }
-    return bytes.toString('hex');
+    return { key, hex: bytes.toString('hex'), limit: limits?.[i] ?? 1 };
   });
-  return hex.sort().join(',');
+  entries.sort((a, b) => (a.hex < b.hex ? -1 : a.hex > b.hex ? 1 : 0));
+  return {
+    list: entries.map((e) => e.hex).join(','),
+    limits: entries.every((e) => e.limit === 1)
+      ? null
+      : entries.map((e) => (e.limit === SHARED ? SHARED_LIMIT_SQL : String(e.limit))).join(','),
+    byHex: new Map(entries.map((e) => [e.hex, e.key])),
+  };
+}
+
+/** A limit as the tables keep it (text, see SHARED_LIMIT_SQL), as the interface gives it. */
+function limitOf(value: unknown): number {
+  const text = Buffer.isBuffer(value) ? value.toString('utf8') : String(value);
+  return text === SHARED_LIMIT_SQL ? SHARED : Number(text);
 }
 
 /** An owner column (VARBINARY) comes back as a Buffer. */

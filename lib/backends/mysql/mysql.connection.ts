@@ -14,7 +14,14 @@ import {
   type MysqlIdentity,
 } from './mysql.errors.js';
 import type { CheckedMysqlConnection, ResolvedMysqlOptions } from './mysql.options.js';
-import { lockNames, MYSQL_SCHEMA_VERSION, mysqlLockTablesSql, type MysqlLockNames } from './mysql.schema.js';
+import {
+  lockNames,
+  mysqlLockTablesSql,
+  mysqlSchemaLayout,
+  MYSQL_SCHEMA_VERSION,
+  newerMysqlLayoutRefusal,
+  type MysqlLockNames,
+} from './mysql.schema.js';
 import { sentence } from '../backend-message.js';
 import { withTimeout } from '../bounded-wait.js';
 
@@ -220,19 +227,32 @@ export class MysqlConnection {
   }
 
   /**
-   * The lock tables at the version this code expects, created if missing (when allowed). Instances
-   * that start together take turns on a GET_LOCK; the first creates, the others find them there.
+   * The lock tables at the version this code expects, created or brought up from an earlier one if
+   * need be (when allowed), and refused when a newer release made them. Instances that start
+   * together take turns on a GET_LOCK; the first creates, the others find them there.
    */
   private async createTables(): Promise<void> {
     const { table, createTables } = this.options;
-    const versionSql = 'SELECT TABLE_COMMENT AS version FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?';
-    const version = async () => (await this.query(versionSql, [table]))[0]?.version;
-    if ((await version()) === MYSQL_SCHEMA_VERSION) return;
+    // The version is the holders table's comment; the key table's tells whether an earlier layout is there.
+    const versionSql =
+      'SELECT MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS version, MAX(TABLE_NAME = ?) AS earlier ' +
+      'FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?)';
+    const versionValues = [`${table}_holders`, table, `${table}_holders`, table];
+    const check = (found: { version?: unknown; earlier?: unknown } | undefined): boolean => {
+      if (found?.version === MYSQL_SCHEMA_VERSION) return true;
+      const newer = newerMysqlLayoutRefusal(found?.version, table);
+      if (newer) throw new LockBackendError(this.backendName, newer, undefined, { permanent: true });
+      return false;
+    };
+    if (check((await this.query(versionSql, versionValues))[0])) return;
     if (!createTables) {
+      const [found] = await this.query(versionSql, versionValues);
+      const layout = mysqlSchemaLayout(found?.version) ?? (Number(found?.earlier) === 1 ? 1 : undefined);
       throw new LockBackendError(
         this.backendName,
-        `the lock table ${table} (version '${MYSQL_SCHEMA_VERSION}') is missing and createTables is false: run the statements of ` +
-          `mysqlLockTablesSql({ table: '${table}' }) in a migration, or leave createTables on.`,
+        `the lock table ${table} (version '${MYSQL_SCHEMA_VERSION}') ${layout === undefined ? 'is missing' : `is at version ${layout}`} ` +
+          `and createTables is false: run the statements of mysqlLockTablesSql({ table: '${table}' }) in a migration, or leave ` +
+          `createTables on.`,
         undefined,
         { permanent: true },
       );
@@ -247,12 +267,13 @@ export class MysqlConnection {
       await on('SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), ?)), 30)', [`:nest-distributed-lock:create:${table}`]);
       try {
         // Asked again on this connection: a pool of one connection has no other to give.
-        const [found] = (await on(versionSql, [table])) as { version?: unknown }[];
-        if (found?.version !== MYSQL_SCHEMA_VERSION) for (const sql of mysqlLockTablesSql({ table })) await on(sql);
+        const [found] = (await on(versionSql, versionValues)) as { version?: unknown; earlier?: unknown }[];
+        if (!check(found)) for (const sql of mysqlLockTablesSql({ table })) await on(sql);
       } finally {
         await on('SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), ?)))', [`:nest-distributed-lock:create:${table}`]).catch(() => undefined);
       }
     } catch (error) {
+      if (error instanceof LockBackendError) throw error;
       const cause = permanentCause(error, this.names, this.identity());
       throw new LockBackendError(
         this.backendName,

@@ -3,8 +3,9 @@ import type { LockListOptions, LockListPage } from '../lock-backend.interface.js
 import { listZooKeeper } from './zookeeper.listing.js';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
+import { nodeZooKeeperClients, type ZooKeeperClient, type ZooKeeperOp } from './zookeeper.client.js';
 import { inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { lineStanding, parseEntry } from './zookeeper.kinds.js';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { checkConnectionString, redactConnection, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
@@ -12,6 +13,9 @@ import { LinePlaces } from './zookeeper.places.js';
 import { LineRequests } from './zookeeper.requests.js';
 import { ZooKeeperSession, type LiveSession } from './zookeeper.session.js';
 import { verifyRoot } from './zookeeper.verify.js';
+
+/** The data of a permit caller's node once it went in (see zookeeper.kinds.ts). */
+const IN = Buffer.from('in');
 
 /**
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
@@ -32,6 +36,7 @@ import { verifyRoot } from './zookeeper.verify.js';
 export class ZooKeeperLockBackend implements LockBackend {
   readonly name = 'zookeeper';
   readonly fencing = true;
+  readonly sharedHolders = true;
 
   private readonly session: ZooKeeperSession;
   private readonly paths: LinePaths;
@@ -90,12 +95,15 @@ export class ZooKeeperLockBackend implements LockBackend {
     this.paths.checkSize(keys, owner);
     const sentAt = performance.now();
     const request = this.requests.open(keys, owner);
+    // Opened by watch() before the first attempt, or by an earlier attempt: the kind is this call's
+    // until nodes carry it.
+    if (!request.nodes && !request.uncertain && !request.creating) request.limits = options?.limits ?? [];
     this.parents.inUse(keys.map((key) => this.paths.parent(key)));
     const current = request;
     current.woken = false;
     try {
-      const acquired = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait));
-      if (!acquired) return { acquired: false };
+      const outcome = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait));
+      if (outcome !== true) return outcome ? { acquired: false, limitMismatch: outcome } : { acquired: false };
       const certifiedAt = await this.certify(current, sentAt, ttlMs);
       // Its nodes are given up (or gone): the key may be free, and nothing would wake the caller,
       // whose place in line this was, before its next poll. It tries again at once.
@@ -167,16 +175,33 @@ export class ZooKeeperLockBackend implements LockBackend {
     return this.session.run('inspect', [key], async ({ client }) => {
       const parent = this.paths.parent(key);
       const children = await client.getChildren(parent).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)));
-      for (const name of inLineOrder(children)) {
-        const stat = await client.exists(`${parent}/${name}`);
-        if (!stat) continue;
-        const owner = LinePaths.owner(name)!;
+      const line = inLineOrder(children);
+      // Who is in: a prefix of the line, less callers about to leave it as they disagree on its limit.
+      const inside: string[] = [];
+      for (const name of line) {
+        const standing = lineStanding(line, name, parseEntry(name)?.limit ?? 1);
+        if ('in' in standing && standing.in) inside.push(name);
+        else if (!('mismatch' in standing)) break;
+      }
+      const stats = await Promise.all(inside.map((name) => client.exists(`${parent}/${name}`)));
+      const holders = inside.flatMap((name, i) => {
+        const stat = stats[i];
+        if (!stat) return [];
+        const { owner, limit } = parseEntry(name)!;
         const ours = this.requests.get(owner);
         // Another process's lease is known to last at most one session timeout once its holder goes.
         const ttlMs = ours?.held ? this.requests.remaining(owner) : this.session.timeout;
-        return { key, owner, ttlMs, fencingToken: stat.czxid };
-      }
-      return undefined;
+        return [{ owner, limit, ttlMs, fencingToken: stat.czxid }];
+      });
+      if (holders.length === 0) return undefined;
+      const { owner, limit } = holders[0];
+      return {
+        key,
+        owner,
+        ttlMs: Math.max(...holders.map((h) => h.ttlMs)),
+        fencingToken: Math.max(...holders.map((h) => h.fencingToken)),
+        ...(limit !== 1 && { limit, holders: holders.map(({ owner, ttlMs, fencingToken }) => ({ owner, ttlMs, fencingToken })) }),
+      };
     });
   }
 
@@ -283,8 +308,12 @@ export class ZooKeeperLockBackend implements LockBackend {
     return `ZooKeeperLockBackend ${inspect(this.toJSON(), { ...options, depth })}`;
   }
 
-  /** Makes (or finds) the request's nodes, then looks where they stand; true when first everywhere. */
-  private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean> {
+  /**
+   * Makes (or finds) the request's nodes, then looks where they stand: true when in every line; the
+   * key and limit of the holders when they disagree with the request on its limit (its nodes go:
+   * waiting cannot heal that); false otherwise.
+   */
+  private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean | { key: string; limit: number }> {
     for (let round = 0; ; round++) {
       // One create at a time per request, settled before anything looks for its nodes.
       if (!(await this.places.settle(session, request))) return false;
@@ -300,10 +329,16 @@ export class ZooKeeperLockBackend implements LockBackend {
         if (round < 3) continue;
         return false;
       }
+      if ('mismatch' in where) {
+        this.requests.forget(request);
+        await this.requests.remove(request).catch(() => this.requests.removeLater(request, false));
+        return where.mismatch;
+      }
       if (where.first) {
         // Reads alone could come from a follower cut off from the leader, which may have ended our
-        // session already; nodes made by this attempt were a write, else one is made now.
-        if (!created && !(await this.stillThere(session, request.nodes!))) {
+        // session already; nodes made by this attempt were a write, else one is made now. Nodes to
+        // mark as in are marked by that write (or one made for them).
+        if ((!created || where.marks.length > 0) && !(await this.stillThere(session, request.nodes!, where.marks))) {
           await this.discard(request, request.nodes!);
           continue;
         }
@@ -315,27 +350,26 @@ export class ZooKeeperLockBackend implements LockBackend {
         await removeNodes(session.client, request.nodes!);
         return false;
       }
-      // A predecessor went while we looked: look again, a few times (the caller retries later).
-      if (!(await this.watchPredecessors(session, request, where.predecessors)) || round >= 10) return false;
+      // A node we wait for went while we looked: look again, a few times (the caller retries later).
+      if (!(await this.watchNodes(session, request, where.waitFor)) || round >= 10) return false;
     }
   }
 
   /**
-   * Watches the node just before ours in each line where we are not first; false once every
-   * watch is set on a node that is still there. True means one went meanwhile: look again.
+   * Watches the nodes the request waits for (zookeeper.kinds.ts says which); false once every
+   * watch is set on a node that is still there and not marked yet where a mark counts. True means
+   * one went (or went in) meanwhile: look again.
    */
-  private async watchPredecessors(session: LiveSession, request: LineRequest, predecessors: string[]): Promise<boolean> {
+  private async watchNodes(session: LiveSession, request: LineRequest, waitFor: { path: string; marks: boolean }[]): Promise<boolean> {
     const stats = await Promise.all(
-      predecessors.map(async (path) => {
-        if (request.watched.has(path)) return session.client.exists(path);
-        request.watched.add(path);
+      waitFor.map(async ({ path, marks }) => {
+        const known = request.watched.has(path);
+        request.watched.set(path, marks);
+        if (known) return session.client.exists(path);
         // Counted as watched only once ZooKeeper set the watch: a request that failed (a dropped
         // connection) set none, and the next attempt asks again instead of waiting for nothing.
         const stat = await session.client
-          .exists(path, () => {
-            request.watched.delete(path);
-            this.requests.wake(request);
-          })
+          .exists(path, (event) => this.watched(request, path, event))
           .catch((error: unknown) => {
             request.watched.delete(path);
             throw error;
@@ -344,7 +378,30 @@ export class ZooKeeperLockBackend implements LockBackend {
         return stat;
       }),
     );
-    return stats.some((stat) => stat === undefined);
+    return stats.some((stat, i) => stat === undefined || (waitFor[i].marks && stat.version > 0));
+  }
+
+  /**
+   * A watched node went, or was marked as in. A mark wakes the caller only when it waits for that
+   * mark (its turn at watching the holders); otherwise the watch is set again, and only the
+   * node's deletion wakes it, or a failure to watch it (the caller looks again).
+   */
+  private watched(request: LineRequest, path: string, event: 'deleted' | 'changed'): void {
+    if (event === 'changed' && request.watched.get(path) === false && this.requests.isCurrent(request)) {
+      this.session
+        .run('acquire', request.keys, ({ client }) => client.exists(path, (next) => this.watched(request, path, next)))
+        .then(
+          (stat) => stat === undefined && this.wake(request, path),
+          () => this.wake(request, path),
+        );
+      return;
+    }
+    this.wake(request, path);
+  }
+
+  private wake(request: LineRequest, path: string): void {
+    request.watched.delete(path);
+    this.requests.wake(request);
   }
 
   /**
@@ -363,10 +420,15 @@ export class ZooKeeperLockBackend implements LockBackend {
     await this.requests.remove(leftover).catch(() => this.requests.removeLater(leftover, false));
   }
 
-  /** A write that fails unless every node is still there: the leader itself answers for the session. */
-  private async stillThere(session: LiveSession, nodes: readonly string[]): Promise<boolean> {
+  /**
+   * A write that fails unless every node is still there: the leader itself answers for the
+   * session. `marks`: nodes whose data it sets too, as a sign that they went in.
+   */
+  private async stillThere(session: LiveSession, nodes: readonly string[], marks: readonly string[] = []): Promise<boolean> {
     try {
-      await session.client.multi(nodes.map((path) => ({ op: 'check', path }) as const));
+      await session.client.multi(
+        nodes.map((path): ZooKeeperOp => (marks.includes(path) ? { op: 'set', path, data: IN } : { op: 'check', path })),
+      );
       return true;
     } catch (error) {
       if (isNoNode(error)) return false;

@@ -17,16 +17,20 @@ export interface ZooKeeperClient {
   remove(path: string): Promise<void>;
   /**
    * The node's stat, or undefined when there is none. `watcher` is called once when the node
-   * changes or goes, and is set only on a node that exists: a watch on a missing node would wait
-   * for its creation, which never comes for a line entry, and stay on the server for good.
+   * changes (`'changed'`: its data was set) or goes (`'deleted'`), and is set only on a node that
+   * exists: a watch on a missing node would wait for its creation, which never comes for a line
+   * entry, and stay on the server for good.
    */
-  exists(path: string, watcher?: () => void): Promise<ZooKeeperStat | undefined>;
+  exists(path: string, watcher?: (event: ZooKeeperNodeEvent) => void): Promise<ZooKeeperStat | undefined>;
   getChildren(path: string): Promise<string[]>;
   /** Drops the connection (not the session): the client connects again, to the next server. */
   reconnect(): void;
   /** Ends the session: its ephemeral nodes go at once. */
   close(): void;
 }
+
+/** What a watch on a node saw: it went, or its data was set (anything else the server reports counts as this). */
+export type ZooKeeperNodeEvent = 'deleted' | 'changed';
 
 /** `connected`: a session, reachable; `disconnected`: no connection, the session may live on; `expired`: the server ended it. */
 export type ZooKeeperClientState = 'connected' | 'disconnected' | 'expired';
@@ -35,11 +39,15 @@ export type ZooKeeperOp =
   | { op: 'create'; path: string; data?: Buffer; mode: 'persistent' | 'ephemeral' | 'ephemeral-sequential' }
   | { op: 'remove'; path: string }
   /** Fails the whole multi() when the node is gone. */
-  | { op: 'check'; path: string };
+  | { op: 'check'; path: string }
+  /** Sets the node's data (any version); fails the whole multi() when the node is gone. */
+  | { op: 'set'; path: string; data: Buffer };
 
 export interface ZooKeeperStat {
   /** The zxid of the transaction that created the node: global and increasing. */
   czxid: number;
+  /** How many times its data was set. */
+  version: number;
 }
 
 /** A server's answer to one operation, by its name in ZooKeeper's KeeperException.Code. */
@@ -63,7 +71,11 @@ interface NzkClient {
   create(path: string, data: Buffer | null, acl: NzkAcl[], mode: number, callback: (error: NzkError | null, path: string) => void): void;
   remove(path: string, version: number, callback: (error: NzkError | null) => void): void;
   exists(path: string, watcher: (() => void) | undefined, callback: (error: NzkError | null, stat: NzkStat | null) => void): void;
-  getData(path: string, watcher: () => void, callback: (error: NzkError | null, data: Buffer | null, stat: NzkStat) => void): void;
+  getData(
+    path: string,
+    watcher: (event: { getType(): number }) => void,
+    callback: (error: NzkError | null, data: Buffer | null, stat: NzkStat) => void,
+  ): void;
   getChildren(path: string, callback: (error: NzkError | null, children: string[]) => void): void;
   addAuthInfo(scheme: string, auth: Buffer): void;
   connectionManager: { socket?: { destroy(): void } };
@@ -72,6 +84,7 @@ interface NzkTransaction {
   create(path: string, data: Buffer | undefined, acl: NzkAcl[], mode: number): NzkTransaction;
   remove(path: string, version: number): NzkTransaction;
   check(path: string, version: number): NzkTransaction;
+  setData(path: string, data: Buffer, version: number): NzkTransaction;
   commit(callback: (error: NzkError | null, results: { type: number; path?: string }[]) => void): void;
 }
 interface NzkError extends Error {
@@ -81,6 +94,7 @@ interface NzkError extends Error {
 }
 interface NzkStat {
   czxid: Buffer;
+  version: number;
 }
 /** An ACL entry as the package builds and sends it. */
 type NzkAcl = object;
@@ -88,6 +102,9 @@ interface NzkPackage {
   ACL: { OPEN_ACL_UNSAFE: NzkAcl[]; CREATOR_ALL_ACL: NzkAcl[] };
   createClient(connectionString: string, options: { sessionTimeout: number; spinDelay: number; retries: number }): NzkClient;
 }
+
+/** node-zookeeper-client's Event.NODE_DELETED. */
+const NODE_DELETED = 2;
 
 const CREATE_MODE = { persistent: 0, ephemeral: 1, 'ephemeral-sequential': 3 } as const;
 
@@ -140,6 +157,7 @@ class NodeZooKeeperClient implements ZooKeeperClient {
     for (const op of ops) {
       if (op.op === 'create') transaction.create(op.path, op.data, this.acl, CREATE_MODE[op.mode]);
       else if (op.op === 'remove') transaction.remove(op.path, -1);
+      else if (op.op === 'set') transaction.setData(op.path, op.data, -1);
       else transaction.check(op.path, -1);
     }
     return new Promise((resolve, reject) =>
@@ -160,12 +178,13 @@ class NodeZooKeeperClient implements ZooKeeperClient {
     return new Promise((resolve, reject) => this.client.remove(path, -1, (error) => (error ? reject(toError(error)) : resolve())));
   }
 
-  exists(path: string, watcher?: () => void): Promise<ZooKeeperStat | undefined> {
+  exists(path: string, watcher?: (event: ZooKeeperNodeEvent) => void): Promise<ZooKeeperStat | undefined> {
     if (watcher) {
+      const onEvent = (event: { getType(): number }) => watcher(event.getType() === NODE_DELETED ? 'deleted' : 'changed');
       // getData, as Curator does: it sets no watch on a missing node, where exists() would leave
       // one for good (on the server, and in every reconnection's SetWatches of this client).
       return new Promise((resolve, reject) =>
-        this.client.getData(path, watcher, (error, _data, stat) => {
+        this.client.getData(path, onEvent, (error, _data, stat) => {
           if (error?.getName?.() === 'NO_NODE') resolve(undefined);
           else if (error) reject(toError(error));
           else resolve(toStat(stat));
@@ -198,7 +217,7 @@ class NodeZooKeeperClient implements ZooKeeperClient {
 }
 
 function toStat(stat: NzkStat): ZooKeeperStat {
-  return { czxid: Number(stat.czxid.readBigInt64BE(0)) };
+  return { czxid: Number(stat.czxid.readBigInt64BE(0)), version: stat.version };
 }
 
 function toError(error: NzkError): ZooKeeperError {

@@ -1,5 +1,6 @@
 import { InvalidLockKeyError } from '../../lock.errors.js';
 import { ZooKeeperError, type ZooKeeperClient } from './zookeeper.client.js';
+import { kindSuffix, lineStanding, parseEntry } from './zookeeper.kinds.js';
 import type { LiveSession } from './zookeeper.session.js';
 
 /**
@@ -10,6 +11,8 @@ import type { LiveSession } from './zookeeper.session.js';
 export interface LineRequest {
   readonly owner: string;
   readonly keys: readonly string[];
+  /** How many holders each key admits, as TryAcquireOptions.limits (1: exclusive). Carried by the node names. */
+  limits: readonly number[];
   /** The node per key (same order as keys), once created and known. */
   nodes: string[] | undefined;
   /** The session that created them: a node of an earlier one is gone, or going. */
@@ -33,8 +36,11 @@ export interface LineRequest {
   /** The nodes' czxid: the fencing token. */
   czxid: number | undefined;
   held: boolean;
-  /** Predecessors watched already (a watch is one-shot and stays set until it fires). */
-  readonly watched: Set<string>;
+  /**
+   * Nodes watched already (a watch is one-shot and stays set until it fires), and whether their
+   * mark (data set: that waiter went in) counts as a wake-up, or only their deletion.
+   */
+  readonly watched: Map<string, boolean>;
   /** A predecessor went while nobody listened: the next watch() calls its callback at once. */
   woken: boolean;
   waker: (() => void) | undefined;
@@ -58,7 +64,7 @@ export class LinePaths {
   checkSize(keys: readonly string[], owner: string): void {
     let bytes = CREATE_OP_BYTES;
     // Escaped, a path is ASCII: one byte a character.
-    for (const key of keys) bytes += this.prefix(key, owner).length + 10 + CREATE_OP_BYTES;
+    for (const key of keys) bytes += this.prefix(key, owner, 2 ** 53).length + 10 + CREATE_OP_BYTES;
     if (bytes <= MAX_REQUEST_BYTES) return;
     const shown = keys.length === 1 ? `Key '${keys[0].slice(0, 60)}…'` : `${keys.length} keys ('${keys[0].slice(0, 60)}…', …)`;
     throw new InvalidLockKeyError(
@@ -72,15 +78,14 @@ export class LinePaths {
     return `${this.root}/${escape(key)}`;
   }
 
-  /** `<root>/<key>/<owner>-`: ZooKeeper appends a 10-digit sequence number. */
-  prefix(key: string, owner: string): string {
-    return `${this.parent(key)}/${escape(owner)}-`;
+  /** `<root>/<key>/<owner><kind>-`: ZooKeeper appends a 10-digit sequence number (kinds: zookeeper.kinds.ts). */
+  prefix(key: string, owner: string, limit = 1): string {
+    return `${this.parent(key)}/${escape(owner)}${kindSuffix(limit)}-`;
   }
 
   /** The owner named by a node, or undefined for a node that is not a line entry. */
   static owner(name: string): string | undefined {
-    const match = /^(.+)-(\d{10})$/.exec(name);
-    return match ? decodeURIComponent(match[1]) : undefined;
+    return parseEntry(name)?.owner;
   }
 }
 
@@ -93,13 +98,18 @@ export function inLineOrder(children: readonly string[]): string[] {
   return children.filter((name) => /-\d{10}$/.test(name)).sort((a, b) => Number(a.slice(-10)) - Number(b.slice(-10)));
 }
 
-/** Where a request stands: first in every line, or the nodes it waits for. */
-export type Position = { first: true } | { first: false; predecessors: string[] } | { gone: true };
+/** Where a request stands: in every line, refused by one, or the nodes it waits for. */
+export type Position =
+  | { first: true; marks: string[] }
+  | { first: false; waitFor: { path: string; marks: boolean }[] }
+  | { mismatch: { key: string; limit: number } }
+  | { gone: true };
 
 /**
- * Looks at every line of the request (one getChildren per key, sent together): first in all of
- * them means held. A node missing from its line means the request lost its place (its session
- * ended, or its lease ran out and its holder deleted it).
+ * Looks at every line of the request (one getChildren per key, sent together): in all of them
+ * means held (zookeeper.kinds.ts says who is in). A node missing from its line means the request
+ * lost its place (its session ended, or its lease ran out and its holder deleted it). `marks`: the
+ * request's own nodes to mark as in when it takes the lock (a permit caller behind may watch them).
  */
 export async function position(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<Position> {
   const nodes = request.nodes!;
@@ -109,16 +119,23 @@ export async function position(client: ZooKeeperClient, paths: LinePaths, reques
       client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error))),
     ),
   );
-  const predecessors: string[] = [];
+  const waitFor: { path: string; marks: boolean }[] = [];
+  const marks: string[] = [];
+  let mismatch: { key: string; limit: number } | undefined;
   for (let i = 0; i < nodes.length; i++) {
     const parent = paths.parent(request.keys[i]);
-    const name = nodes[i].slice(parent.length + 1);
-    const line = inLineOrder(lines[i]);
-    const at = line.indexOf(name);
-    if (at < 0) return { gone: true };
-    if (at > 0) predecessors.push(`${parent}/${line[at - 1]}`);
+    const standing = lineStanding(inLineOrder(lines[i]), nodes[i].slice(parent.length + 1), request.limits[i] ?? 1);
+    if ('gone' in standing) return { gone: true };
+    if (standing.in) {
+      if (standing.mark) marks.push(nodes[i]);
+    } else if ('mismatch' in standing) {
+      mismatch ??= { key: request.keys[i], limit: standing.mismatch };
+    } else {
+      for (const name of standing.waitFor) waitFor.push({ path: `${parent}/${name}`, marks: standing.marks });
+    }
   }
-  return predecessors.length === 0 ? { first: true } : { first: false, predecessors };
+  if (mismatch) return { mismatch };
+  return waitFor.length === 0 ? { first: true, marks } : { first: false, waitFor };
 }
 
 /**
@@ -137,7 +154,10 @@ export async function createNodes(
     await Promise.all(missing.map((parent) => createParent(client, paths.root, parent, knownParents)));
     try {
       return await client.multi(
-        request.keys.map((key) => ({ op: 'create', path: paths.prefix(key, request.owner), mode: 'ephemeral-sequential' }) as const),
+        request.keys.map(
+          (key, i) =>
+            ({ op: 'create', path: paths.prefix(key, request.owner, request.limits[i] ?? 1), mode: 'ephemeral-sequential' }) as const,
+        ),
       );
     } catch (error) {
       if (!(error instanceof ZooKeeperError && error.code === 'NO_NODE') || attempt >= 3) throw error;

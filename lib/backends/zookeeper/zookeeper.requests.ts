@@ -38,11 +38,11 @@ export class LineRequests {
   }
 
   /** The owner's request, or a new one with no place yet. */
-  open(keys: readonly string[], owner: string): LineRequest {
+  open(keys: readonly string[], owner: string, limits: readonly number[] = []): LineRequest {
     let request = this.requests.get(owner);
     if (!request) {
       const place = { nodes: undefined, generation: 0, uncertain: false, createdIn: 0, creating: undefined, czxid: undefined, held: false };
-      request = { owner, keys, watched: new Set(), woken: false, waker: undefined, ...place };
+      request = { owner, keys, limits, watched: new Map(), woken: false, waker: undefined, ...place };
       this.requests.set(owner, request);
     }
     return request;
