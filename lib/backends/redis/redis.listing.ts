@@ -71,8 +71,10 @@ function isCompanion(key: string, clientPrefix: string): boolean {
   for (const suffix of SUFFIXES) {
     if (!key.endsWith(suffix)) continue;
     const base = key.slice(0, -suffix.length);
-    // `{<key>}` or `{<tag>}:<key>` (see lockKeyLayout).
-    const candidates = [base.slice(1, -1), base.slice(base.indexOf('}:') + 2)];
+    // `{<key>}` or `{<tag>}:<key>` (see lockKeyLayout), the key with the client's prefix.
+    const candidates = [base.slice(1, -1), base.slice(base.indexOf('}:') + 2)]
+      .filter((prefixed) => prefixed.startsWith(clientPrefix))
+      .map((prefixed) => prefixed.slice(clientPrefix.length));
     const field = suffix === ':fence' ? 'fence' : 'holder';
     if (candidates.some((lock) => lockKeyLayout(lock, clientPrefix)[field] === key)) return true;
   }
