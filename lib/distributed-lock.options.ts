@@ -156,8 +156,8 @@ export const MODULE_DEFAULTS: ResolvedModuleOptions = {
 /** The longest delay a Node timer keeps: beyond it, setTimeout fires after 1 ms. */
 export const MAX_TIMER_MS = 2_147_483_647;
 
-/** What an option accepts, the test, and a sentence that goes after "must be ..., got ...". */
-type Check = [accepts: string, ok: (value: unknown) => boolean, hint?: string];
+/** @internal What an option accepts, the test, and a sentence that goes after "must be ..., got ...". */
+export type Check = [accepts: string, ok: (value: unknown) => boolean, hint?: string];
 
 const withinTimers = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v > 0 && v <= MAX_TIMER_MS;
 const MAX_HINT = `At most ${MAX_TIMER_MS} (about 24.8 days)`;
@@ -226,7 +226,8 @@ const MODULE_OPTIONS: Record<string, Check> = {
 };
 const MODULE_EXTRAS: Record<string, Check> = { isGlobal: bool, interceptor: bool };
 
-function check(options: unknown, checks: Record<string, Check>, where: string): void {
+/** @internal Each option against its rule: an InvalidLockOptionsError names the first that is unknown or wrong. */
+export function check(options: unknown, checks: Record<string, Check>, where: string): void {
   if (options === undefined) return;
   if (typeof options !== 'object' || options === null || Array.isArray(options)) {
     throw new InvalidLockOptionsError('(options)', `${where}: options must be an object, got ${String(options)}.`);

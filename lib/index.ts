@@ -20,6 +20,10 @@ export { LockInterceptor, type LockConflictBody } from './lock.interceptor.js';
 export { LOCK_CONFLICT_CODE, LockConflictGraphQLError } from './lock-conflict.graphql-error.js';
 export { LockService } from './lock.service.js';
 export type { LockHolderInfo, LockInfo, LockList, LockListQuery, LockWaiterInfo } from './lock-inspection.js';
+export { LockBoardModule } from './board/lock-board.module.js';
+export type { LockBoardGuard, LockBoardOptions } from './board/lock-board.options.js';
+export type { LockBoardRow, LockBoardSnapshot } from './board/lock-board.service.js';
+export type { LockContentionCounts } from './board/lock-contention.js';
 export { LockHealthIndicator, type LockHealthResult } from './lock.health-indicator.js';
 export { LockHandle } from './lock.handle.js';
 export {

@@ -86,7 +86,8 @@ export const shopPage = ({ demo }: { demo: boolean }): string => /* html */ `<!d
 <main>
   <h1>The shop that must not oversell</h1>
   <p class="lead">Many buyers, one product, three ways to take an item off the shelf.
-    Built on <code>nest-distributed-lock</code>; every buyer is a real HTTP request to this server.</p>
+    Built on <code>nest-distributed-lock</code>; every buyer is a real HTTP request to this server.
+    <a href="locks" id="lock-board">Lock board</a>: who holds which lock and who waits, live.</p>
 
   <div class="controls">
     <button id="run" type="button"${demo ? '' : ' disabled'}>Run the demo</button>

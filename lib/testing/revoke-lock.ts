@@ -1,3 +1,4 @@
+import { releaseHolders } from '../forced-release.js';
 import type { LockService } from '../lock.service.js';
 
 /**
@@ -7,20 +8,18 @@ import type { LockService } from '../lock.service.js';
  * in the holder changes here. It learns at its watchdog's next extension (about a third of its
  * ttl after the last one), as it would in production: its `signal` aborts with a LockLostError
  * whose reason is 'taken', `isHeld` turns false, and `extend()` and `throwIfLost()` throw it. The
- * key is free meanwhile, so another caller may take it.
+ * key is free meanwhile, so another caller may take it. The lock board's "force release" does the
+ * same.
  *
  * Throws when nobody holds the key: a test that revokes a free key is not testing what it says.
  */
 export async function revokeLock(locks: LockService, key: string): Promise<void> {
-  const [full] = locks.fullKeys(key);
-  const state = await locks.backend.inspect(full);
-  if (!state) {
+  const released = await releaseHolders(locks, key);
+  if (!released) {
+    const [full] = locks.fullKeys(key);
     throw new Error(
       `revokeLock: nobody holds '${key}' (${full}), so there is nothing to take away. Call it while the holder runs, ` +
         `e.g. after \`await recorder.waitFor('acquired', '${key}')\`.`,
     );
   }
-  // Every holder of a key that admits several (a shared lock), else the one.
-  const owners = state.holders?.map((holder) => holder.owner) ?? [state.owner];
-  await Promise.all(owners.map((owner) => locks.backend.release([full], owner)));
 }

@@ -188,6 +188,39 @@ function service(backend: LockBackend, options: ConstructorParameters<typeof Loc
 const SETTLE_MS = 300;
 
 describe('ZooKeeper shared locks and semaphores', () => {
+  it('wakes a permit waiter whose turn came while the caller ahead of it, in on this key, waits for another key', async () => {
+    const open = () => {
+      const b = new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 4_000 });
+      fixture.cleanup(() => b.close());
+      return b;
+    };
+    const [h1b, h2b, wb, bb, cb] = [open(), open(), open(), open(), open()];
+    // A writer holds 'other'; two permit holders hold 'sem' (2 permits).
+    expect((await wb.tryAcquire(['other'], 'w', 60_000)).acquired).toBe(true);
+    expect((await h1b.tryAcquire(['sem'], 'h1', 60_000, { limits: [2] })).acquired).toBe(true);
+    expect((await h2b.tryAcquire(['sem'], 'h2', 60_000, { limits: [2] })).acquired).toBe(true);
+    // B asks for 'other' and a permit of 'sem': it waits. C asks for a permit of 'sem': it waits behind B.
+    expect((await bb.tryAcquire(['other', 'sem'], 'b', 60_000, { limits: [1, 2] })).acquired).toBe(false);
+    let bWakes = 0;
+    await bb.watch(['other', 'sem'], () => bWakes++, 'b');
+    expect((await cb.tryAcquire(['sem'], 'c', 60_000, { limits: [2] })).acquired).toBe(false);
+    let cWakes = 0;
+    await cb.watch(['sem'], () => cWakes++, 'c');
+
+    // Both permit holders leave; B looks again each time, as the service would when woken: it is
+    // in on 'sem' and still waits for 'other'.
+    await h1b.release(['sem'], 'h1');
+    await until(() => bWakes > 0, 10_000, 'B to be woken by h1');
+    expect((await bb.tryAcquire(['other', 'sem'], 'b', 60_000, { limits: [1, 2] })).acquired).toBe(false);
+    await h2b.release(['sem'], 'h2');
+    await until(() => bWakes > 1, 10_000, 'B to be woken by h2');
+    expect((await bb.tryAcquire(['other', 'sem'], 'b', 60_000, { limits: [1, 2] })).acquired).toBe(false);
+
+    // C fits beside B now: it must be woken, not left asleep until its poll.
+    await until(() => cWakes > 0, 5_000, 'C to be woken');
+    expect((await cb.tryAcquire(['sem'], 'c', 60_000, { limits: [2] })).acquired).toBe(true);
+  });
+
   it('a permit freed by any holder lets in the first waiter; later waiters are not woken by it', async () => {
     // In this order in line: h0, h1, then the waiters.
     const holders: LockHandle[] = [];

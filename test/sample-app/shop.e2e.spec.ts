@@ -318,5 +318,14 @@ describe('the shop, one process, embedded PostgreSQL', () => {
       await page.screenshot({ path: screenshot });
       expect(statSync(screenshot).size).toBeGreaterThan(10_000);
     }, 90_000);
+
+    it('links to the lock board, which shows the locks live', async () => {
+      const page = await browser.newPage({ viewport: { width: 1100, height: 600 } });
+      await page.goto(baseUrl(app));
+      await page.click('#lock-board');
+      await page.locator('#status[data-state="live"]').waitFor({ timeout: 10_000 });
+      await expect(page.title()).resolves.toBe('Locks · nest-distributed-lock');
+      await expect(page.locator('#backend').textContent()).resolves.toBe('memory');
+    }, 30_000);
   });
 });

@@ -350,6 +350,17 @@ export class ZooKeeperLockBackend implements LockBackend {
         await removeNodes(session.client, request.nodes!);
         return false;
       }
+      // In on some keys while it waits for others: marked there now, once, so that a permit caller
+      // right behind it that waits for its mark starts watching the holders (its turn may be due).
+      const unmarked = where.marks.filter((path) => !request.marked?.has(path));
+      if (unmarked.length > 0) {
+        if (!(await this.stillThere(session, request.nodes!, unmarked))) {
+          await this.discard(request, request.nodes!);
+          continue;
+        }
+        request.marked ??= new Set();
+        for (const path of unmarked) request.marked.add(path);
+      }
       // A node we wait for went while we looked: look again, a few times (the caller retries later).
       if (!(await this.watchNodes(session, request, where.waitFor)) || round >= 10) return false;
     }

@@ -41,6 +41,11 @@ export interface LineRequest {
    * mark (data set: that waiter went in) counts as a wake-up, or only their deletion.
    */
   readonly watched: Map<string, boolean>;
+  /**
+   * Its nodes marked as in while it still waits for other keys: a permit caller right behind one of
+   * them waits for that mark to start watching the holders, and would sleep through its turn.
+   */
+  marked?: Set<string>;
   /** A predecessor went while nobody listened: the next watch() calls its callback at once. */
   woken: boolean;
   waker: (() => void) | undefined;
@@ -101,7 +106,7 @@ export function inLineOrder(children: readonly string[]): string[] {
 /** Where a request stands: in every line, refused by one, or the nodes it waits for. */
 export type Position =
   | { first: true; marks: string[] }
-  | { first: false; waitFor: { path: string; marks: boolean }[] }
+  | { first: false; waitFor: { path: string; marks: boolean }[]; marks: string[] }
   | { mismatch: { key: string; limit: number } }
   | { gone: true };
 
@@ -109,7 +114,8 @@ export type Position =
  * Looks at every line of the request (one getChildren per key, sent together): in all of them
  * means held (zookeeper.kinds.ts says who is in). A node missing from its line means the request
  * lost its place (its session ended, or its lease ran out and its holder deleted it). `marks`: the
- * request's own nodes to mark as in when it takes the lock (a permit caller behind may watch them).
+ * request's own nodes to mark as in (a permit caller behind may watch them): when it takes the lock,
+ * and on the keys it is in on while it waits for others.
  */
 export async function position(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<Position> {
   const nodes = request.nodes!;
@@ -135,7 +141,7 @@ export async function position(client: ZooKeeperClient, paths: LinePaths, reques
     }
   }
   if (mismatch) return { mismatch };
-  return waitFor.length === 0 ? { first: true, marks } : { first: false, waitFor };
+  return waitFor.length === 0 ? { first: true, marks } : { first: false, waitFor, marks };
 }
 
 /**
