@@ -283,3 +283,28 @@ describe('Redis backend: shared locks and semaphores', () => {
     await until(async () => (await fixture.admin.dbsize()) === 0, 5_000, 'every key to expire');
   });
 });
+
+describe('what a shared holder leaves in Redis', () => {
+  it("a reader whose lease ran out leaves nothing of itself, not even who it was, while others keep the key (docs/security.md's bound)", async () => {
+    const b = backend();
+    // Readers that took the key for 150 ms and stopped (no release, no extension) while 'keeper'
+    // holds it throughout and extends its lease.
+    const keeper = await b.tryAcquire(['s2'], 'keeper', 1_000, { limits: [SHARED], holder: { instance: 'keeper' } });
+    expect(keeper.acquired).toBe(true);
+    for (let i = 0; i < 20; i++) {
+      const r = await b.tryAcquire(['s2'], `gone-${i}`, 150, { limits: [SHARED], holder: { instance: `gone-${i}`, site: 'X.y' } });
+      expect(r.acquired).toBe(true);
+    }
+    const [seconds] = await fixture.admin.time();
+    const lapsed = async () => Number((await fixture.admin.time())[0]) * 1000 > Number(seconds) * 1000 + 1_200;
+    // Extended until every other lease has run out by Redis's clock.
+    await until(
+      async () => (await b.extend(['s2'], 'keeper', 1_000)).extended && (await lapsed()),
+      10_000,
+      "the readers' leases to run out",
+    );
+    expect((await b.extend(['s2'], 'keeper', 1_000)).extended).toBe(true);
+    expect((await b.inspect('s2'))?.holders?.map((h) => h.owner)).toEqual(['keeper']);
+    expect(await fixture.admin.hkeys(lockKeyLayout('s2').who)).toEqual(['keeper']);
+  });
+});

@@ -38,8 +38,8 @@ end
  *
  * - ms(): the server time in ms.
  * - limitSize(limit): how many holders a limit ('1', '<permits>', 'shared') admits.
- * - live(holders): drops holders whose lease ran out; how many are left.
- * - settle(lock, holders, marker): after holders came or went, the marker and the set live as long
+ * - live(holders, who): drops holders whose lease ran out (and their identity in `who`); how many are left.
+ * - settle(lock, holders, marker, who): after holders came or went, the marker and the set live as long
  *   as the longest lease, or both go with the last holder. So neither outlives its holders.
  */
 export const HOLDERS = `
@@ -48,12 +48,21 @@ local function holding()
   if ms then return end
   ms = function() return math.floor(clock() / 1000) end
   limitSize = function(limit) return limit == 'shared' and math.huge or tonumber(limit) end
-  live = function(holders)
-    redis.call('ZREMRANGEBYSCORE', holders, '-inf', ms())
+  live = function(holders, who)
+    -- Who they were goes with them: the identity hash would otherwise keep every holder whose
+    -- lease ran out for as long as others keep the key.
+    local now = ms()
+    local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
+    if #gone > 0 then
+      redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+      if who then
+        for i = 1, #gone, 1000 do redis.call('HDEL', who, unpack(gone, i, math.min(i + 999, #gone))) end
+      end
+    end
     return redis.call('ZCARD', holders)
   end
-  settle = function(lock, holders, marker)
-    live(holders)
+  settle = function(lock, holders, marker, who)
+    live(holders, who)
     local last = redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2]
     if not last then
       redis.call('DEL', lock, holders)

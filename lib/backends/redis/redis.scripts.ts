@@ -74,7 +74,7 @@ for i = 1, n do
     -- Holders of a kind: this caller's own, or a mistake waiting cannot heal.
     if holder ~= '*' .. limits[i] then return {2, i, string.sub(holder, 2)} end
     local holders = KEYS[4 * n + i]
-    local count = live(holders)
+    local count = live(holders, whoKey(i))
     if redis.call('ZSCORE', holders, owner) then
       mine[i] = true
       lined = 1
@@ -165,7 +165,7 @@ for i = 1, n do
   else
     -- A lease of its own, by this server's clock; the key lives as long as its longest lease.
     redis.call('ZADD', KEYS[4 * n + i], ms() + tonumber(ttl), owner)
-    settle(KEYS[i], KEYS[4 * n + i], '*' .. limits[i])
+    settle(KEYS[i], KEYS[4 * n + i], '*' .. limits[i], whoKey(i))
     if not mine[i] then tookBeside(i, owner, ttl, identity) end
   end
   if redis.call('ZREM', KEYS[2 * n + i], owner) == 1 then redis.call('HDEL', KEYS[3 * n + i], owner) end
@@ -298,7 +298,7 @@ for i = 1, n do
   local marker, count = value and string.byte(value) == 42 and value, 0
   if marker then
     holding()
-    count = live(holders)
+    count = live(holders, whoKey(i))
     if redis.call('ZREM', holders, owner) == 1 then
       held, count = true, count - 1
       redis.call('HDEL', whoKey(i), owner)
@@ -334,7 +334,7 @@ for i = 1, n do
   if handed == 1 then
     if marker then redis.call('DEL', holders) end
   elseif marker then
-    settle(lock, holders, marker)
+    settle(lock, holders, marker, whoKey(i))
   elseif alone then
     redis.call('DEL', lock, holderKey(i))
   end
