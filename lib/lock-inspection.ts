@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import type { LockBackend, LockState } from './backends/lock-backend.interface.js';
 import { InvalidLockOptionsError } from './lock.errors.js';
 import { kindOf, type LockKind } from './lock-mode.js';
@@ -32,6 +33,12 @@ export interface LockInfo {
 
 /** One holder of a key, as `inspect()` tells it. */
 export interface LockHolderInfo {
+  /**
+   * Names this holder for as long as it holds, without its owner token (whoever knows that could
+   * release or extend its lock): a digest of it. A forced release (the lock board's) names the
+   * holder it means by it, so a holder that came after the one shown is never the one freed.
+   */
+  id: string;
   /** Remaining lease in milliseconds. */
   ttlMs: number;
   fencingToken?: number;
@@ -83,6 +90,7 @@ export function lockInfo(state: LockState, ours: (owner: string) => boolean): Lo
   const limit = state.limit ?? 1;
   const holders = (state.holders ?? [{ owner: state.owner, ttlMs: state.ttlMs, fencingToken: state.fencingToken }]).map(
     ({ owner, ttlMs, fencingToken, instance, site, acquiredAt }) => ({
+      id: holderId(owner),
       ttlMs,
       fencingToken,
       heldHere: ours(owner),
@@ -107,6 +115,11 @@ export function lockInfo(state: LockState, ours: (owner: string) => boolean): Lo
     holders,
     ...(waiters && { waiters }),
   };
+}
+
+/** A holder's id (see LockHolderInfo.id): 16 characters of a SHA-256 of its owner token. */
+export function holderId(owner: string): string {
+  return createHash('sha256').update(owner).digest('base64url').slice(0, 16);
 }
 
 /** The query checked, with its defaults; throws InvalidLockOptionsError saying what was wrong. */

@@ -46,6 +46,7 @@ describe('who holds: instance and site', () => {
     await reports.nightly('1');
     expect(reports.seen?.holders).toEqual([
       {
+        id: expect.any(String),
         ttlMs: expect.any(Number),
         fencingToken: expect.any(Number),
         heldHere: true,

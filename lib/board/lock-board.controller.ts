@@ -99,8 +99,9 @@ export function lockBoardControllers(options: ResolvedLockBoardOptions): Type[] 
     constructor(@Inject(LockBoardService) private readonly board: LockBoardService) {}
 
     /**
-     * Frees a key from its holder: `{ key, fencingToken? }` as JSON (a cross-site form cannot send
-     * that without the browser asking the app first). With the token, only that holder.
+     * Frees a key from the holder the page showed: `{ key, holder }` as JSON, `holder` the id the
+     * page got (a cross-site form cannot send JSON without the browser asking the app first). Only
+     * that holder goes: not one that came after it, nor the other readers of a shared key.
      */
     @Post('api/release')
     @HttpCode(200)
@@ -110,28 +111,23 @@ export function lockBoardControllers(options: ResolvedLockBoardOptions): Type[] 
       @Req() request: { ip?: string },
     ): Promise<{ released: { instance?: string; site?: string; fencingToken?: number }[] }> {
       if (!type?.toLowerCase().startsWith('application/json')) {
-        throw new UnsupportedMediaTypeException('Send { "key": ..., "fencingToken": ... } as application/json.');
+        throw new UnsupportedMediaTypeException('Send { "key": ..., "holder": ... } as application/json.');
       }
-      const { key, fencingToken, ...rest } = (typeof body === 'object' && body !== null ? body : {}) as Record<string, unknown>;
+      const { key, holder, ...rest } = (typeof body === 'object' && body !== null ? body : {}) as Record<string, unknown>;
       const unknown = Object.keys(rest)[0];
-      if (typeof key !== 'string' || key === '' || unknown !== undefined) {
-        throw new BadRequestException(`The body must be { "key": "<the key, without the keyPrefix>", "fencingToken"?: <number> }.`);
-      }
-      if (fencingToken !== undefined && !Number.isSafeInteger(fencingToken)) {
-        throw new BadRequestException(`fencingToken must be the holder's token as the board shows it, a whole number.`);
+      if (typeof key !== 'string' || key === '' || typeof holder !== 'string' || holder === '' || unknown !== undefined) {
+        throw new BadRequestException(
+          `The body must be { "key": "<the key, without the keyPrefix>", "holder": "<the holder's id, as the board shows it>" }.`,
+        );
       }
       const who = `${options.user(request) ?? 'anonymous'} (${request.ip ?? 'unknown address'})`;
       let released;
       try {
-        released = await this.board.forceRelease(key, fencingToken as number | undefined, who);
+        released = await this.board.forceRelease(key, holder, who);
       } catch (error) {
         throw badInput(error) ?? storeDown(error);
       }
-      if (!released) {
-        throw new NotFoundException(
-          fencingToken === undefined ? `Nobody holds '${key}' now.` : `'${key}' is no longer held by the holder of token ${fencingToken}.`,
-        );
-      }
+      if (!released) throw new NotFoundException(`'${key}' is no longer held by that holder.`);
       return { released };
     }
   }

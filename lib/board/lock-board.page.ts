@@ -85,7 +85,7 @@ function holderCell(row, snapshot) {
     el('div', { class: 'facts' },
       h.fencingToken !== undefined ? ['token ', el('span', { class: 'mono', 'data-field': 'token' }, h.fencingToken), ' · '] : '',
       'held ', el('span', { 'data-field': 'age' }, duration(h.ageMs)), ' · lease ', el('span', { 'data-field': 'ttl' }, duration(h.ttlMs)), ' left'),
-    snapshot.forceRelease ? el('button', { class: 'release', type: 'button', 'data-token': h.fencingToken }, 'Force release') : ''));
+    snapshot.forceRelease ? el('button', { class: 'release', type: 'button', 'data-holder': h.id }, 'Force release') : ''));
 }
 
 function waitersCell(row) {
@@ -159,12 +159,12 @@ document.getElementById('locks').addEventListener('click', async (event) => {
   if (!button) return;
   const key = button.closest('tr').dataset.key;
   if (!confirm('Force release ' + key + '? Its holder loses the lock at its next extension.')) return;
-  const token = button.dataset.token;
+  const holder = button.dataset.holder;
   button.disabled = true;
   const response = await fetch(base + '/api/release', {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(token === undefined ? { key } : { key, fencingToken: Number(token) }),
+    body: JSON.stringify({ key, holder }),
   });
   const body = await response.json().catch(() => ({}));
   message.className = response.ok ? '' : 'bad';

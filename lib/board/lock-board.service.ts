@@ -14,7 +14,7 @@ export interface LockBoardRow {
   key: string;
   mode: LockKind;
   limit: number | null;
-  holders: { instance?: string; site?: string; ageMs?: number; ttlMs: number; fencingToken?: number; here: boolean }[];
+  holders: { id: string; instance?: string; site?: string; ageMs?: number; ttlMs: number; fencingToken?: number; here: boolean }[];
   /** First first; absent when the backend does not keep a line. */
   waiters?: { instance?: string; site?: string; waitingMs?: number; mode: LockKind }[];
   contention: LockContentionCounts;
@@ -163,12 +163,12 @@ export class LockBoardService implements OnModuleInit, OnModuleDestroy {
   }
 
   /**
-   * Frees `key` from its holder (the one with `fencingToken`, when given), logged with who asked.
+   * Frees `key` from the holder the page showed (its id), logged with who asked.
    * The holder learns at its next extension, like any takeover. Undefined when nobody (or not that
    * holder) held it.
    */
-  async forceRelease(key: string, fencingToken: number | undefined, who: string): Promise<ReleasedHolder[] | undefined> {
-    const released = await releaseHolders(this.locks, key, fencingToken === undefined ? {} : { fencingToken });
+  async forceRelease(key: string, holder: string, who: string): Promise<ReleasedHolder[] | undefined> {
+    const released = await releaseHolders(this.locks, key, { holder });
     const holders = released?.map(describeHolder).join('; ');
     if (released?.length) this.logger.warn(`Force release of '${key}' by ${who}: took it from ${holders}.`);
     else
@@ -219,7 +219,8 @@ export class LockBoardService implements OnModuleInit, OnModuleDestroy {
       mode: info.mode,
       // JSON has no Infinity: a shared lock's limit goes as null.
       limit: Number.isFinite(info.limit) ? info.limit : null,
-      holders: info.holders.map(({ instance, site, acquiredAt, ttlMs, fencingToken, heldHere }) => ({
+      holders: info.holders.map(({ id, instance, site, acquiredAt, ttlMs, fencingToken, heldHere }) => ({
+        id,
         ...(instance !== undefined && { instance }),
         ...(site !== undefined && { site }),
         ...(acquiredAt !== undefined && { ageMs: Math.max(0, now - acquiredAt) }),

@@ -1,8 +1,10 @@
 import { describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
 import { RedisLockBackend } from '../../lib/backends/redis/redis.backend.js';
+import { releaseHolders } from '../../lib/forced-release.js';
 import { LockService } from '../../lib/lock.service.js';
 import { useRedisServer } from '../support/redis-fixture.js';
+import { until } from '../support/wait.js';
 
 const fixture = useRedisServer();
 
@@ -39,5 +41,30 @@ describe('Redis list()', () => {
       expect(await listAll(locks, 2)).toEqual([]);
       await fixture.admin.flushall();
     }
+  });
+});
+
+describe('inspect() on Redis, as the lock board uses it', () => {
+  it('tells an exclusive holder its token past its first ttl, so a forced release naming it spares the holder after it', async () => {
+    const service = (instance: string) => {
+      const locks = new LockService(new RedisLockBackend(fixture.server.url), { ttl: 300, instance });
+      fixture.cleanup(() => locks.onApplicationShutdown());
+      return locks;
+    };
+    const [a, b] = [service('a'), service('b')];
+    const handle = await a.acquire('kept');
+    // Held through several extensions: the first lease (and its counter's own expiry) long past.
+    const started = performance.now();
+    await until(() => performance.now() - started > 1_000, 5_000, 'three ttls to pass');
+    expect(handle.isHeld).toBe(true);
+    const seen = (await a.inspect('kept'))?.holders[0].fencingToken;
+    expect(seen).toBe(handle.fencingToken);
+    // The holder the operator saw leaves and another takes the key; the board then sends the token it showed.
+    await handle.release();
+    const next = await b.acquire('kept');
+    expect(await releaseHolders(a, 'kept', { fencingToken: seen! })).toEqual([]);
+    expect(next.isHeld).toBe(true);
+    expect((await b.inspect('kept'))?.holders[0].fencingToken).toBe(next.fencingToken);
+    await next.release();
   });
 });

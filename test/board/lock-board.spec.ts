@@ -125,6 +125,7 @@ describe.each(['express', 'fastify'] as const)('LockBoardModule on %s', (platfor
       expect(row).toMatchObject({ key: 'order:1', mode: 'exclusive', limit: 1, contention: { busy: 1 } });
       expect(row.holders).toEqual([
         {
+          id: expect.any(String),
           instance: 'api-1',
           site: 'Checkout.pay',
           ageMs: expect.any(Number),
@@ -176,19 +177,16 @@ describe.each(['express', 'fastify'] as const)('LockBoardModule on %s', (platfor
     const recorder = recordLocks(locks);
     const handle = await locks.acquire('order:42', { site: 'Checkout.pay' });
     const aborted = new Promise((resolve) => handle.signal.addEventListener('abort', () => resolve(handle.signal.reason)));
-    // A stale token (a holder the operator saw before this one) frees nothing.
-    await agent()
-      .post('/admin/locks/api/release')
-      .set('cookie', COOKIE)
-      .send({ key: 'order:42', fencingToken: handle.fencingToken! - 1 })
-      .expect(404);
+    // Another holder's id (one the operator saw before this one) frees nothing.
+    const earlier = await locks.acquire('order:41');
+    const earlierId = (await locks.inspect('order:41'))!.holders[0].id;
+    await earlier.release();
+    await agent().post('/admin/locks/api/release').set('cookie', COOKIE).send({ key: 'order:42', holder: earlierId }).expect(404);
     expect(await locks.isLocked('order:42')).toBe(true);
 
-    const { body } = await agent()
-      .post('/admin/locks/api/release')
-      .set('cookie', COOKIE)
-      .send({ key: 'order:42', fencingToken: handle.fencingToken })
-      .expect(200);
+    const { id } = (await locks.inspect('order:42'))!.holders[0];
+    expect(id).not.toBe(earlierId);
+    const { body } = await agent().post('/admin/locks/api/release').set('cookie', COOKIE).send({ key: 'order:42', holder: id }).expect(200);
     expect(body).toEqual({ released: [{ instance: 'api-1', site: 'Checkout.pay', fencingToken: handle.fencingToken }] });
     expect(await locks.isLocked('order:42')).toBe(false);
     expect(logger.lines).toContainEqual(
@@ -206,7 +204,8 @@ describe.each(['express', 'fastify'] as const)('LockBoardModule on %s', (platfor
     await post().send({ key: '' }).expect(400);
     await post().send({ key: 'order:1', fencingToken: 'x' }).expect(400);
     await post().send({ key: 'order:1', owner: 'x' }).expect(400);
-    await post().send({ key: 'order:nobody' }).expect(404);
+    await post().send({ key: 'order:1' }).expect(400);
+    await post().send({ key: 'order:nobody', holder: 'x' }).expect(404);
   });
 });
 

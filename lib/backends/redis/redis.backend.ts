@@ -156,7 +156,13 @@ export class RedisLockBackend implements LockBackend {
     // -1: a key has holders beside each other, whose sets EXTEND does not have.
     let extended = this.besideOthers.has(owner)
       ? -1
-      : await this.scripts.run(client, { op: 'extend', keys, script: EXTEND, redisKeys: [...locks, ...holderStrings], args });
+      : await this.scripts.run(client, {
+          op: 'extend',
+          keys,
+          script: EXTEND,
+          redisKeys: [...locks, ...holderStrings, ...layouts.map((l) => l.fence)],
+          args,
+        });
     if (extended === -1) {
       const redisKeys = [...locks, ...layouts.map((l) => l.holders), ...holderStrings, ...layouts.map((l) => l.who)];
       extended = await this.scripts.run(client, { op: 'extend', keys, script: EXTEND_HOLDERS, redisKeys, args });

@@ -1,8 +1,9 @@
 import { CLOCK, HOLDERS, script } from './redis.script-prelude.js';
 
 /**
- * KEYS: n locks, their n holder strings. ARGV: owner, ttl ms. Returns 1 if the owner still held
- * every lock and each lease (and who holds it) is reset to ttl, else 0 (and nothing changed), or -1
+ * KEYS: n locks, their n holder strings, their n fencing counters. ARGV: owner, ttl ms. Returns 1
+ * if the owner still held every lock and each lease (and who holds it) is reset to ttl, else 0
+ * (and nothing changed), or -1
  * if a key has holders that hold it beside each other (`*...`): then EXTEND_HOLDERS, which has
  * their sets, answers for the owner.
  */
@@ -10,13 +11,19 @@ export const EXTEND = script(
   'extend',
   `
 local owner, ttl = ARGV[1], ARGV[2]
-local n = #KEYS / 2
+local n = #KEYS / 3
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
   if holder ~= owner then return holder and string.byte(holder) == 42 and -1 or 0 end
 end
-for _, key in ipairs(KEYS) do
-  redis.call('PEXPIRE', key, ttl)
+for i = 1, 2 * n do
+  redis.call('PEXPIRE', KEYS[i], ttl)
+end
+-- The counter holds the holder's token while it holds the key alone: kept as long as the lease,
+-- so inspect() still tells the token (which a forced release names) after the first ttl.
+for i = 2 * n + 1, 3 * n do
+  local left = redis.call('PTTL', KEYS[i])
+  if left >= 0 and left < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 return 1
 `,
