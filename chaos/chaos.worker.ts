@@ -119,11 +119,12 @@ async function main(): Promise<void> {
   const apps: INestApplicationContext[] = [];
   const loops: Promise<void>[] = [];
   for (let i = 0; i < contexts; i++) {
+    const backend = store.createBackend(config.backend.options);
     @Module({
-      imports: [
-        DistributedLockModule.forRoot({ backend: store.createBackend(config.backend.options), ttl: config.ttl, wait: config.wait }),
-      ],
-      providers: [{ provide: 'writer', useClass: registerWriter(config.ttl) }],
+      imports: [DistributedLockModule.forRoot({ backend, ttl: config.ttl, wait: config.wait })],
+      // The shared-lock and semaphore methods only on a backend that holds them: on any other, a
+      // @Locked method that asks for them stops the application at start-up.
+      providers: [{ provide: 'writer', useClass: registerWriter(config.ttl, backend.sharedHolders === true) }],
     })
     class WorkerModule {}
     const app = await NestFactory.createApplicationContext(WorkerModule, { logger: false });

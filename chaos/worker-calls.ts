@@ -62,20 +62,22 @@ const permitKey = (key: string) => `permits:${key}`;
 
 type Body = (handle: LockHandle) => Promise<void>;
 
+function lost(): never {
+  throw new Error('the lock was lost before the section started');
+}
+
 /**
  * The @Locked methods: their options are fixed per method, so each kind with options of its own
  * has one. The handle comes from `locks.current()`, undefined when the lease ran out between the
  * acquisition and the body (a stall longer than the ttl): the body then must not run.
  */
-export function registerWriter(ttl: number): new (locks: LockService) => { locks: LockService; [kind: string]: unknown } {
+export function registerWriter(ttl: number, shared: boolean): new (locks: LockService) => { locks: LockService; [kind: string]: unknown } {
   @Injectable()
   class RegisterWriter {
     constructor(readonly locks: LockService) {}
 
-    private handle(key: string): LockHandle {
-      const handle = this.locks.current(lockKey(key));
-      if (!handle) throw new Error('the lock was lost before the section started');
-      return handle;
+    protected handle(key: string): LockHandle {
+      return this.locks.current(lockKey(key)) ?? lost();
     }
 
     @Locked('register:<key>')
@@ -103,7 +105,10 @@ export function registerWriter(ttl: number): new (locks: LockService) => { locks
     async maxHold(key: string, body: Body): Promise<void> {
       await body(this.handle(key));
     }
+  }
 
+  @Injectable()
+  class SharedRegisterWriter extends RegisterWriter {
     @Locked('register:<key>', { mode: 'shared' })
     async read(key: string, body: Body): Promise<void> {
       await body(this.handle(key));
@@ -111,12 +116,10 @@ export function registerWriter(ttl: number): new (locks: LockService) => { locks
 
     @Locked('permits:<key>', { permits: SEMAPHORE_PERMITS })
     async permit(key: string, body: Body): Promise<void> {
-      const handle = this.locks.current(permitKey(key));
-      if (!handle) throw new Error('the lock was lost before the section started');
-      await body(handle);
+      await body(this.locks.current(permitKey(key)) ?? lost());
     }
   }
-  return RegisterWriter as never;
+  return (shared ? SharedRegisterWriter : RegisterWriter) as never;
 }
 
 interface Writer {
