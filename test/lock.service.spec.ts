@@ -47,7 +47,13 @@ describe('LockService and LockHandle', () => {
     const other = new LockService(locks.backend);
     expect(await locks.inspect('i')).toBeUndefined();
     const handle = await locks.acquire('i', { ttl: 8_000 });
-    const holder = { ttlMs: expect.any(Number), fencingToken: handle.fencingToken, heldHere: true, instance: 'web-1' };
+    const holder = {
+      id: expect.any(String),
+      ttlMs: expect.any(Number),
+      fencingToken: handle.fencingToken,
+      heldHere: true,
+      instance: 'web-1',
+    };
     expect(await locks.inspect('i')).toEqual({
       key: 'lock:i',
       ttlMs: expect.any(Number),
