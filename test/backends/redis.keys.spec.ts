@@ -1,5 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
-import { hashTag, keySlot, lockKeyLayout } from '../../lib/backends/redis/redis.keys.js';
+import { hashTag, keySlot, lockKeyLayout, lockKeyLayouts } from '../../lib/backends/redis/redis.keys.js';
+import { InvalidLockKeyError } from '../../lib/lock.errors.js';
 
 describe('Redis key layout', () => {
   it('computes slots as Redis does', () => {
@@ -64,5 +65,22 @@ describe('Redis key layout', () => {
     const layout = lockKeyLayout('order:42', 'app:');
     expect(layout.lock).toBe('order:42');
     expect(keySlot('app:' + layout.fence)).toBe(keySlot('app:order:42'));
+  });
+});
+
+describe('lock names on Redis', () => {
+  it("refuses a lock named like another lock's companion, which only an empty keyPrefix lets through", () => {
+    for (const key of ['{k}:holder', '{k}:fence', '{lock:a}:queue', '{x}:order:{42}:who']) {
+      expect(() => lockKeyLayouts([key], '', false)).toThrow(InvalidLockKeyError);
+      expect(() => lockKeyLayouts([key], '', false)).toThrow(/named like the companion of another lock/);
+    }
+    // Hash tags of the user's own, and the same names under a prefix, stay allowed.
+    for (const [key, prefix] of [
+      ['{42}:order', ''],
+      ['order:{42}:holder', ''],
+      ['{k}:holder', 'app:'],
+    ]) {
+      expect(lockKeyLayouts([key], prefix, false)[0].lock).toBe(key);
+    }
   });
 });

@@ -45,6 +45,9 @@ export interface LockKeyLayout {
   who: string;
 }
 
+/** What every companion's name looks like (see lockKeyLayout). */
+const COMPANION_NAME = /^\{.*:(?:fence|queue|waiters|holders|holder|who)$/s;
+
 /**
  * `clientPrefix` is the ioredis client's keyPrefix: ioredis prepends it to every name we send, so
  * the slot is that of the prefixed key (a prefix must not contain braces itself).
@@ -70,6 +73,16 @@ export function lockKeyLayout(key: string, clientPrefix = ''): LockKeyLayout {
  * slot, so keys in different slots are refused.
  */
 export function lockKeyLayouts(keys: readonly string[], clientPrefix: string, cluster: boolean): LockKeyLayout[] {
+  for (const key of keys) {
+    // Only with an empty keyPrefix can a lock's name start with '{', as every companion's does.
+    if ((clientPrefix + key).charCodeAt(0) === 123 && COMPANION_NAME.test(clientPrefix + key)) {
+      throw new InvalidLockKeyError(
+        `'${key}' is named like the companion of another lock in Redis (its fencing counter, line or holder records: ` +
+          `'{...}:fence', ':queue', ':waiters', ':holders', ':holder', ':who'); the two would overwrite each other. ` +
+          `Keep the default keyPrefix ('lock:'), or name the lock otherwise.`,
+      );
+    }
+  }
   if (cluster && keys.length > 1) {
     const slot = keySlot(clientPrefix + keys[0]);
     const other = keys.find((key) => keySlot(clientPrefix + key) !== slot);
