@@ -8,12 +8,11 @@ import { copyFileSync, mkdirSync, statSync } from 'node:fs';
 import http from 'node:http';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
+import { launchChromium } from '../support/chromium.js';
 import { RedisServer } from '../support/redis-server.js';
 import { until } from '../support/wait.js';
 
-/** Debian's chromium package; playwright-core drives it and never downloads a browser. */
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 const ROOT = resolve(import.meta.dirname, '../..');
 /** Screenshots of each step (ignored by git). */
 const SCREENSHOTS = join(ROOT, '.tmp');
@@ -103,18 +102,7 @@ describe('the lock board in headless Chromium, two processes holding and waiting
     base = `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}`;
     locks = app.get(LockService);
     [a, b] = [new Worker(url, 'worker-a'), new Worker(url, 'worker-b')];
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: [
-        '--no-sandbox',
-        '--disable-gpu',
-        '--disable-quic',
-        '--no-first-run',
-        '--disable-background-networking',
-        '--disable-component-update',
-        '--disable-sync',
-      ],
-    });
+    browser = await launchChromium();
     context = await browser.newContext({ viewport: { width: 1200, height: 640 } });
     await context.addCookies([{ ...COOKIE, url: base }]);
     page = await context.newPage();

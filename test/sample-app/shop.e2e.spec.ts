@@ -3,15 +3,14 @@ import type { INestApplication } from '@nestjs/common';
 import { LockBackend, LockService } from 'nest-distributed-lock';
 import { mkdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { chromium, type Browser } from 'playwright-core';
+import type { Browser } from 'playwright-core';
+import { launchChromium } from '../support/chromium.js';
 import request from 'supertest';
 import { runDemo, type DemoEvent, type DemoSummary } from '../../sample-app/demo.runner.js';
 import { ProductsRepository } from '../../sample-app/products.repository.js';
 import { baseUrl, createShopApp } from '../../sample-app/shop.app.js';
 import { until } from '../support/wait.js';
 
-/** Debian's chromium package; playwright-core drives it and never downloads a browser. */
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 const SCREENSHOTS = resolve(import.meta.dirname, '../../.tmp');
 
 /**
@@ -264,20 +263,7 @@ describe('the shop, one process, embedded PostgreSQL', () => {
     let browser: Browser;
 
     beforeAll(async () => {
-      browser = await chromium.launch({
-        executablePath: CHROMIUM,
-        // As root: no sandbox. The rest keep Chromium off a network it cannot reach. Playwright
-        // gives every launch a new empty profile of its own.
-        args: [
-          '--no-sandbox',
-          '--disable-gpu',
-          '--disable-quic',
-          '--no-first-run',
-          '--disable-background-networking',
-          '--disable-component-update',
-          '--disable-sync',
-        ],
-      });
+      browser = await launchChromium();
     }, 60_000);
 
     afterAll(async () => {
