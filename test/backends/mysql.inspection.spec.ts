@@ -111,7 +111,7 @@ describe('MySQL: who holds and waits', () => {
     const tooLong = { instance: '€'.repeat(MAX_IDENTITY_LENGTH * 2), site: 'x' };
     await expect(one.tryAcquire(['other'], 'owner-b', 30_000, { holder: tooLong })).rejects.toThrow(InvalidLockOptionsError);
     await expect(one.tryAcquire(['other'], 'owner-b', 30_000, { holder: tooLong })).rejects.toThrow(
-      /identity \(instance and site\) of at most 769 bytes, got 770: give names of at most 128 characters/,
+      /mysql backend stores an identity \(instance and site\) of at most 769 bytes, got 770: give names of at most 128 characters/,
     );
     expect(await one.inspect('other')).toBeUndefined();
   });

@@ -2,11 +2,10 @@ import { randomBytes } from 'node:crypto';
 import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
 import { listMysql } from './mysql.listing.js';
 import { inspectMysql, limitOf } from './mysql.inspection.js';
-import { encodeIdentity } from '../../lock-identity.js';
+import { identityBytes } from '../../lock-identity.js';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import {
-  MAX_IDENTITY_LENGTH,
   SHARED,
   type AcquireResult,
   type BackendHealth,
@@ -22,7 +21,7 @@ import { READ_ONLY_SERVER, errnoOf } from './mysql.errors.js';
 import { MysqlWaiterLine } from './mysql.line.js';
 import { checkMysqlConnection, resolveMysqlOptions, type MysqlLockBackendOptions, type MysqlLockConnection } from './mysql.options.js';
 import { SHARED_LIMIT_SQL } from './mysql.procedures.js';
-import { MYSQL_MAX_HOLDER_BYTES, MYSQL_MAX_KEY_BYTES, MYSQL_MAX_OWNER_BYTES } from './mysql.schema.js';
+import { MYSQL_MAX_KEY_BYTES, MYSQL_MAX_OWNER_BYTES } from './mysql.schema.js';
 
 /** How often a backend deletes leases and places in line that ran out long ago (see sweepNowAndThen()). */
 const SWEEP_EVERY_MS = 5 * 60_000;
@@ -81,7 +80,15 @@ export class MysqlLockBackend implements LockBackend {
       op: 'acquire',
       keys,
       sql: `CALL ${this.connection.names.takeAs}(?, ?, ?, ?, ?, ?, ?)`,
-      values: [list, owner, Math.ceil(ttlMs), this.waiterTimeout, options?.willWait ?? true, limits, holderArgument(options)],
+      values: [
+        list,
+        owner,
+        Math.ceil(ttlMs),
+        this.waiterTimeout,
+        options?.willWait ?? true,
+        limits,
+        identityBytes(options?.holder, this.name) ?? null,
+      ],
       onLateAnswer: ([late]) => {
         // It answered after we reported a failure. Freeing the keys here would be wrong when the
         // same owner tries again (its next attempt finds the lock its own) or holds the lock by
@@ -301,24 +308,6 @@ function keyArguments(
       : entries.map((e) => (e.limit === SHARED ? SHARED_LIMIT_SQL : String(e.limit))).join(','),
     byHex: new Map(entries.map((e) => [e.hex, e.key])),
   };
-}
-
-/**
- * Who asks, as the procedures store it (see encodeIdentity), or NULL. LockService bounds each name
- * (MAX_IDENTITY_LENGTH); a caller of the backend itself that passes longer ones is refused here,
- * rather than cut (strict SQL modes) or refused by the server.
- */
-function holderArgument(options: TryAcquireOptions | undefined): Buffer | null {
-  if (!options?.holder) return null;
-  const bytes = Buffer.from(encodeIdentity(options.holder));
-  if (bytes.length > MYSQL_MAX_HOLDER_BYTES) {
-    throw new InvalidLockOptionsError(
-      'holder',
-      `MysqlLockBackend stores an identity (instance and site) of at most ${MYSQL_MAX_HOLDER_BYTES} bytes, got ${bytes.length}: ` +
-        `give names of at most ${MAX_IDENTITY_LENGTH} characters each, as LockService checks.`,
-    );
-  }
-  return bytes;
 }
 
 /** An owner column (VARBINARY) comes back as a Buffer. */

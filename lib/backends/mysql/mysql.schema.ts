@@ -1,5 +1,5 @@
 import { InvalidLockOptionsError } from '../../lock.errors.js';
-import { MAX_IDENTITY_LENGTH } from '../lock-backend.interface.js';
+import { MAX_IDENTITY_BYTES } from '../../lock-identity.js';
 import { resolveMysqlOptions } from './mysql.options.js';
 import { proceduresSql } from './mysql.procedures.js';
 
@@ -102,12 +102,8 @@ export function newerMysqlLayoutRefusal(comment: unknown, table: string): string
 export const MYSQL_MAX_KEY_BYTES = 3_034;
 /** The longest owner: LockService's owner tokens (32 hex characters). */
 export const MYSQL_MAX_OWNER_BYTES = 32;
-/**
- * The longest identity stored (`instance`, a line feed, `site`: see encodeIdentity), in bytes of
- * UTF-8: each name is at most MAX_IDENTITY_LENGTH UTF-16 units, and a unit takes at most 3 bytes
- * (a pair of them, 4).
- */
-export const MYSQL_MAX_HOLDER_BYTES = 2 * MAX_IDENTITY_LENGTH * 3 + 1;
+/** The longest identity stored (`instance`, a line feed, `site`: see encodeIdentity), in bytes. */
+export const MYSQL_MAX_HOLDER_BYTES = MAX_IDENTITY_BYTES;
 
 /** The greatest fencing token: a JavaScript number holds tokens exactly up to here. */
 export const MYSQL_MAX_FENCING_TOKEN = Number.MAX_SAFE_INTEGER;
