@@ -4,6 +4,7 @@ import { resolve } from 'node:path';
 // @ts-expect-error: node-zookeeper-client ships no types; the test only passes it to the fixture.
 import zookeeper from 'node-zookeeper-client';
 import { SHARED } from '../../lib/backends/lock-backend.interface.js';
+import { InvalidLockOptionsError } from '../../lib/lock.errors.js';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
 import { LockService } from '../../lib/lock.service.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
@@ -91,6 +92,16 @@ describe('ZooKeeper: who holds and waits', () => {
     ]);
     expect(state.holders![0].acquiredAt).toEqual(expect.any(Number));
     expect(state.waiters).toEqual([{ owner: 'writer', ...c, waitingSince: expect.any(Number) }]);
+  });
+
+  it('a caller of the backend that passes names longer than LockService allows is refused before anything is made', async () => {
+    const one = backend();
+    const tooLong = { instance: '€'.repeat(300), site: 'x' };
+    await expect(one.tryAcquire(['k'], 'owner-a', 30_000, { holder: tooLong })).rejects.toThrow(InvalidLockOptionsError);
+    await expect(one.tryAcquire(['k'], 'owner-a', 30_000, { holder: tooLong })).rejects.toThrow(
+      /zookeeper backend stores an identity \(instance and site\) of at most 769 bytes, got 902/,
+    );
+    expect(await one.list({ prefix: '', limit: 10 })).toEqual({ keys: [] });
   });
 
   it("nodes of the release before who holds (no data, or its permit mark 'in') show without a name or a time in", async () => {
