@@ -1,5 +1,6 @@
 import {
   MYSQL_MAX_FENCING_TOKEN,
+  MYSQL_MAX_HOLDER_BYTES,
   MYSQL_MAX_KEY_BYTES,
   MYSQL_MAX_OWNER_BYTES,
   TOKENS_EXHAUSTED,
@@ -44,6 +45,11 @@ export const SHARED_LIMIT_SQL = '18446744073709551615';
  *   finds that it can enter, and asks again. Nobody else is woken. A waiter that stops asking
  *   loses its place at its `deadline`.
  *
+ * - Who holds and waits (`holder`: `<instance>\n<site>`, as encodeIdentity makes it) is stored with
+ *   the holder's row and the waiter's, with when the lease was taken (`acquired_at`) and when the
+ *   place in line was (`since`), for inspect; no procedure decides anything by them. A hand-over
+ *   carries the waiter's to its lease.
+ *
  * Keys reach the procedures as a comma-separated list of hex strings (any bytes, NUL included,
  * arrive as they are), limits as a comma-separated list of numbers aligned with them, and keys
  * are stored in VARBINARY columns: keys compare byte for byte, never by a collation that takes
@@ -52,6 +58,7 @@ export const SHARED_LIMIT_SQL = '18446744073709551615';
 export function proceduresSql(n: MysqlLockNames): string[] {
   const key = `VARBINARY(${MYSQL_MAX_KEY_BYTES})`;
   const owner = `VARBINARY(${MYSQL_MAX_OWNER_BYTES})`;
+  const holder = `VARBINARY(${MYSQL_MAX_HOLDER_BYTES})`;
   const list = 'MEDIUMTEXT CHARACTER SET ascii';
   const ms = (ts: string) => `CEIL(TIMESTAMPDIFF(MICROSECOND, now_ts, ${ts}) / 1000)`;
   const later = (from: string, ms: string) => `${from} + INTERVAL ${ms} * 1000 MICROSECOND`;
@@ -68,9 +75,13 @@ export function proceduresSql(n: MysqlLockNames): string[] {
   const nextToken = (into: string) => `INSERT INTO ${n.tokens} () VALUES ();
       SET ${into} = LAST_INSERT_ID();
       DELETE FROM ${n.tokens} WHERE id = ${into};`;
-  const holderRow = (k: string, o: string, token: string, expires: string, limit: string) =>
-    `INSERT INTO ${n.holders} (lock_key, owner, fencing_token, expires_at, max_holders) VALUES (${k}, ${o}, ${token}, ${expires}, ${limit})
-      ON DUPLICATE KEY UPDATE fencing_token = ${token}, expires_at = ${expires}, max_holders = ${limit};`;
+  // A lease its owner still holds (a request sent again, or a key handed over) keeps when it was
+  // taken: set before expires_at, as later assignments read the values already assigned.
+  const holderRow = (k: string, o: string, token: string, expires: string, limit: string, who: string, at: string) =>
+    `INSERT INTO ${n.holders} (lock_key, owner, fencing_token, expires_at, max_holders, holder, acquired_at)
+      VALUES (${k}, ${o}, ${token}, ${expires}, ${limit}, ${who}, ${at})
+      ON DUPLICATE KEY UPDATE acquired_at = IF(expires_at > ${at}, COALESCE(acquired_at, ${at}), ${at}), fencing_token = ${token},
+        expires_at = ${expires}, max_holders = ${limit}, holder = ${who};`;
   return [
     `DROP PROCEDURE IF EXISTS ${n.lockKeys}`,
     // Locks the key row of every key, creating the rows that are missing, in the order given (the
@@ -105,6 +116,7 @@ BEGIN
   DECLARE w_owner ${owner};
   DECLARE w_lease INT UNSIGNED;
   DECLARE w_limit BIGINT UNSIGNED;
+  DECLARE w_holder ${holder};
   DECLARE handed BIGINT UNSIGNED;
   DELETE FROM ${n.waiters} WHERE lock_key = p_key AND deadline <= p_now;
   line: LOOP
@@ -112,7 +124,7 @@ BEGIN
     IF w_owner IS NULL THEN
       LEAVE line;
     END IF;
-    SELECT w.lease_ms, w.max_holders INTO w_lease, w_limit FROM ${n.waiters} w WHERE w.lock_key = p_key AND w.owner = w_owner;
+    SELECT w.lease_ms, w.max_holders, w.holder INTO w_lease, w_limit, w_holder FROM ${n.waiters} w WHERE w.lock_key = p_key AND w.owner = w_owner;
     -- Read once someone waits: most releases find an empty line.
     IF holders IS NULL THEN
       SELECT COUNT(*), MIN(h.max_holders), MAX(IF(h.max_holders > 1, h.max_holders, NULL)) INTO holders, least_limit, shared_limit
@@ -125,7 +137,7 @@ BEGIN
     IF handed > ${MYSQL_MAX_FENCING_TOKEN} THEN
       LEAVE line;
     END IF;
-    ${holderRow('p_key', 'w_owner', 'handed', later('p_now', 'w_lease'), 'w_limit')}
+    ${holderRow('p_key', 'w_owner', 'handed', later('p_now', 'w_lease'), 'w_limit', 'w_holder', 'p_now')}
     DELETE FROM ${n.waiters} WHERE lock_key = p_key AND owner = w_owner;
     SET p_handed = CONCAT_WS(',', p_handed, w_owner);
     SET holders = holders + 1;
@@ -135,7 +147,7 @@ BEGIN
     END IF;
   END LOOP;
 END`,
-    `DROP PROCEDURE IF EXISTS ${n.take}`,
+    `DROP PROCEDURE IF EXISTS ${n.takeAs}`,
     // Takes every key or none, each with its limit (p_limits aligned with p_keys; NULL: all 1). A
     // key this owner already holds (a request resent after a timeout, or handed over by a release)
     // is taken as it is, with a new token. Answers (acquired, token, retry_after_ms, mismatch_key,
@@ -143,9 +155,10 @@ END`,
     // end first, or the first waiter's place), after putting a caller that will wait in line; a
     // limit mismatch answers the key (hex) and its holders' limit, and leaves the line alone; a
     // caller that leaves the head of a line others may share lets in those behind it that can
-    // enter (handed_to).
-    `CREATE PROCEDURE ${n.take}(
-  IN p_keys ${list}, IN p_owner ${owner}, IN p_ttl_ms INT, IN p_waiter_timeout_ms INT, IN p_will_wait BOOLEAN, IN p_limits ${list}
+    // enter (handed_to). p_holder is who asks, stored with the lease or the place in line.
+    `CREATE PROCEDURE ${n.takeAs}(
+  IN p_keys ${list}, IN p_owner ${owner}, IN p_ttl_ms INT, IN p_waiter_timeout_ms INT, IN p_will_wait BOOLEAN, IN p_limits ${list},
+  IN p_holder ${holder}
 )
 MODIFIES SQL DATA
 BEGIN
@@ -242,9 +255,11 @@ BEGIN
       SET i = 1;
       WHILE i <= n DO
         SET lim = ${nthLimit};
-        INSERT INTO ${n.waiters} (lock_key, owner, place, deadline, lease_ms, max_holders)
-          VALUES (${nthKey}, p_owner, kept, ${later('now_ts', 'p_waiter_timeout_ms')}, IF(n = 1, LEAST(p_ttl_ms, p_waiter_timeout_ms), 0), lim)
-          ON DUPLICATE KEY UPDATE place = kept, deadline = ${later('now_ts', 'p_waiter_timeout_ms')},
+        INSERT INTO ${n.waiters} (lock_key, owner, place, deadline, lease_ms, max_holders, holder, since)
+          VALUES (${nthKey}, p_owner, kept, ${later('now_ts', 'p_waiter_timeout_ms')}, IF(n = 1, LEAST(p_ttl_ms, p_waiter_timeout_ms), 0), lim,
+            p_holder, now_ts)
+          ON DUPLICATE KEY UPDATE since = IF(place = kept, COALESCE(since, now_ts), now_ts), holder = p_holder,
+            place = kept, deadline = ${later('now_ts', 'p_waiter_timeout_ms')},
             lease_ms = IF(n = 1, LEAST(p_ttl_ms, p_waiter_timeout_ms), 0), max_holders = lim;
         SET i = i + 1;
       END WHILE;
@@ -261,7 +276,7 @@ BEGIN
     WHILE i <= n DO
       SET k = ${nthKey};
       SET lim = ${nthLimit};
-      ${holderRow('k', 'p_owner', 'token', later('now_ts', 'p_ttl_ms'), 'lim')}
+      ${holderRow('k', 'p_owner', 'token', later('now_ts', 'p_ttl_ms'), 'lim', 'p_holder', 'now_ts')}
       DELETE FROM ${n.waiters} WHERE lock_key = k AND owner = p_owner;
       -- It stood at the head of a line where others may enter beside it: those behind it that can.
       IF ROW_COUNT() > 0 AND lim <> 1 THEN
@@ -272,6 +287,16 @@ BEGIN
     COMMIT;
     SELECT 1 AS acquired, token, NULL AS retry_after_ms, NULL AS mismatch_key, NULL AS mismatch_limit, handed AS handed_to;
   END IF;
+END`,
+    `DROP PROCEDURE IF EXISTS ${n.take}`,
+    // The acquire of the release before who holds was stored, for its processes still running on
+    // these tables (or started on them later): who asks is not known.
+    `CREATE PROCEDURE ${n.take}(
+  IN p_keys ${list}, IN p_owner ${owner}, IN p_ttl_ms INT, IN p_waiter_timeout_ms INT, IN p_will_wait BOOLEAN, IN p_limits ${list}
+)
+MODIFIES SQL DATA
+BEGIN
+  CALL ${n.takeAs}(p_keys, p_owner, p_ttl_ms, p_waiter_timeout_ms, p_will_wait, p_limits, NULL);
 END`,
     `DROP PROCEDURE IF EXISTS ${n.acquire}`,
     // The previous layout's signature, for a process of an older release still running: it takes
