@@ -237,6 +237,25 @@ describe('the line of waiters in PostgreSQL', () => {
     expect((await b.inspect('c'))?.owner).toBe('third');
   });
 
+  it('a waiter for several keys that finds an earlier key taken again leaves the lines after it: the next there is let in', async () => {
+    const b = backend();
+    expect((await b.tryAcquire(['d'], 'holder-d', 60_000)).acquired).toBe(true);
+    // c lets x in, d keeps it out: x stands in both lines, and y behind it in d's.
+    expect((await b.tryAcquire(['c', 'd'], 'x', 60_000)).acquired).toBe(false);
+    expect((await b.tryAcquire(['d'], 'y', 60_000)).acquired).toBe(false);
+    expect(await line('d')).toEqual(['x', 'y']);
+    expect(await b.release(['d'], 'holder-d')).toBe(true);
+    // c is taken while x still has its place in both lines. The line lets nobody pass x, so the
+    // test writes the lease itself, as any holder the line did not see would have.
+    await fixture.admin.query(
+      `INSERT INTO distributed_locks (key, owner, fencing_token, expires_at, max_holders) VALUES ('c', 'holder-c', 1, now() + interval '60 seconds', 1)`,
+    );
+    // x asks again: c keeps it out now, so it leaves d's line, and y, next there, is handed d.
+    expect((await b.tryAcquire(['c', 'd'], 'x', 60_000)).acquired).toBe(false);
+    expect([await line('c'), await line('d')]).toEqual([['x'], []]);
+    expect((await b.inspect('d'))?.owner).toBe('y');
+  });
+
   it('a waiter that stops asking loses its place after waiterTimeout, and the next one gets the key', async () => {
     const b = backend({ waiterTimeout: 300 });
     expect((await b.tryAcquire(['gone'], 'holder', 60_000)).acquired).toBe(true);
