@@ -16,6 +16,9 @@
  *   that no writer holds beside anyone, and that a reader does not pass a queued writer (at once,
  *   where a stream of readers passes it only when the timing lets one arrive while it waits);
  * - `conformance-mysql-shared`: the same test of readers, writers and permits on MariaDB;
+ * - `conformance-redis-multikey-line`: the conformance suite's test that a holder of a key takes the
+ *   next one while another process's caller of both waits for the first (a liveness bug, which the
+ *   safety-only model and chaos runs would not count);
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
@@ -77,6 +80,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/mysql.conformance.spec.ts',
     test: 'lets readers hold together, never a writer beside anyone, and never more holders than permits',
+    env: {},
+    seeded: false,
+  },
+  'conformance-redis-multikey-line': {
+    kind: 'jest',
+    file: 'test/backends/redis.conformance.spec.ts',
+    test: 'lets a holder take its next key (sorted order) while a caller of both keys, in another process, waits for the first',
     env: {},
     seeded: false,
   },
@@ -301,6 +311,13 @@ export const MUTANTS = [
     file: 'lib/lock-acquisition.ts',
     replace: [['const first = queue.allTrying(this.id) && !queue.behindUnseen(this.keys);', 'const first = queue.allTrying(this.id);']],
     detector: 'local-queue-key-sets',
+  },
+  {
+    name: 'redis-multikey-waiter-in-every-line',
+    bug: 'a waiting Redis caller of several keys takes a place in the line of every key, also after the first that keeps it out',
+    file: 'lib/backends/redis/redis.scripts.ts',
+    replace: [['    if i <= blocked then\n', '    if true then\n']],
+    detector: 'conformance-redis-multikey-line',
   },
   {
     name: 'mysql-reader-beside-writer',

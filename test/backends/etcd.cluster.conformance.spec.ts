@@ -7,4 +7,5 @@ const fixture = useEtcdCluster({ members: 3 });
 describeBackendConformance('etcd (three members)', {
   // Each "process" gets a client of every member, as a service in production is configured.
   connect: async () => new EtcdLockBackend(fixture.endpoints),
+  placesInEveryLine: true,
 });

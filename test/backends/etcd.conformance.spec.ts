@@ -7,4 +7,5 @@ const fixture = useEtcdCluster({ members: 1 });
 describeBackendConformance('etcd (one member)', {
   // Each "process" gets a client of its own, created from the URL and closed by the backend.
   connect: async () => new EtcdLockBackend(fixture.endpoints[0]),
+  placesInEveryLine: true,
 });

@@ -99,8 +99,9 @@ export class MysqlLockBackend implements LockBackend {
         else this.release(keys, owner).catch(() => undefined);
       },
     });
+    // A waiter leaving a later line may hand its key to the next: woken too when it failed.
+    this.wakeHanded(row.handed_to);
     if (Number(row.acquired) === 1) {
-      this.wakeHanded(row.handed_to);
       return { acquired: true, fencingToken: Number(row.token) };
     }
     if (row.mismatch_key !== null && row.mismatch_key !== undefined) {

@@ -15,11 +15,11 @@ import {
 } from './mysql.errors.js';
 import type { CheckedMysqlConnection, ResolvedMysqlOptions } from './mysql.options.js';
 import {
-  IDENTITY_COLUMN,
   lockNames,
   mysqlLockTablesSql,
   mysqlSchemaLayout,
   MYSQL_SCHEMA_LAYOUT,
+  MYSQL_PROCEDURES_REVISION,
   MYSQL_SCHEMA_VERSION,
   newerMysqlLayoutRefusal,
   type MysqlLockNames,
@@ -236,14 +236,14 @@ export class MysqlConnection {
   private async createTables(): Promise<void> {
     const { table, createTables } = this.options;
     // The version is the holders table's comment; the key table's tells whether an earlier layout is
-    // there; a column of who holds, whether the tables of this version have them (see IDENTITY_COLUMN).
+    // there; the waiters table's, the revision of the procedures (see MYSQL_PROCEDURES_REVISION).
     const versionSql =
       'SELECT MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS version, MAX(TABLE_NAME = ?) AS earlier, ' +
-      '(SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?) AS current ' +
-      'FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?)';
-    const versionValues = [`${table}_holders`, table, `${table}_holders`, IDENTITY_COLUMN, `${table}_holders`, table];
-    const check = (found: { version?: unknown; earlier?: unknown; current?: unknown } | undefined): boolean => {
-      if (found?.version === MYSQL_SCHEMA_VERSION && Number(found.current) > 0) return true;
+      'MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS revision ' +
+      'FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)';
+    const versionValues = [`${table}_holders`, table, `${table}_waiters`, `${table}_holders`, table, `${table}_waiters`];
+    const check = (found: Found | undefined): boolean => {
+      if (found?.version === MYSQL_SCHEMA_VERSION && found.revision === MYSQL_PROCEDURES_REVISION) return true;
       const newer = newerMysqlLayoutRefusal(found?.version, table);
       if (newer) throw new LockBackendError(this.backendName, newer, undefined, { permanent: true });
       return false;
@@ -253,8 +253,8 @@ export class MysqlConnection {
       const [found] = await this.query(versionSql, versionValues);
       const layout = mysqlSchemaLayout(found?.version) ?? (Number(found?.earlier) === 1 ? 1 : undefined);
       const now =
-        found?.version === MYSQL_SCHEMA_VERSION && Number(found.current) === 0
-          ? `is at version ${MYSQL_SCHEMA_LAYOUT} without the columns of who holds (made by an earlier release)`
+        found?.version === MYSQL_SCHEMA_VERSION
+          ? `is at version ${MYSQL_SCHEMA_LAYOUT} with procedures of an earlier release (not '${MYSQL_PROCEDURES_REVISION}')`
           : layout === undefined
             ? 'is missing'
             : `is at version ${layout}`;
@@ -277,7 +277,7 @@ export class MysqlConnection {
       await on('SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), ?)), 30)', [`:nest-distributed-lock:create:${table}`]);
       try {
         // Asked again on this connection: a pool of one connection has no other to give.
-        const [found] = (await on(versionSql, versionValues)) as { version?: unknown; earlier?: unknown; current?: unknown }[];
+        const [found] = (await on(versionSql, versionValues)) as Found[];
         if (!check(found)) for (const sql of mysqlLockTablesSql({ table })) await on(sql);
       } finally {
         await on('SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), ?)))', [`:nest-distributed-lock:create:${table}`]).catch(() => undefined);
@@ -296,6 +296,13 @@ export class MysqlConnection {
       connection.release();
     }
   }
+}
+
+/** What createTables reads of the tables' comments (see versionSql). */
+interface Found {
+  version?: unknown;
+  earlier?: unknown;
+  revision?: unknown;
 }
 
 interface PoolConnectionLike {

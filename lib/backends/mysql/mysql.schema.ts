@@ -47,16 +47,21 @@ export function lockNames(table: string): MysqlLockNames {
   };
 }
 
-/**
- * The version of the tables' layout this release reads and writes (see MYSQL_SCHEMA_VERSION). The
- * columns of who holds and waits (IDENTITY_COLUMN) came within version 2: releases before them run
- * on tables that have them, so they did not change the version, which those releases would take
- * for a later one and refuse.
- */
+/** The version of the tables' layout this release reads and writes (see MYSQL_SCHEMA_VERSION). */
 export const MYSQL_SCHEMA_LAYOUT = 2;
 
-/** A column this release needs that tables of version 2 made by an earlier release lack. */
-export const IDENTITY_COLUMN = 'acquired_at';
+/**
+ * Stored as the comment of the waiters table (`<table>_waiters`), set after everything else: the
+ * procedures and the columns they use change within a version of the tables when their rules do
+ * (revision 2: who holds and waits, in nullable columns; a waiter for several keys stands in line
+ * only up to the first key that keeps it out). Releases before a revision run on tables of a later
+ * one (they neither read nor write the new columns, and call the procedures by names that stay),
+ * so a revision does not change the version, which those releases would take for a later layout
+ * and refuse. The backend puts the procedures back when the tables are at this version but of an
+ * earlier revision (or none: before revision 2); set last, the comment is found only once a
+ * process that did so got to the end, even one that crashed part-way through.
+ */
+export const MYSQL_PROCEDURES_REVISION = 'nest-distributed-lock procedures, revision 2';
 
 /**
  * Stored as the comment of the holders table (`<table>_holders`): the backend checks it on first
@@ -213,11 +218,10 @@ BEGIN
   -- Who holds and waits, for inspect (docs/inspection.md): nullable columns without a default, which
   -- releases before them neither write nor read, so they run on these tables unchanged (a rolling
   -- upgrade, or a rollback).
-  -- IDENTITY_COLUMN last: found, it tells that the others are there.
   ${addColumn('_waiters', 'holder', holder)}
   ${addColumn('_waiters', 'since', 'DATETIME(6)')}
   ${addColumn('_holders', 'holder', holder)}
-  ${addColumn('_holders', IDENTITY_COLUMN, 'DATETIME(6)')}
+  ${addColumn('_holders', 'acquired_at', 'DATETIME(6)')}
   -- Its leases, one per key in the key's row, become exclusive holders, with their tokens.
   INSERT INTO ${n.holders} (lock_key, owner, fencing_token, expires_at, max_holders)
     SELECT l.lock_key, l.owner, l.fencing_token, l.expires_at, 1 FROM ${n.locks} l WHERE l.owner <> '' AND l.expires_at > UTC_TIMESTAMP(6)
@@ -228,5 +232,6 @@ END`,
     `DROP PROCEDURE ${n.upgrade}`,
     ...procedures,
     `ALTER TABLE ${n.holders} COMMENT = '${MYSQL_SCHEMA_VERSION}'`,
+    `ALTER TABLE ${n.waiters} COMMENT = '${MYSQL_PROCEDURES_REVISION}'`,
   ];
 }
