@@ -10,11 +10,11 @@ import {
 } from './products.repository.js';
 
 /**
- * Products and orders in MySQL or MariaDB (10.5+). Neither has PostgreSQL's data-modifying CTEs,
- * and MariaDB's RETURNING is on INSERT and DELETE only, not UPDATE: each sale is an UPDATE that
- * says how many rows it matched, then the order's INSERT, in one transaction, so a sale and its
- * order still exist together or not at all. The UPDATE decides (stock, fencing token) on the
- * newest row under its row lock, which the transaction holds to its end: whatever the
+ * Products and orders in MySQL or MariaDB. Neither has PostgreSQL's data-modifying CTEs; MySQL has
+ * no RETURNING, and MariaDB's (10.5 on) is on INSERT and DELETE, not UPDATE. So each sale is an
+ * UPDATE that says how many rows it matched, then the order's INSERT, in one transaction: a sale
+ * and its order still exist together or not at all. The UPDATE decides (stock, fencing token) on
+ * the newest row under its row lock, which the transaction holds to its end: whatever the
  * transaction reads of the row after it is its own write.
  */
 export class MysqlProductsRepository implements ProductsRepository {

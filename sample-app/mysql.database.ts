@@ -48,7 +48,7 @@ class MysqlDatabase implements Database, OnApplicationShutdown {
 }
 
 function toResult<Row>(result: unknown): QueryResult<Row> {
-  // A SELECT, or a write with RETURNING (MariaDB 10.5+ has it on INSERT and DELETE, not UPDATE).
+  // A SELECT (the shop's writes use no RETURNING, which MySQL lacks and MariaDB has on INSERT and DELETE only).
   if (Array.isArray(result)) return { rows: result as Row[], affectedRows: result.length };
   const header = result as mysql.ResultSetHeader;
   return { rows: [], affectedRows: header.affectedRows, insertId: header.insertId };
