@@ -1,8 +1,13 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { MysqlLockBackend } from 'nest-distributed-lock';
+import type { INestApplication } from '@nestjs/common';
+import { LockService, MysqlLockBackend } from 'nest-distributed-lock';
 import mysql from 'mysql2/promise';
 import { randomBytes } from 'node:crypto';
 import request from 'supertest';
+import { PriceListRepository } from '../../sample-app/price-list.repository.js';
+import type { PriceList } from '../../sample-app/price-list.service.js';
+import { ProductsRepository } from '../../sample-app/products.repository.js';
+import { createShopApp } from '../../sample-app/shop.app.js';
 import { useMariadbServer } from '../support/mariadb-fixture.js';
 import { until } from '../support/wait.js';
 import { runDemo, ShopProcess } from './compiled-app.js';
@@ -189,6 +194,46 @@ describe('the shop as several processes with its data and its locks in MariaDB',
       expect(version).toBeGreaterThan(0);
       const bought = await request(third.url).post(`/products/${created[1].id}/purchase`).send({ quantity: 1 }).expect(201);
       expect(bought.body.price).toMatchObject({ version });
+    }, 30_000);
+  });
+
+  describe("the MySQL store's fence, in one process", () => {
+    let app: INestApplication;
+    let http: ReturnType<typeof request>;
+
+    beforeAll(async () => {
+      const { url } = await mariadb.server.createDatabase('shop');
+      app = await createShopApp({ databaseUrl: url, lockBackend: 'mysql' }, false);
+      await app.listen(0, '127.0.0.1');
+      http = request(app.getHttpServer());
+    }, 60_000);
+
+    afterAll(async () => {
+      await app?.close();
+    });
+
+    it('refuses every write whose token is older than the one that last wrote: sales, restocks, prices, the published version', async () => {
+      const locks = app.get(LockService);
+      const products = app.get(ProductsRepository);
+      const prices = app.get(PriceListRepository);
+      const { body: product } = await http.post('/products').send({ name: 'fenced writes', stock: 10 }).expect(201);
+
+      // The token a holder paused past its lease would still carry: older than the next holder's.
+      const stale = await locks.acquire(`product:${product.id}`);
+      await stale.release();
+      const sold = await http.post(`/products/${product.id}/purchase`).send({ quantity: 1 }).expect(201);
+      expect(sold.body.fencingToken).toBeGreaterThan(stale.fencingToken!);
+      expect(await products.writeStockFenced(product.id, 5, 5, stale.fencingToken!)).toBeUndefined();
+      expect(await products.addStockFenced(product.id, 5, stale.fencingToken)).toBeUndefined();
+      expect(await products.find(product.id)).toEqual({ ...product, stock: 9, lastToken: sold.body.fencingToken });
+      expect(await products.orderCount(product.id)).toBe(1);
+
+      const staleRebuild = await locks.acquire('price-list');
+      await staleRebuild.release();
+      const newer = (await http.post('/prices/rebuild').expect(200)).body as PriceList;
+      expect(await prices.writePrice(product.id, 1, newer.version + 1, staleRebuild.fencingToken)).toBe(false);
+      expect(await prices.publish(newer.version + 1, staleRebuild.fencingToken)).toBe(false);
+      expect((await http.get('/prices').expect(200)).body).toEqual(newer);
     }, 30_000);
   });
 });
