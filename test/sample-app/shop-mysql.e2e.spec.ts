@@ -4,6 +4,7 @@ import { LockService, MysqlLockBackend } from 'nest-distributed-lock';
 import mysql from 'mysql2/promise';
 import { randomBytes } from 'node:crypto';
 import request from 'supertest';
+import { openMysqlDatabase } from '../../sample-app/mysql.database.js';
 import { PriceListRepository } from '../../sample-app/price-list.repository.js';
 import type { PriceList } from '../../sample-app/price-list.service.js';
 import { ProductsRepository } from '../../sample-app/products.repository.js';
@@ -65,6 +66,16 @@ describe('the shop as several processes with its data and its locks in MariaDB',
     // Every process released what it held when it stopped.
     expect(await count(admin, 'SELECT COUNT(*) AS n FROM distributed_locks_holders WHERE expires_at > UTC_TIMESTAMP(6)')).toBe(0);
   }, 180_000);
+
+  it('shops starting at once against an empty database migrate it once: the others wait for the first', async () => {
+    const { url, admin } = await shopDatabase();
+    const databases = await Promise.all(Array.from({ length: 6 }, () => openMysqlDatabase(url)));
+    await Promise.all(databases.map((db) => db.close()));
+    const [migrations] = await admin.query<mysql.RowDataPacket[]>('SELECT id FROM schema_migrations ORDER BY id');
+    expect(migrations.map((row) => row.id)).toEqual([1, 2, 3]);
+    expect(await count(admin, 'SELECT COUNT(*) AS n FROM products')).toBe(3);
+    expect(await count(admin, 'SELECT COUNT(*) AS n FROM price_list_versions')).toBe(1);
+  }, 60_000);
 
   it('a LOCK_BACKEND=mysql without a MySQL database stops the start and says what it needs', async () => {
     await expect(ShopProcess.start({ LOCK_BACKEND: 'mysql' })).rejects.toThrow(
