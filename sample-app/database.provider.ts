@@ -14,7 +14,7 @@ export interface QueryResult<Row> {
 /** What the shop needs from a database: parameterised queries, scripts, transactions. */
 export interface Queryable {
   query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<QueryResult<Row>>;
-  /** Several statements, no parameters (migrations). */
+  /** A script without parameters (migrations): several statements on PostgreSQL, one per call on MySQL. */
   exec(sql: string): Promise<void>;
 }
 
