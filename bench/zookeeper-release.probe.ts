@@ -12,7 +12,7 @@ import { percentile } from './harness.js';
  * session talks to (leader or follower), then the floor's two writes on each member, then the
  * warnings in the members' logs. The JVMs' pids are printed first, to attach strace or jcmd.
  *
- *   npm run bench -- --only memory   # compiles it to dist-dev (any group will do)
+ *   npx tsc -p tsconfig.json   # compiles it to dist-dev, as npm run bench does
  *   node dist-dev/bench/zookeeper-release.probe.js [pairs=2000] [tickTime=2000] [requests|shape]
  *
  * `shape` runs the bench's own pattern instead (a LockService on any member, pairs for 600 ms, then
