@@ -55,6 +55,7 @@ function timedClients(connection: string, log: Timed[], port: { value?: number }
       remove: (path) => time('remove', () => inner.remove(path))(),
       exists: (path, watcher) => time(watcher ? 'getData+watch' : 'exists', () => inner.exists(path, watcher))(),
       getChildren: (path) => time('getChildren', () => inner.getChildren(path))(),
+      getData: (path) => time('getData', () => inner.getData(path))(),
       reconnect: () => inner.reconnect(),
       close: () => inner.close(),
     };
