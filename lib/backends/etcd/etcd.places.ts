@@ -1,6 +1,6 @@
 import type { EtcdConnection, Operation } from './etcd.connection.js';
 import { EtcdLeaseKeeper } from './etcd.lease-keeper.js';
-import type { Standing } from './etcd.line.js';
+import type { LineRequest } from './etcd.line.js';
 import { PredecessorWatches } from './etcd.predecessor-watch.js';
 
 /** The lease an owner holds its keys on, or will once its turn comes. */
@@ -20,9 +20,15 @@ export interface HoldLease {
 export interface Place {
   readonly keys: readonly string[];
   readonly owner: string;
+  /** How many holders each key admits (TryAcquireOptions.limits). */
+  readonly limits: readonly number[];
+  /** How many of its keys (the first ones) have an entry: a waiter stands in no line after the first that keeps it out. */
+  placed: number;
+  /** The create revision of each entry placed (later keys' entries are newer than the first ones). */
+  created: number[];
   /** 'unknown': its last request went unanswered, so whether it applied is not known. */
   state: 'waiting' | 'held' | 'unknown';
-  /** The create revision of its entries: place in line, and fencing token. */
+  /** The create revision of its first entries: its fencing token. */
   revision?: number;
   /** The waiter lease its entries sit on while it waits. */
   waitLease?: string;
@@ -62,6 +68,11 @@ export class EtcdPlaces {
     return this.places.get(owner);
   }
 
+  /** A place that stands in line, as the line's transactions take it. */
+  static request(place: Place): LineRequest {
+    return place as LineRequest;
+  }
+
   waiterLease(what: Operation): Promise<string> {
     return this.keeper.waiterLease(what);
   }
@@ -70,20 +81,22 @@ export class EtcdPlaces {
     this.keeper.gone(lease);
   }
 
-  held(keys: readonly string[], owner: string, revision: number, hold: HoldLease): void {
-    this.places.set(owner, { keys, owner, state: 'held', revision, hold, clear: false });
+  held(keys: readonly string[], owner: string, limits: readonly number[], revision: number, hold: HoldLease): void {
+    const created = keys.map(() => revision);
+    this.places.set(owner, { keys, owner, limits, placed: keys.length, created, state: 'held', revision, hold, clear: false });
   }
 
-  waiting(keys: readonly string[], owner: string, revision: number, waitLease: string, hold: HoldLease): Place {
-    const place: Place = { keys, owner, state: 'waiting', revision, waitLease, hold, clear: false };
+  waiting(keys: readonly string[], owner: string, limits: readonly number[], revision: number, waitLease: string, hold: HoldLease): Place {
+    const created = keys.map(() => revision);
+    const place: Place = { keys, owner, limits, placed: keys.length, created, state: 'waiting', revision, waitLease, hold, clear: false };
     this.enterLine(place);
     this.places.set(owner, place);
     return place;
   }
 
   /** A first attempt went unanswered: its entries may be held on `hold`, waiting on `waitLease`, or absent. */
-  unknown(keys: readonly string[], owner: string, hold: HoldLease, waitLease: string): void {
-    const place: Place = { keys, owner, state: 'unknown', waitLease, hold, clear: false };
+  unknown(keys: readonly string[], owner: string, limits: readonly number[], hold: HoldLease, waitLease: string): void {
+    const place: Place = { keys, owner, limits, placed: keys.length, created: [], state: 'unknown', waitLease, hold, clear: false };
     this.enterLine(place);
     this.places.set(owner, place);
   }
@@ -97,6 +110,8 @@ export class EtcdPlaces {
   settledWaiting(place: Place, revision: number): void {
     place.state = 'waiting';
     place.revision = revision;
+    if (place.created.length !== place.keys.length) place.created = place.keys.map(() => revision);
+    place.placed = place.keys.length;
     place.clear = false;
   }
 
@@ -107,10 +122,10 @@ export class EtcdPlaces {
     place.revision = revision;
   }
 
-  /** Where a waiter stands now: it watches what is ahead of it from there. */
-  stand(place: Place, standing: Standing): void {
-    place.clear = standing.predecessors.size === 0;
-    place.watches?.arm(standing.predecessors, standing.readRevision);
+  /** Where a waiter stands now: it watches the entries ahead whose going may let it in, read at `readRevision`. */
+  stand(place: Place, waitFor: readonly Buffer[], readRevision: number): void {
+    place.clear = waitFor.length === 0;
+    place.watches?.arm(waitFor, readRevision);
   }
 
   /** A waiter's hold lease was found gone: a new one replaces it. */
