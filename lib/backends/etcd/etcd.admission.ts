@@ -1,8 +1,9 @@
+import type { IKeyValue } from 'etcd3';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult } from '../lock-backend.interface.js';
 import type { EtcdConnection, Operation } from './etcd.connection.js';
-import { isHeldValue } from './etcd.kinds.js';
+import { isHeldValue, isPendingValue } from './etcd.kinds.js';
 import type { EtcdLine, Standing } from './etcd.line.js';
 import { leaseSeconds } from './etcd.options.js';
 import { EtcdPlaces, type HoldLease, type Place } from './etcd.places.js';
@@ -67,8 +68,7 @@ export class EtcdAdmission {
     if (wait === undefined) return this.enterAtEnd(keys, owner, limits, hold, ttlMs, response, what, looks);
     const placed = this.line.placedRevision(response, keys);
     const place = this.places.waiting(keys, owner, limits, placed, wait, hold);
-    const standing = this.line.standingAfterFirst(response, keys, limits, placed);
-    return standing ? this.decide(place, standing, ttlMs, what, 0) : this.nextAttempt(place, ttlMs, what);
+    return this.decide(place, this.line.standingAfterFirst(response, keys, limits, placed), ttlMs, what, 0);
   }
 
   /**
@@ -79,13 +79,13 @@ export class EtcdAdmission {
   async nextAttempt(place: Place, ttlMs: number, what: Operation, steps = 0): Promise<AcquireResult> {
     const request = EtcdPlaces.request(place);
     const exclusive = this.line.exclusiveEverywhere(request);
-    if (place.clear && exclusive) return this.take(place, ttlMs, what, steps + 1);
+    if (place.clear && exclusive) return this.take(place, ttlMs, what, steps + 1, undefined);
     const check = await this.connection.txn(this.line.check(request), what);
-    if (exclusive && check.succeeded) return this.take(place, ttlMs, what, steps + 1);
+    if (exclusive && check.succeeded) return this.take(place, ttlMs, what, steps + 1, undefined);
     return this.decide(place, this.line.standing(check, request, place.hold.id), ttlMs, what, steps + 1);
   }
 
-  /** What a waiter does from where it stands: take the keys, put its later entries, or wait, watching what may let it in. */
+  /** What a waiter does from where it stands: take the keys, or wait, watching what may let it in. */
   private async decide(place: Place, standing: Standing, ttlMs: number, what: Operation, steps: number): Promise<AcquireResult> {
     if (this.places.get(place.owner) !== place) return { acquired: false };
     if (standing.won) {
@@ -94,51 +94,47 @@ export class EtcdAdmission {
       if (await this.renew(place, what)) return { acquired: true, fencingToken: place.revision, validityMs: ttlMs };
       return { acquired: false };
     }
-    if (standing.lost || place.waitLease === undefined) {
-      // Its place is gone (the waiter lease ran out): it takes a new one, at the back.
-      this.places.drop(place);
-      return this.firstAttempt(place.keys, place.owner, place.limits, ttlMs, true, what);
-    }
+    // Its place is gone (the waiter lease ran out, or a pending entry was passed and deleted): it
+    // takes a new one, at the back, once what is left of the old one is gone.
+    if (standing.lost || place.waitLease === undefined) return this.startOver(place, ttlMs, what);
     const lines = standing.lines;
     const mismatched = lines.findIndex((line) => 'mismatch' in line);
     if (mismatched >= 0) return this.refuse(place, mismatched, (lines[mismatched] as { mismatch: number }).mismatch, what);
     const blocked = lines.findIndex((line) => !line.in);
+    // Waiting up to the first line that keeps it out and pending after it; waiting everywhere to
+    // take the keys. (What is ahead does not depend on its own entries: the look stays good.)
+    const pendingFrom = blocked >= 0 ? blocked + 1 : place.keys.length;
+    if (pendingFrom !== place.pendingFrom && !(await this.repend(place, pendingFrom, what))) return this.startOver(place, ttlMs, what);
     if (blocked >= 0) {
-      if (blocked < place.placed - 1) await this.trim(place, blocked + 1, what);
       this.places.stand(place, (lines[blocked] as { waitFor: Buffer[] }).waitFor, standing.readRevision);
       return { acquired: false };
     }
     if (steps >= MAX_STEPS) return { acquired: false };
-    if (place.placed < place.keys.length) return this.placeRest(place, ttlMs, what, steps);
-    return this.take(place, ttlMs, what, steps + 1);
+    return this.take(
+      place,
+      ttlMs,
+      what,
+      steps + 1,
+      lines.flatMap((line) => (line.in ? line.pending : [])),
+    );
   }
 
-  /** In on every line it stands in, with keys left: their entries go in, or it starts over (see the class comment). */
-  private async placeRest(place: Place, ttlMs: number, what: Operation, steps: number): Promise<AcquireResult> {
-    let response;
-    try {
-      response = await this.connection.txn(this.line.extend(EtcdPlaces.request(place), place.waitLease!), what);
-    } catch (error) {
-      // Applied or not: its next attempt reads its entries back (settle), and starts over unless whole.
-      this.places.unanswered(place);
-      throw error;
-    }
-    if (!response.succeeded) {
-      await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
-      this.places.drop(place);
-      return this.firstAttempt(place.keys, place.owner, place.limits, ttlMs, true, what);
-    }
-    const revision = Number(response.header.revision);
-    for (let i = place.placed; i < place.keys.length; i++) place.created[i] = revision;
-    place.placed = place.keys.length;
-    return this.nextAttempt(place, ttlMs, what, steps);
+  /**
+   * Sets its entries pending from `to` on. False when they are not as it left them: a pending one
+   * was deleted by a caller that entered its key past it (whose token is greater than this one's,
+   * so this one may no longer enter there after it), or its place is gone.
+   */
+  private async repend(place: Place, to: number, what: Operation): Promise<boolean> {
+    const response = await this.connection.txn(this.line.repend(EtcdPlaces.request(place), to, place.waitLease!), what);
+    if (response.succeeded) place.pendingFrom = to;
+    return response.succeeded;
   }
 
-  /** Takes back its entries in the lines after the first that keeps it out. */
-  private async trim(place: Place, from: number, what: Operation): Promise<void> {
-    await this.connection.txn(this.line.trim(EtcdPlaces.request(place), from), what);
-    place.placed = from;
-    place.created.length = from;
+  /** It leaves every line and takes a new place, at the back, with a new token. */
+  private async startOver(place: Place, ttlMs: number, what: Operation): Promise<AcquireResult> {
+    await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
+    this.places.drop(place);
+    return this.firstAttempt(place.keys, place.owner, place.limits, ttlMs, true, what);
   }
 
   /** Its limit disagrees with the key's: it leaves every line, and is told. */
@@ -149,7 +145,14 @@ export class EtcdAdmission {
   }
 
   /** In on every line of its keys: its entries go onto its hold lease, marked held, while a keepalive restarts that lease. */
-  private async take(place: Place, ttlMs: number, what: Operation, steps: number, retried = false): Promise<AcquireResult> {
+  private async take(
+    place: Place,
+    ttlMs: number,
+    what: Operation,
+    steps: number,
+    pending: readonly IKeyValue[] | undefined,
+    retried = false,
+  ): Promise<AcquireResult> {
     const started = performance.now();
     if (place.hold.lost) this.places.replaceHold(place, await this.grant(place.hold.seconds, what));
     const hold = place.hold;
@@ -157,13 +160,13 @@ export class EtcdAdmission {
     let response, kept;
     try {
       [response, kept] = await Promise.all([
-        this.connection.txn(this.line.promote(request, hold.id), what),
+        this.connection.txn(this.line.promote(request, hold.id, pending), what),
         this.connection.keepAlive(hold.id, what).catch(() => false),
       ]);
     } catch (error) {
       if (this.connection.isLeaseGone(error) && !retried) {
         hold.lost = true;
-        return this.take(place, ttlMs, what, steps, true);
+        return this.take(place, ttlMs, what, steps, pending, true);
       }
       this.places.unanswered(place);
       throw error;
@@ -181,8 +184,9 @@ export class EtcdAdmission {
   }
 
   /**
-   * A caller that does not wait, for a shared lock or a semaphore: it enters at the end of every
-   * line if the rule lets it in there, in a transaction that holds only if nobody came in since.
+   * A caller that does not wait, and found its lines busy: it enters at the end of every line if
+   * the rule lets it in there (beside readers or permit holders, or past pending entries, which
+   * it deletes), in a transaction that holds only if nobody came in since.
    */
   private async enterAtEnd(
     keys: readonly string[],
@@ -194,16 +198,17 @@ export class EtcdAdmission {
     what: Operation,
     looks: number,
   ): Promise<AcquireResult> {
-    const lines = limits.some((limit) => limit !== 1) ? this.line.standingAtEnd(read, limits) : [];
+    const lines = this.line.standingAtEnd(read, limits);
     const mismatched = lines.findIndex((line) => 'mismatch' in line);
-    if (lines.length === 0 || mismatched >= 0 || lines.some((line) => !line.in)) {
+    if (mismatched >= 0 || lines.some((line) => !line.in)) {
       this.connection.revokeQuietly(hold.id, what);
       if (mismatched < 0) return { acquired: false };
       return { acquired: false, limitMismatch: { key: keys[mismatched], limit: (lines[mismatched] as { mismatch: number }).mismatch } };
     }
     let response;
     try {
-      response = await this.connection.txn(this.line.enterAtEnd(keys, owner, limits, hold.id, Number(read.header.revision)), what);
+      const pending = lines.flatMap((line) => (line.in ? line.pending : []));
+      response = await this.connection.txn(this.line.enterAtEnd(keys, owner, limits, hold.id, Number(read.header.revision), pending), what);
     } catch (error) {
       this.connection.revokeQuietly(hold.id, what);
       throw error;
@@ -229,19 +234,16 @@ export class EtcdAdmission {
   async settle(place: Place, what: Operation): Promise<Place | undefined> {
     const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(place.keys, place.owner), what));
     const [first] = entries;
-    // A waiter that stood in every line knows its entries' revisions; a first attempt's share one.
-    const known = place.revision !== undefined && place.created.length === place.keys.length;
-    const revision = known ? place.revision! : Number(first?.create_revision);
     const whole =
-      first !== undefined &&
-      entries.every((kv, i) => kv && Number(kv.create_revision) === (known ? place.created[i] : revision) && kv.lease === first.lease);
+      first !== undefined && entries.every((kv) => kv && kv.create_revision === first.create_revision && kv.lease === first.lease);
+    const revision = Number(first?.create_revision);
     if (whole && first.lease === place.hold.id && isHeldValue(first.value)) {
-      this.places.settledWaiting(place, revision);
       this.places.promoted(place, revision);
       return place;
     }
     if (whole && first.lease === place.waitLease) {
-      this.places.settledWaiting(place, revision);
+      const pendingFrom = entries.findIndex((kv) => isPendingValue(kv!.value));
+      this.places.settledWaiting(place, revision, pendingFrom < 0 ? place.keys.length : pendingFrom);
       return place;
     }
     // Its request may still land while its hold lease exists: it starts over once that lease is
@@ -265,7 +267,7 @@ export class EtcdAdmission {
     ]);
     const intact = this.line
       .ownEntriesOf(response)
-      .every((kv, i) => kv && isHeldValue(kv.value) && kv.lease === place.hold.id && Number(kv.create_revision) === place.created[i]);
+      .every((kv) => kv && isHeldValue(kv.value) && kv.lease === place.hold.id && Number(kv.create_revision) === place.revision);
     if (kept && intact) return true;
     this.places.drop(place);
     if (kept) this.connection.revokeQuietly(place.hold.id, what);

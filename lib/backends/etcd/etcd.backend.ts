@@ -13,7 +13,7 @@ import { EtcdAccess } from './etcd.access.js';
 import { EtcdAdmission } from './etcd.admission.js';
 import { EtcdConnection, type Operation } from './etcd.connection.js';
 import { inspectEtcd } from './etcd.inspection.js';
-import { isHeldValue } from './etcd.kinds.js';
+import { entryValue, isHeldValue } from './etcd.kinds.js';
 import { EtcdKeys } from './etcd.keys.js';
 import { EtcdLine } from './etcd.line.js';
 import { listEtcd } from './etcd.listing.js';
@@ -116,7 +116,7 @@ export class EtcdLockBackend implements LockBackend {
     });
     place.movingTo = to;
     // Unanswered, it may have been applied: the next extend or the release finds out (movingTo stays).
-    const values = place.keys.map((_, i) => this.line.valueOf(EtcdPlaces.request(place), i, true));
+    const values = place.limits.map((limit) => entryValue('held', limit));
     const move = this.line.moveLease(place.keys, owner, values, from.id, to.id);
     const moved = this.line.moved(await this.connection.txn(move, what), to.id);
     place.movingTo = undefined;

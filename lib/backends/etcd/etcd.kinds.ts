@@ -7,52 +7,47 @@ import { SHARED } from '../lock-backend.interface.js';
  * `held` / `waiting` for an exclusive lock (the values exclusive locks always had, so processes of
  * an earlier version on the same etcd read them as before; they read nothing else of another
  * owner's entry, only its create revision), `held shared`, `waiting permits3` and so on for the
- * others. An entry a caller of several keys put in a later line than its first (see
- * etcd.admission.ts) carries its token, `@<revision>`, which is then not its own create revision.
+ * others. A caller of several keys keeps its entries after the first line that keeps it out
+ * `pending` (see etcd.admission.ts): they keep its place and token, and keep nobody out.
  */
 
+export type EntryState = 'held' | 'waiting' | 'pending';
+
 export interface EntryValue {
-  held: boolean;
+  state: EntryState;
   /** How many holders it admits (TryAcquireOptions.limits): 1, n, or SHARED. */
   limit: number;
-  /** Its fencing token, when it is not the entry's create revision. */
-  token?: number;
 }
 
-export function entryValue(held: boolean, limit: number, token?: number): Buffer {
-  const kind = limit === 1 ? '' : limit === SHARED ? ' shared' : ` permits${limit}`;
-  return Buffer.from(`${held ? 'held' : 'waiting'}${kind}${token === undefined ? '' : ` @${token}`}`);
+export function entryValue(state: EntryState, limit: number): Buffer {
+  return Buffer.from(`${state}${limit === 1 ? '' : limit === SHARED ? ' shared' : ` permits${limit}`}`);
 }
 
 /** What an entry's value says; a kind this version does not know (a later one's) is taken as a writer: it keeps everyone out. */
 export function parseValue(value: Buffer): EntryValue {
-  const [state, ...rest] = value.toString().split(' ');
-  let limit = 1;
-  let token: number | undefined;
-  for (const part of rest) {
-    if (part === 'shared') limit = SHARED;
-    else if (/^permits\d+$/.test(part)) limit = Math.max(1, Number(part.slice(7)));
-    else if (/^@\d+$/.test(part)) token = Number(part.slice(1));
-  }
-  return { held: state === 'held', limit, token };
+  const [word, kind] = value.toString().split(' ');
+  const state: EntryState = word === 'held' || word === 'pending' ? word : 'waiting';
+  const permits = /^permits(\d+)$/.exec(kind ?? '');
+  const limit = kind === 'shared' ? SHARED : permits ? Math.max(1, Number(permits[1])) : 1;
+  return { state, limit };
 }
 
 export function isHeldValue(value: Buffer): boolean {
-  return parseValue(value).held;
+  return parseValue(value).state === 'held';
 }
 
-/** The fencing token of an entry: the one its value carries, else its create revision. */
-export function tokenOf(kv: IKeyValue): number {
-  return parseValue(kv.value).token ?? Number(kv.create_revision);
+export function isPendingValue(value: Buffer): boolean {
+  return parseValue(value).state === 'pending';
 }
 
 /**
  * Where a caller stands in one line, from the entries ahead of it (first first):
- * - in: it may hold the key as far as this line goes;
+ * - in: it may hold the key as far as this line goes, once the pending entries ahead are gone:
+ *   it deletes them as it enters (their callers then start over, at the back);
  * - mismatch: the earliest reader or permit caller ahead admits another number of holders;
  * - waitFor: the entries whose deletion may let it in, and no others (herd-free).
  */
-export type KeyStanding = { in: true } | { in: false; mismatch: number } | { in: false; waitFor: Buffer[] };
+export type KeyStanding = { in: true; pending: IKeyValue[] } | { in: false; mismatch: number } | { in: false; waitFor: Buffer[] };
 
 /**
  * The rule of who enters, the same as every backend's (docs/shared-locks.md), read off the line:
@@ -67,16 +62,17 @@ export type KeyStanding = { in: true } | { in: false; mismatch: number } | { in:
  * nearest: it enters only once one of them went (fewer than n left ahead of it means one of the
  * nearest n went), so no deletion it needs goes unseen, and a freed permit wakes at most n.
  *
- * `ahead` of an exclusive caller may hold only the nearest entry (all its rule needs).
+ * Pending entries count for nobody (see etcd.admission.ts).
  */
-export function keyStanding(ahead: readonly IKeyValue[], limit: number): KeyStanding {
+export function keyStanding(all: readonly IKeyValue[], limit: number): KeyStanding {
+  const ahead = all.filter((kv) => !isPendingValue(kv.value));
   const limits = effectiveLimits(ahead);
   if (limit > 1) {
     const theirs = limits.find((l) => l > 1);
     if (theirs !== undefined && theirs !== limit) return { in: false, mismatch: theirs };
   }
   const position = ahead.length;
-  if (position < Math.min(limit, ...limits)) return { in: true };
+  if (position < Math.min(limit, ...limits)) return { in: true, pending: all.filter((kv) => isPendingValue(kv.value)) };
   if (limit === 1) return { in: false, waitFor: [ahead[position - 1].key] };
   const writer = limits.lastIndexOf(1);
   if (writer >= 0) return { in: false, waitFor: [ahead[writer].key] };

@@ -8,44 +8,38 @@ export interface LineRequest {
   readonly owner: string;
   /** How many holders each key admits (TryAcquireOptions.limits). */
   readonly limits: readonly number[];
-  /** Its fencing token: the create revision of its first entries. */
+  /** The create revision of its entries: place in every line, and fencing token. */
   readonly revision: number;
-  /** How many of its keys (the first ones, in order) have an entry. */
-  readonly placed: number;
-  /** The create revision of each entry placed. */
-  readonly created: readonly number[];
+  /** Its entries from this index on are pending (keys.length: none is). */
+  readonly pendingFrom: number;
 }
 
-/** Where a waiter stands: in each line where it has an entry, from one read of them all. */
+/** Where a waiter stands: in each line, from one read of them all. */
 export interface Standing {
   /** An entry of its own is gone (its lease ran out, or it was deleted): it has no place any more. */
   lost: boolean;
   /** Its entries are held on its own lease already: it has the keys. */
   won?: boolean;
-  /** Per line where it has an entry, in order (absent when not read, or lost). */
+  /** Per line, in order (empty when lost). */
   lines: KeyStanding[];
   /** The revision the lines were read at: watches start after it. */
   readRevision: number;
 }
 
 /**
- * The transactions of the etcd lock recipe. An acquisition puts one entry per key in one
+ * The transactions of the etcd lock recipe. An acquisition puts one entry per key, all in one
  * transaction, so they share one create revision: it orders the lines and is the fencing token.
  * Who is in follows from the entries ahead (etcd.kinds.ts); an exclusive caller is in when first.
- * A caller of several keys keeps entries only up to the first line that keeps it out (see
- * etcd.admission.ts), and puts its later ones, with its token in their value, once it is in on
- * the earlier ones, only while those later lines hold nothing newer than its token: every line
- * stays ordered by token, so whoever enters after a holder has a greater one.
+ * Two requests on overlapping keys are ordered the same way in every line they share.
  */
 export class EtcdLine {
   constructor(private readonly keys: EtcdKeys) {}
 
   /**
    * The first attempt: when every line is empty, the entries go on the holder's lease as held.
-   * Otherwise, for a caller that waits, they go on the waiter lease as waiting, and what is ahead
-   * of them in each line is read (for an exclusive lock, the line's two newest entries: its own
-   * and the one just ahead). A caller that does not wait reads the lines of a shared lock or a
-   * semaphore (it may enter beside their holders) and puts nothing.
+   * Otherwise, for a caller that waits, they go on the waiter lease as waiting, and every line is
+   * read. A caller that does not wait reads the lines and puts nothing (it may still enter: beside
+   * readers or permit holders, or ahead of pending entries).
    *
    * Either way a waiting caller's transaction puts a key on the holder's lease (the entries, or the
    * anchor), and etcd refuses a transaction that names a lease it no longer has: once that lease
@@ -54,22 +48,20 @@ export class EtcdLine {
    * the holder's entry into a waiter's, on a lease the holder does not keep), or after it gave up.
    */
   firstAttempt(keys: readonly string[], owner: string, limits: readonly number[], holdLease: string, waitLease?: string): ITxnRequest {
-    const reads = keys.map((key, i) => this.lineRead(key, limits[i], undefined));
-    let failure: IRequestOp[] = [];
-    if (waitLease !== undefined) {
-      failure = [
-        ...keys.map((key, i): IRequestOp => ({
-          request_put: { key: this.keys.entry(key, owner), value: entryValue(false, limits[i]), lease: waitLease, prev_kv: true },
-        })),
-        ...reads,
-        { request_put: { key: this.keys.anchor(owner), value: entryValue(false, 1), lease: holdLease } },
-      ];
-    } else if (limits.some((limit) => limit !== 1)) {
-      failure = keys.map((key) => this.lineRead(key, 0, undefined));
-    }
+    const reads = keys.map((key) => this.lineRead(key));
+    const failure: IRequestOp[] =
+      waitLease === undefined
+        ? reads
+        : [
+            ...keys.map((key, i): IRequestOp => ({
+              request_put: { key: this.keys.entry(key, owner), value: entryValue('waiting', limits[i]), lease: waitLease, prev_kv: true },
+            })),
+            ...reads,
+            { request_put: { key: this.keys.anchor(owner), value: entryValue('waiting', 1), lease: holdLease } },
+          ];
     return {
       compare: keys.map((key) => ({ ...this.keys.line(key), target: 'Create', result: 'Equal', create_revision: 0 })),
-      success: keys.map((key, i) => this.put(key, owner, entryValue(true, limits[i]), holdLease)),
+      success: keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
       failure,
     };
   }
@@ -83,19 +75,11 @@ export class EtcdLine {
     return Number(previous ? previous.create_revision : response.header.revision);
   }
 
-  /**
-   * Where a waiter placed by `firstAttempt` stands, from that transaction's answer; undefined when
-   * the two entries read of an exclusive line do not tell (it had an entry before this attempt,
-   * and newer ones crowd them): the next attempt reads again.
-   */
-  standingAfterFirst(response: ITxnResponse, keys: readonly string[], limits: readonly number[], revision: number): Standing | undefined {
-    const lines: KeyStanding[] = [];
-    for (let i = 0; i < keys.length; i++) {
-      const kvs = response.responses[keys.length + i].response_range.kvs;
-      const ahead = this.aheadOf(kvs, limits[i], revision);
-      if (limits[i] === 1 && ahead.length === 0 && kvs.some((kv) => Number(kv.create_revision) > revision)) return undefined;
-      lines.push(keyStanding(ahead, limits[i]));
-    }
+  /** Where a waiter placed by `firstAttempt` stands, from that transaction's answer. */
+  standingAfterFirst(response: ITxnResponse, keys: readonly string[], limits: readonly number[], revision: number): Standing {
+    const lines = limits.map((limit, i) =>
+      keyStanding(this.aheadOf(response.responses[keys.length + i].response_range.kvs, revision), limit),
+    );
     return { lost: false, lines, readRevision: Number(response.header.revision) };
   }
 
@@ -106,14 +90,24 @@ export class EtcdLine {
 
   /**
    * Puts a caller that does not wait in every line as a holder, if nothing came into them since
-   * they were read at `readRevision` (entries that left meanwhile only make room). Otherwise
-   * reads its own entries: a copy of this request applied before (a client that retried it) may
-   * have put them.
+   * they were read at `readRevision` (entries that left meanwhile only make room), deleting the
+   * pending entries ahead if they are still pending. Otherwise reads its own entries: a copy of
+   * this request applied before (a client that retried it) may have put them.
    */
-  enterAtEnd(keys: readonly string[], owner: string, limits: readonly number[], holdLease: string, readRevision: number): ITxnRequest {
+  enterAtEnd(
+    keys: readonly string[],
+    owner: string,
+    limits: readonly number[],
+    holdLease: string,
+    readRevision: number,
+    pending: readonly IKeyValue[],
+  ): ITxnRequest {
     return {
-      compare: keys.map((key) => ({ ...this.keys.line(key), target: 'Create', result: 'Less', create_revision: readRevision + 1 })),
-      success: keys.map((key, i) => this.put(key, owner, entryValue(true, limits[i]), holdLease)),
+      compare: [
+        ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Less', create_revision: readRevision + 1 })),
+        ...this.stillPending(pending),
+      ],
+      success: [...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)), ...this.deletes(pending)],
       failure: this.ownEntries(keys, owner).success,
     };
   }
@@ -131,24 +125,28 @@ export class EtcdLine {
 
   /** Whether `check` can tell "first in every line" by its compare (an exclusive entry in every line). */
   exclusiveEverywhere(request: LineRequest): boolean {
-    return request.placed === request.keys.length && request.limits.every((limit) => limit === 1);
+    return request.pendingFrom === request.keys.length && request.limits.every((limit) => limit === 1);
   }
 
   /**
    * A waiter that is in on every line of its keys takes them: its entries, still there, still
-   * waiting, go onto `holdLease`, marked held. (An exclusive one is checked first in its lines
-   * again; other kinds need no check: who is in only grows.) "Still waiting" keeps an attempt
-   * whose answer was lost from landing after its owner took the keys and moved them to another
-   * lease: it would put them back on the lease that move revokes.
+   * waiting, go onto `holdLease`, marked held, and the pending entries ahead of it (`pending`,
+   * read by its last look) are deleted if still pending. Without a look (`pending` undefined: its
+   * watches said every exclusive line is clear), it is checked first in its lines; after one,
+   * nothing more is needed: who is in only grows, as nobody can come in ahead. "Still waiting"
+   * keeps an attempt whose answer was lost from landing after its owner took the keys and moved
+   * them to another lease: it would put them back on the lease that move revokes.
    */
-  promote(request: LineRequest, holdLease: string): ITxnRequest {
-    const { keys, owner } = request;
+  promote(request: LineRequest, holdLease: string, pending: readonly IKeyValue[] | undefined): ITxnRequest {
+    const { keys, owner, limits } = request;
     return {
-      compare: this.firstInEveryLine(request),
+      compare:
+        pending === undefined ? this.firstInEveryLine(request) : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending)],
       // Its anchor has served: the first attempt it guarded landed long ago.
       success: [
-        ...keys.map((key, i) => this.put(key, owner, this.valueOf(request, i, true), holdLease)),
+        ...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
         { request_delete_range: { key: this.keys.anchor(owner) } },
+        ...this.deletes(pending ?? []),
       ],
       failure: this.standingReads(request),
     };
@@ -159,51 +157,27 @@ export class EtcdLine {
    * `holdLease`: an earlier attempt of its own, whose answer was lost, took the keys.
    */
   standing(response: ITxnResponse, request: LineRequest, holdLease: string): Standing {
-    const { placed, created, limits } = request;
-    const own = response.responses.slice(0, placed).map((r) => r.response_range.kvs[0]);
-    const lost = own.some((kv, i) => kv === undefined || Number(kv.create_revision) !== created[i]);
-    const won = placed === request.keys.length && own.every((kv) => kv && isHeldValue(kv.value) && kv.lease === holdLease);
+    const { keys, limits, revision } = request;
+    const own = response.responses.slice(0, keys.length).map((r) => r.response_range.kvs[0]);
+    const lost = own.some((kv) => kv === undefined || Number(kv.create_revision) !== revision);
+    const won = own.every((kv) => kv && isHeldValue(kv.value) && kv.lease === holdLease);
     const lines = lost
       ? []
-      : own.map((_, i) => keyStanding(this.aheadOf(response.responses[placed + i].response_range.kvs, limits[i], created[i]), limits[i]));
+      : limits.map((limit, i) => keyStanding(this.aheadOf(response.responses[keys.length + i].response_range.kvs, revision), limit));
     return { lost, won, lines, readRevision: Number(response.header.revision) };
   }
 
   /**
-   * A caller in on every line it stands in puts its entries in the lines of its remaining keys,
-   * waiting, with its token: only while its own are still there, still waiting, and those lines
-   * hold no entry newer than its token (see the class comment).
+   * Sets the waiter's entries pending from `to` on, and waiting before it (they keep their place
+   * and token either way; pending ones keep nobody out): only while they are as it left them.
    */
-  extend(request: LineRequest, waitLease: string): ITxnRequest {
-    const { keys, owner, limits, placed, revision } = request;
-    const rest = keys.slice(placed);
+  repend(request: LineRequest, to: number, waitLease: string): ITxnRequest {
+    const { keys, owner, limits, pendingFrom } = request;
+    const changed = keys.flatMap((key, i) => (i < pendingFrom === i < to ? [] : [i]));
     return {
-      compare: [
-        ...this.ownStillWaiting(request),
-        ...rest.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Less', create_revision: revision })),
-      ],
-      success: rest.map((key, i) => this.put(key, owner, entryValue(false, limits[placed + i], revision), waitLease)),
+      compare: this.ownEntriesAsPlaced(request),
+      success: changed.map((i) => this.put(keys[i], owner, entryValue(i < to ? 'waiting' : 'pending', limits[i]), waitLease)),
     };
-  }
-
-  /** Deletes the waiter's entries in the lines of `keys[from..]`, where it may stand no longer (see etcd.admission.ts). */
-  trim(request: LineRequest, from: number): ITxnRequest {
-    const { keys, owner, created } = request;
-    const trimmed = keys.slice(from, request.placed);
-    return {
-      compare: trimmed.map((key, i) => ({
-        key: this.keys.entry(key, owner),
-        target: 'Create',
-        result: 'Equal',
-        create_revision: created[from + i],
-      })),
-      success: trimmed.map((key) => ({ request_delete_range: { key: this.keys.entry(key, owner) } })),
-    };
-  }
-
-  /** The value of the request's entry of `keys[i]`: its kind, and its token where that is not the entry's create revision. */
-  valueOf(request: LineRequest, i: number, held: boolean): Buffer {
-    return entryValue(held, request.limits[i], request.created[i] === request.revision ? undefined : request.revision);
   }
 
   /** Reads the owner's entries (one per key, in order; undefined where there is none). */
@@ -223,12 +197,13 @@ export class EtcdLine {
   /**
    * Deletes the owner's entry of `key` only while it is a waiter's: a deletion sent again for a
    * waiter whose release failed (see FailedReleases) may land after its owner asked again and took
-   * the key, and must leave that lock alone. ("waiting…" sorts after "w", "held…" before it.)
+   * the key, and must leave that lock alone. ("waiting…" and "pending…" sort after "held~",
+   * "held…" before it.)
    */
   deleteWaiting(key: string, owner: string): ITxnRequest {
     const entry = this.keys.entry(key, owner);
     return {
-      compare: [{ key: entry, target: 'Value', result: 'Greater', value: Buffer.from('w') }],
+      compare: [{ key: entry, target: 'Value', result: 'Greater', value: Buffer.from('held~') }],
       success: [{ request_delete_range: { key: entry } }],
     };
   }
@@ -257,69 +232,67 @@ export class EtcdLine {
 
   /** Every entry of a key's line, first first, with its value. */
   wholeLine(key: string): ITxnRequest {
-    return { success: [this.lineRead(key, 0, undefined)] };
+    return { success: [this.lineRead(key)] };
   }
 
   private put(key: string, owner: string, value: Buffer, lease: string): IRequestOp {
     return { request_put: { key: this.keys.entry(key, owner), value, lease } };
   }
 
-  /** Its entries still exist with their revisions (the waiter lease did not run out), marked waiting. */
-  private ownStillWaiting(request: LineRequest): ICompare[] {
-    const { keys, owner, placed, created } = request;
-    return keys.slice(0, placed).flatMap((key, i): ICompare[] => [
-      { key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: created[i] },
-      { key: this.keys.entry(key, owner), target: 'Value', result: 'Equal', value: this.valueOf(request, i, false) },
+  /** Its entries still exist with its revision (the waiter lease did not run out), as it left them (waiting, or pending). */
+  private ownEntriesAsPlaced(request: LineRequest): ICompare[] {
+    const { keys, owner, limits, revision, pendingFrom } = request;
+    return keys.flatMap((key, i): ICompare[] => [
+      { key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: revision },
+      {
+        key: this.keys.entry(key, owner),
+        target: 'Value',
+        result: 'Equal',
+        value: entryValue(i < pendingFrom ? 'waiting' : 'pending', limits[i]),
+      },
     ]);
   }
 
-  /** Its own entries as `ownStillWaiting`, and no entry of an exclusive line older. */
+  /** Its own entries as `ownEntriesAsPlaced`, and no entry of any of its lines older. */
   private firstInEveryLine(request: LineRequest): ICompare[] {
     return [
-      ...this.ownStillWaiting(request),
-      ...request.keys
-        .slice(0, request.placed)
-        .flatMap((key, i): ICompare[] =>
-          request.limits[i] === 1
-            ? [{ ...this.keys.line(key), target: 'Create', result: 'Greater', create_revision: request.created[i] - 1 }]
-            : [],
-        ),
+      ...this.ownEntriesAsPlaced(request),
+      ...request.keys.map((key): ICompare => ({
+        ...this.keys.line(key),
+        target: 'Create',
+        result: 'Greater',
+        create_revision: request.revision - 1,
+      })),
     ];
   }
 
-  /** Its own entries, and in each line what is ahead of it. */
+  /** Other callers' pending entries, as read. */
+  private stillPending(pending: readonly IKeyValue[]): ICompare[] {
+    return pending.flatMap((kv): ICompare[] => [
+      { key: kv.key, target: 'Create', result: 'Equal', create_revision: kv.create_revision },
+      { key: kv.key, target: 'Value', result: 'Equal', value: kv.value },
+    ]);
+  }
+
+  private deletes(entries: readonly IKeyValue[]): IRequestOp[] {
+    return entries.map((kv) => ({ request_delete_range: { key: kv.key } }));
+  }
+
+  /** Its own entries, and every line. */
   private standingReads(request: LineRequest): IRequestOp[] {
-    const placed = request.keys.slice(0, request.placed);
     return [
-      ...placed.map((key): IRequestOp => ({ request_range: { key: this.keys.entry(key, request.owner) } })),
-      ...placed.map((key, i) => this.lineRead(key, request.limits[i], request.created[i])),
+      ...request.keys.map((key): IRequestOp => ({ request_range: { key: this.keys.entry(key, request.owner) } })),
+      ...request.keys.map((key) => this.lineRead(key)),
     ];
   }
 
-  /**
-   * The entries of a line older than `revision` (all of them without it) that the rule for `limit`
-   * needs: for an exclusive caller the newest (two, without a revision: its own may be among
-   * them), for the others all of them, first first, with their values.
-   */
-  private lineRead(key: string, limit: number, revision: number | undefined): IRequestOp {
-    const below = revision === undefined ? {} : { max_create_revision: revision - 1 };
-    if (limit === 1)
-      return {
-        request_range: {
-          ...this.keys.line(key),
-          ...below,
-          sort_target: 'Create',
-          sort_order: 'Descend',
-          limit: revision === undefined ? 2 : 1,
-          keys_only: true,
-        },
-      };
-    return { request_range: { ...this.keys.line(key), ...below, sort_target: 'Create', sort_order: 'Ascend' } };
+  /** Every entry of a line, first first, with its value. */
+  private lineRead(key: string): IRequestOp {
+    return { request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Ascend' } };
   }
 
-  /** The entries of a line read by lineRead() that are ahead of `revision`, first first. */
-  private aheadOf(kvs: readonly IKeyValue[], limit: number, revision: number): IKeyValue[] {
-    const ahead = kvs.filter((kv) => Number(kv.create_revision) < revision);
-    return limit === 1 ? ahead.slice(0, 1) : ahead;
+  /** The entries of a line ahead of `revision`, first first. */
+  private aheadOf(kvs: readonly IKeyValue[], revision: number): IKeyValue[] {
+    return kvs.filter((kv) => Number(kv.create_revision) < revision);
   }
 }

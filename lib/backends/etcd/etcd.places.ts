@@ -22,13 +22,11 @@ export interface Place {
   readonly owner: string;
   /** How many holders each key admits (TryAcquireOptions.limits). */
   readonly limits: readonly number[];
-  /** How many of its keys (the first ones) have an entry: a waiter stands in no line after the first that keeps it out. */
-  placed: number;
-  /** The create revision of each entry placed (later keys' entries are newer than the first ones). */
-  created: number[];
+  /** Its entries from this index on are pending: it keeps nobody out in the lines after the first that keeps it out. */
+  pendingFrom: number;
   /** 'unknown': its last request went unanswered, so whether it applied is not known. */
   state: 'waiting' | 'held' | 'unknown';
-  /** The create revision of its first entries: its fencing token. */
+  /** The create revision of its entries: place in line, and fencing token. */
   revision?: number;
   /** The waiter lease its entries sit on while it waits. */
   waitLease?: string;
@@ -82,13 +80,11 @@ export class EtcdPlaces {
   }
 
   held(keys: readonly string[], owner: string, limits: readonly number[], revision: number, hold: HoldLease): void {
-    const created = keys.map(() => revision);
-    this.places.set(owner, { keys, owner, limits, placed: keys.length, created, state: 'held', revision, hold, clear: false });
+    this.places.set(owner, { keys, owner, limits, pendingFrom: keys.length, state: 'held', revision, hold, clear: false });
   }
 
   waiting(keys: readonly string[], owner: string, limits: readonly number[], revision: number, waitLease: string, hold: HoldLease): Place {
-    const created = keys.map(() => revision);
-    const place: Place = { keys, owner, limits, placed: keys.length, created, state: 'waiting', revision, waitLease, hold, clear: false };
+    const place: Place = { keys, owner, limits, pendingFrom: keys.length, state: 'waiting', revision, waitLease, hold, clear: false };
     this.enterLine(place);
     this.places.set(owner, place);
     return place;
@@ -96,7 +92,7 @@ export class EtcdPlaces {
 
   /** A first attempt went unanswered: its entries may be held on `hold`, waiting on `waitLease`, or absent. */
   unknown(keys: readonly string[], owner: string, limits: readonly number[], hold: HoldLease, waitLease: string): void {
-    const place: Place = { keys, owner, limits, placed: keys.length, created: [], state: 'unknown', waitLease, hold, clear: false };
+    const place: Place = { keys, owner, limits, pendingFrom: keys.length, state: 'unknown', waitLease, hold, clear: false };
     this.enterLine(place);
     this.places.set(owner, place);
   }
@@ -106,12 +102,11 @@ export class EtcdPlaces {
     place.state = 'unknown';
   }
 
-  /** What an unanswered first attempt did, once read back: it waits, at `revision`. */
-  settledWaiting(place: Place, revision: number): void {
+  /** What an unanswered request did, once read back: it waits, at `revision`, its entries pending from `pendingFrom` on. */
+  settledWaiting(place: Place, revision: number, pendingFrom: number): void {
     place.state = 'waiting';
     place.revision = revision;
-    if (place.created.length !== place.keys.length) place.created = place.keys.map(() => revision);
-    place.placed = place.keys.length;
+    place.pendingFrom = pendingFrom;
     place.clear = false;
   }
 

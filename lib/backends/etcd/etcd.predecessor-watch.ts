@@ -1,5 +1,6 @@
-import type { Watcher } from 'etcd3';
+import type { IKeyValue, Watcher } from 'etcd3';
 import type { EtcdConnection } from './etcd.connection.js';
+import { isPendingValue } from './etcd.kinds.js';
 
 interface Watch {
   entry: Buffer;
@@ -14,7 +15,8 @@ interface Watch {
 /**
  * One waiter's watches: on the deletion of each entry whose going may let it in (etcd.kinds.ts
  * says which: for an exclusive lock, the entry just ahead of it). A release or an expiry deletes
- * an entry, so only the waiters that watch it hear of it (no herd).
+ * an entry, so only the waiters that watch it hear of it (no herd); an entry set pending keeps
+ * nobody out any more, which counts as its deletion.
  *
  * A watch starts at the current revision, not at the one the waiter read its line at: etcd serves
  * a watch that starts in the past from its history, in a loop that runs every 100 ms, which would
@@ -57,9 +59,13 @@ export class PredecessorWatches {
   }
 
   private add(id: string, entry: Buffer, readRevision: number): void {
-    const watcher = this.connection.watchDeletes(entry);
+    const watcher = this.connection.watchChanges(entry);
     const watch: Watch = { entry, watcher, started: false, disconnected: false, dead: false };
     watcher.on('delete', () => this.deleted(id, watch));
+    // Set pending, it keeps nobody out any more: as good as deleted (etcd.kinds.ts).
+    watcher.on('put', (kv: IKeyValue) => {
+      if (isPendingValue(kv.value)) this.deleted(id, watch);
+    });
     // etcd cancelled the watch: its start revision was compacted, or the watch was refused.
     watcher.on('error', () => {
       if (watch.dead) return;
