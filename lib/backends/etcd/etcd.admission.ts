@@ -4,13 +4,15 @@ import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult } from '../lock-backend.interface.js';
 import type { EtcdConnection, Operation } from './etcd.connection.js';
 import { isHeldValue, isPendingValue } from './etcd.kinds.js';
-import type { EtcdLine, Standing } from './etcd.line.js';
+import type { EtcdLine } from './etcd.line.js';
+import { enterAtEnd } from './etcd.no-wait.js';
 import { leaseSeconds } from './etcd.options.js';
 import { EtcdPlaces, type HoldLease, type Place } from './etcd.places.js';
+import { standing, standingAfterFirst, type Standing } from './etcd.standing.js';
 
 /** Steps one attempt may take in a row (look, trim, put later entries, take): past it, the caller asks again later. */
 const MAX_STEPS = 8;
-/** Looks a caller that does not wait takes at a line of readers or permit holders others keep joining. */
+/** Looks a caller that does not wait takes at lines others keep joining (see enterAtEnd). */
 const MAX_LOOKS = 3;
 
 /**
@@ -65,10 +67,16 @@ export class EtcdAdmission {
       this.places.held(keys, owner, limits, revision, hold);
       return { acquired: true, fencingToken: revision, validityMs: ttlMs };
     }
-    if (wait === undefined) return this.enterAtEnd(keys, owner, limits, hold, ttlMs, response, what, looks);
+    if (wait === undefined) {
+      const entered = await enterAtEnd(this.connection, this.line, { keys, owner, limits, hold, ttlMs, read: response, what });
+      if (entered === 'again')
+        return looks < MAX_LOOKS ? this.firstAttempt(keys, owner, limits, ttlMs, false, what, looks + 1) : { acquired: false };
+      if (entered.acquired) this.places.held(keys, owner, limits, entered.fencingToken!, hold);
+      return entered;
+    }
     const placed = this.line.placedRevision(response, keys);
     const place = this.places.waiting(keys, owner, limits, placed, wait, hold);
-    return this.decide(place, this.line.standingAfterFirst(response, keys, limits, placed), ttlMs, what, 0);
+    return this.decide(place, standingAfterFirst(response, keys, limits, placed), ttlMs, what, 0);
   }
 
   /**
@@ -82,7 +90,7 @@ export class EtcdAdmission {
     if (place.clear && exclusive) return this.take(place, ttlMs, what, steps + 1, undefined);
     const check = await this.connection.txn(this.line.check(request), what);
     if (exclusive && check.succeeded) return this.take(place, ttlMs, what, steps + 1, undefined);
-    return this.decide(place, this.line.standing(check, request, place.hold.id), ttlMs, what, steps + 1);
+    return this.decide(place, standing(check, request, place.hold.id), ttlMs, what, steps + 1);
   }
 
   /** What a waiter does from where it stands: take the keys, or wait, watching what may let it in. */
@@ -171,7 +179,7 @@ export class EtcdAdmission {
       this.places.unanswered(place);
       throw error;
     }
-    if (!response.succeeded) return this.decide(place, this.line.standing(response, request, hold.id), ttlMs, what, steps);
+    if (!response.succeeded) return this.decide(place, standing(response, request, hold.id), ttlMs, what, steps);
     if (this.places.get(place.owner) !== place) {
       // Released while the attempt was out: nobody wants the lock it won.
       this.connection.revokeQuietly(hold.id, what);
@@ -181,50 +189,6 @@ export class EtcdAdmission {
     // The keepalive sent with it restarted the lease; without its answer, the last one counts.
     const validityMs = kept ? ttlMs : Math.max(0, Math.min(ttlMs, hold.aliveSince + hold.ttl * 1000 - started));
     return { acquired: true, fencingToken: place.revision, validityMs };
-  }
-
-  /**
-   * A caller that does not wait, and found its lines busy: it enters at the end of every line if
-   * the rule lets it in there (beside readers or permit holders, or past pending entries, which
-   * it deletes), in a transaction that holds only if nobody came in since.
-   */
-  private async enterAtEnd(
-    keys: readonly string[],
-    owner: string,
-    limits: readonly number[],
-    hold: HoldLease,
-    ttlMs: number,
-    read: Awaited<ReturnType<EtcdConnection['txn']>>,
-    what: Operation,
-    looks: number,
-  ): Promise<AcquireResult> {
-    const lines = this.line.standingAtEnd(read, limits);
-    const mismatched = lines.findIndex((line) => 'mismatch' in line);
-    if (mismatched >= 0 || lines.some((line) => !line.in)) {
-      this.connection.revokeQuietly(hold.id, what);
-      if (mismatched < 0) return { acquired: false };
-      return { acquired: false, limitMismatch: { key: keys[mismatched], limit: (lines[mismatched] as { mismatch: number }).mismatch } };
-    }
-    let response;
-    try {
-      const pending = lines.flatMap((line) => (line.in ? line.pending : []));
-      response = await this.connection.txn(this.line.enterAtEnd(keys, owner, limits, hold.id, Number(read.header.revision), pending), what);
-    } catch (error) {
-      this.connection.revokeQuietly(hold.id, what);
-      throw error;
-    }
-    let revision = Number(response.header.revision);
-    if (!response.succeeded) {
-      // An earlier copy of this request (a client that retried it) may have entered already.
-      const own = this.line.ownEntriesOf(response);
-      if (!own.every((kv) => kv && isHeldValue(kv.value) && kv.lease === hold.id)) {
-        this.connection.revokeQuietly(hold.id, what);
-        return looks < MAX_LOOKS ? this.firstAttempt(keys, owner, limits, ttlMs, false, what, looks + 1) : { acquired: false };
-      }
-      revision = Number(own[0]!.create_revision);
-    }
-    this.places.held(keys, owner, limits, revision, hold);
-    return { acquired: true, fencingToken: revision, validityMs: ttlMs };
   }
 
   /**

@@ -1,5 +1,5 @@
 import type { ICompare, IKeyValue, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
-import { entryValue, isHeldValue, keyStanding, type KeyStanding } from './etcd.kinds.js';
+import { entryValue, isHeldValue } from './etcd.kinds.js';
 import type { EtcdKeys } from './etcd.keys.js';
 
 /** One acquisition's entries, as the transactions need them. */
@@ -12,18 +12,6 @@ export interface LineRequest {
   readonly revision: number;
   /** Its entries from this index on are pending (keys.length: none is). */
   readonly pendingFrom: number;
-}
-
-/** Where a waiter stands: in each line, from one read of them all. */
-export interface Standing {
-  /** An entry of its own is gone (its lease ran out, or it was deleted): it has no place any more. */
-  lost: boolean;
-  /** Its entries are held on its own lease already: it has the keys. */
-  won?: boolean;
-  /** Per line, in order (empty when lost). */
-  lines: KeyStanding[];
-  /** The revision the lines were read at: watches start after it. */
-  readRevision: number;
 }
 
 /**
@@ -73,19 +61,6 @@ export class EtcdLine {
       .map((r) => r.response_put.prev_kv)
       .find((kv) => kv);
     return Number(previous ? previous.create_revision : response.header.revision);
-  }
-
-  /** Where a waiter placed by `firstAttempt` stands, from that transaction's answer. */
-  standingAfterFirst(response: ITxnResponse, keys: readonly string[], limits: readonly number[], revision: number): Standing {
-    const lines = limits.map((limit, i) =>
-      keyStanding(this.aheadOf(response.responses[keys.length + i].response_range.kvs, revision), limit),
-    );
-    return { lost: false, lines, readRevision: Number(response.header.revision) };
-  }
-
-  /** For a caller that does not wait: where it would stand at the end of each line read by `firstAttempt`. */
-  standingAtEnd(response: ITxnResponse, limits: readonly number[]): KeyStanding[] {
-    return limits.map((limit, i) => keyStanding(response.responses[i].response_range.kvs, limit));
   }
 
   /**
@@ -150,21 +125,6 @@ export class EtcdLine {
       ],
       failure: this.standingReads(request),
     };
-  }
-
-  /**
-   * Where the waiter stands, from the answer of `check` or `promote`. Its entries already held on
-   * `holdLease`: an earlier attempt of its own, whose answer was lost, took the keys.
-   */
-  standing(response: ITxnResponse, request: LineRequest, holdLease: string): Standing {
-    const { keys, limits, revision } = request;
-    const own = response.responses.slice(0, keys.length).map((r) => r.response_range.kvs[0]);
-    const lost = own.some((kv) => kv === undefined || Number(kv.create_revision) !== revision);
-    const won = own.every((kv) => kv && isHeldValue(kv.value) && kv.lease === holdLease);
-    const lines = lost
-      ? []
-      : limits.map((limit, i) => keyStanding(this.aheadOf(response.responses[keys.length + i].response_range.kvs, revision), limit));
-    return { lost, won, lines, readRevision: Number(response.header.revision) };
   }
 
   /**
@@ -289,10 +249,5 @@ export class EtcdLine {
   /** Every entry of a line, first first, with its value. */
   private lineRead(key: string): IRequestOp {
     return { request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Ascend' } };
-  }
-
-  /** The entries of a line ahead of `revision`, first first. */
-  private aheadOf(kvs: readonly IKeyValue[], revision: number): IKeyValue[] {
-    return kvs.filter((kv) => Number(kv.create_revision) < revision);
   }
 }
