@@ -5,15 +5,25 @@ import { performance } from 'node:perf_hooks';
 import { EtcdLockBackend, LockService, RedisLockBackend } from '../lib/index.js';
 import { EtcdCluster } from '../test/support/etcd-server.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { compareRates, hotKeyRow, type HotKeyScenario, round, timedSections, type Report } from './harness.js';
+import {
+  againstHandoffFloor,
+  compareRates,
+  handoffFloorRow,
+  hotKeyRow,
+  type HotKeyScenario,
+  measureHandoffFloor,
+  round,
+  timedSections,
+  type Report,
+} from './harness.js';
 
 /** One acquire+release pair, or a hot-key worker's lock: resolves to the release. */
 type LockOnce = (key: string) => Promise<() => Promise<unknown>>;
 
 /**
  * etcd backend on clusters of the bench's own, one member and three: next to the least an etcd
- * lock can cost (one transaction to put the key, one to delete it, no lease), and the Redis
- * backend on a redis-server of its own, in the same run.
+ * lock can cost (one transaction to put the key, one to delete it, no lease; a delete until the
+ * next waiter's watch has it), and the Redis backend on a redis-server of its own, in the same run.
  */
 export async function etcdBench(report: Report): Promise<void> {
   report.note('etcd: uncontended pairs and hot key, on one member and on three (starts its own etcd members and redis-server)');
@@ -107,7 +117,23 @@ async function hotKey(
   const scenario = `etcd (${members} member${members > 1 ? 's' : ''}): hot key, 8 workers x 50 sections of 1 ms`;
   const hotKey: HotKeyScenario = { workers: 8, sections: 50, sectionMs: 1, scenario };
   const { workers, sections, sectionMs } = hotKey;
-  const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
+  // The floor drifts over a run, so it is measured on both sides of the hot-key rows, and the
+  // lower one bounds them (as the Redis group does).
+  const [holder, waiter] = [new Etcd3({ hosts: cluster.endpoints }), new Etcd3({ hosts: cluster.endpoints })];
+  const floorKey = 'floor/handoff';
+  let deleted: (() => void) | undefined;
+  const watcher = await waiter.watch().key(floorKey).only('delete').create();
+  watcher.on('delete', () => deleted?.());
+  const handoffOnce = async () => {
+    await holder.put(floorKey).value('holder');
+    return async () => {
+      const event = new Promise<void>((resolve) => (deleted = resolve));
+      await Promise.all([holder.delete().key(floorKey), event]);
+    };
+  };
+  const floorBefore = await measureHandoffFloor(handoffOnce, sectionMs);
+  const rows: { impl: string; elapsed: number; waits: number[]; inside: number[]; ours: boolean }[] = [];
+  const run = async (impl: string, lockFor: (worker: number) => LockOnce, ours = true) => {
     const key = `hot:${impl}`;
     const rounds = (count: number, waits: number[], inside: number[]) =>
       Promise.all(Array.from({ length: workers }, (_, w) => timedSections(() => lockFor(w)(key), count, sectionMs, waits, inside)));
@@ -116,7 +142,7 @@ async function hotKey(
     const inside: number[] = [];
     const started = performance.now();
     await rounds(sections, waits, inside);
-    report.add(hotKeyRow(hotKey, impl, performance.now() - started, waits, inside));
+    rows.push({ impl, elapsed: performance.now() - started, waits, inside, ours });
   };
   const viaService = (locks: LockService) => async (key: string) => {
     const handle = await locks.acquire(key, { wait: 60_000 });
@@ -129,6 +155,16 @@ async function hotKey(
   await run('ours (one instance, 8 callers)', () => shared);
   const redisClients = Array.from({ length: workers }, () => new Redis(redis.port, '127.0.0.1'));
   const redisWorkers = redisClients.map((client) => viaService(service(new RedisLockBackend(client))));
-  await run('Redis backend (8 instances)', (w) => redisWorkers[w]);
+  await run('Redis backend (8 instances)', (w) => redisWorkers[w], false);
   for (const client of redisClients) client.disconnect();
+  const floorAfter = await measureHandoffFloor(handoffOnce, sectionMs);
+  const floor = floorBefore.p50Ms <= floorAfter.p50Ms ? floorBefore : floorAfter;
+  await watcher.cancel();
+  holder.close();
+  waiter.close();
+  for (const { impl, elapsed, waits, inside, ours } of rows) {
+    const row = hotKeyRow(hotKey, impl, elapsed, waits, inside);
+    report.add(ours ? againstHandoffFloor(row, hotKey, elapsed, inside, floor) : row);
+  }
+  report.add(handoffFloorRow(scenario, "handoff floor (delete, until the next waiter's watch has it)", floor));
 }

@@ -141,6 +141,61 @@ export function hotKeyRow(hotKey: HotKeyScenario, impl: string, elapsedMs: numbe
   };
 }
 
+/** A store's own hand-over floor: the p50 of one hand-over, and what it leaves of a hot key's sections. */
+export interface HandoffFloor {
+  p50Ms: number;
+  /** The best "vs ideal" a lock on this store can reach, paying the floor once per section. */
+  bestVsIdeal: number;
+}
+
+/**
+ * Measures a store's hand-over floor: `count` times, `prepare` sets up a holder and a waiter
+ * (not timed) and returns the hand-over, which resolves once the waiter heard of it; it runs after
+ * an idle section of `sectionMs`, as a hot key's hand-overs come (an idle connection is slower to
+ * wake than a busy one).
+ */
+export async function measureHandoffFloor(
+  prepare: () => Promise<() => Promise<unknown>>,
+  sectionMs: number,
+  count = 200,
+): Promise<HandoffFloor> {
+  const handoffs: number[] = [];
+  const sections: number[] = [];
+  for (let i = 0; i < count; i++) {
+    const handOver = await prepare();
+    const idle = performance.now();
+    await sleep(sectionMs);
+    const sent = performance.now();
+    sections.push(sent - idle);
+    await handOver();
+    handoffs.push(performance.now() - sent);
+  }
+  const p50Ms = median(handoffs);
+  const section = median(sections);
+  return { p50Ms, bestVsIdeal: section / (section + p50Ms) };
+}
+
+/** The floor's own row in a hot-key table. */
+export function handoffFloorRow(scenario: string, impl: string, floor: HandoffFloor): Row {
+  return { scenario, impl, handoffP50Us: round(floor.p50Ms * 1000, 1), bestVsIdeal: round(floor.bestVsIdeal) };
+}
+
+/**
+ * A hot-key row read against the store's floor: the time each hand-over took on average (the run's
+ * length per section, less the sections' real length: the lock is never free while anyone
+ * waits), that time against the floor's, and "vs ideal" against the best the floor allows.
+ */
+export function againstHandoffFloor(row: Row, hotKey: HotKeyScenario, elapsedMs: number, inside: number[], floor: HandoffFloor): Row {
+  const section = inside.reduce((sum, ms) => sum + ms, 0) / inside.length;
+  const handoffMs = elapsedMs / (hotKey.workers * hotKey.sections) - section;
+  return {
+    ...row,
+    handoffMs: round(handoffMs),
+    handoffVsFloor: round(handoffMs / floor.p50Ms),
+    vsHandoffCap: round((row.vsIdeal as number) / floor.bestVsIdeal),
+  };
+}
+
 /**
  * One hot-key worker: `count` times takes the lock, stays `sectionMs` inside and releases, pushing
  * each wait and each section's real length (ms); `lock` resolves to the lock's release.

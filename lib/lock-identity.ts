@@ -1,5 +1,6 @@
 import { hostname } from 'node:os';
 import { MAX_IDENTITY_LENGTH, type LockHolderIdentity } from './backends/lock-backend.interface.js';
+import { InvalidLockOptionsError } from './lock.errors.js';
 
 /*
  * Who holds or waits for a lock, as backends store it next to the lease: the process (`instance`)
@@ -50,4 +51,28 @@ export function decodeIdentity(encoded: string | null | undefined): Partial<Lock
   if (cut <= 0) return {};
   const site = encoded.slice(cut + 1);
   return site === '' ? { instance: encoded.slice(0, cut) } : { instance: encoded.slice(0, cut), site };
+}
+
+/**
+ * The most bytes encodeIdentity's string takes in UTF-8: two names of MAX_IDENTITY_LENGTH UTF-16
+ * units, each unit 3 bytes at most (a pair of them, 4), and the line feed.
+ */
+export const MAX_IDENTITY_BYTES = 2 * MAX_IDENTITY_LENGTH * 3 + 1;
+
+/**
+ * encodeIdentity's string as UTF-8, for a store that keeps it in a field of MAX_IDENTITY_BYTES;
+ * undefined without a holder. LockService checks the names; a caller of the backend itself that
+ * passes longer ones is refused here, rather than cut or refused by the store.
+ */
+export function identityBytes(holder: LockHolderIdentity | undefined, backend: string): Buffer | undefined {
+  if (holder === undefined) return undefined;
+  const bytes = Buffer.from(encodeIdentity(holder));
+  if (bytes.length > MAX_IDENTITY_BYTES) {
+    throw new InvalidLockOptionsError(
+      'holder',
+      `The ${backend} backend stores an identity (instance and site) of at most ${MAX_IDENTITY_BYTES} bytes, got ${bytes.length}: ` +
+        `give names of at most ${MAX_IDENTITY_LENGTH} characters each, as LockService checks.`,
+    );
+  }
+  return bytes;
 }

@@ -1,23 +1,29 @@
-import { Logger, type OnApplicationShutdown, type Provider } from '@nestjs/common';
-import { PGlite } from '@electric-sql/pglite';
-import pg from 'pg';
-import { setImmediate } from 'node:timers/promises';
-import { runMigrations } from './database.migrations.js';
-import type { ShopConfig } from './shop.config.js';
+import type { Provider } from '@nestjs/common';
+import { openMysqlDatabase } from './mysql.database.js';
+import { openPostgresDatabase } from './postgres.database.js';
+import { databaseKind, type DatabaseKind, type ShopConfig } from './shop.config.js';
 
 export interface QueryResult<Row> {
   rows: Row[];
+  /** Rows an INSERT, UPDATE or DELETE wrote (MySQL: matched, whether or not a value changed). */
+  affectedRows: number;
+  /** MySQL: the AUTO_INCREMENT id an INSERT generated (PostgreSQL returns ids with RETURNING). */
+  insertId?: number;
 }
 
 /** What the shop needs from a database: parameterised queries, scripts, transactions. */
 export interface Queryable {
   query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<QueryResult<Row>>;
-  /** Several statements, no parameters (migrations). */
+  /** A script without parameters (migrations): several statements on PostgreSQL, one per call on MySQL. */
   exec(sql: string): Promise<void>;
 }
 
+/**
+ * One of the shop's databases. The SQL is the caller's, in the dialect of `kind`: `$1` placeholders
+ * for PGlite and PostgreSQL, `?` for MySQL (see products.repository.ts for who writes which).
+ */
 export interface Database extends Queryable {
-  readonly kind: 'pglite' | 'postgres';
+  readonly kind: DatabaseKind;
   transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T>;
   close(): Promise<void>;
 }
@@ -25,98 +31,9 @@ export interface Database extends Queryable {
 /** Injection token for the shop's Database. */
 export const DATABASE = Symbol('Database');
 
-/**
- * Embedded PostgreSQL (WASM) in this process's memory, one connection that queues queries.
- *
- * It runs in this thread and can answer within the same turn of the event loop, which no
- * networked database does: a request could then read and write before any other request got a
- * turn, and the shop would behave as if requests never overlapped. Each result is handed over
- * on the next turn instead, so concurrent requests interleave between their queries the way
- * they do against PostgreSQL over a socket.
- */
-class PgliteDatabase implements Database, OnApplicationShutdown {
-  readonly kind = 'pglite';
-  constructor(private readonly db: PGlite) {}
-
-  async query<Row>(sql: string, params?: unknown[]): Promise<QueryResult<Row>> {
-    const { rows } = await this.db.query<Row>(sql, params);
-    await setImmediate();
-    return { rows };
-  }
-  async exec(sql: string): Promise<void> {
-    await this.db.exec(sql);
-  }
-  transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T> {
-    return this.db.transaction((tx) =>
-      fn({
-        query: async <Row>(sql: string, params?: unknown[]) => ({ rows: (await tx.query<Row>(sql, params)).rows }),
-        exec: async (sql: string) => void (await tx.exec(sql)),
-      }),
-    );
-  }
-  async close(): Promise<void> {
-    if (!this.db.closed) await this.db.close();
-  }
-  onApplicationShutdown(): Promise<void> {
-    return this.close();
-  }
-}
-
-class PostgresDatabase implements Database, OnApplicationShutdown {
-  readonly kind = 'postgres';
-  private closed = false;
-  constructor(private readonly pool: pg.Pool) {}
-
-  async query<Row>(sql: string, params?: unknown[]): Promise<QueryResult<Row>> {
-    return { rows: (await this.pool.query(sql, params)).rows as Row[] };
-  }
-  async exec(sql: string): Promise<void> {
-    await this.pool.query(sql);
-  }
-  async transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T> {
-    const client = await this.pool.connect();
-    try {
-      await client.query('BEGIN');
-      const result = await fn({
-        query: async <Row>(sql: string, params?: unknown[]) => ({ rows: (await client.query(sql, params)).rows as Row[] }),
-        exec: async (sql: string) => void (await client.query(sql)),
-      });
-      await client.query('COMMIT');
-      return result;
-    } catch (error) {
-      await client.query('ROLLBACK').catch(() => undefined);
-      throw error;
-    } finally {
-      client.release();
-    }
-  }
-  async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await this.pool.end();
-  }
-  onApplicationShutdown(): Promise<void> {
-    return this.close();
-  }
-}
-
-export async function openDatabase(config: ShopConfig): Promise<Database> {
-  let database: Database;
-  if (config.databaseUrl) {
-    const pool = new pg.Pool({ connectionString: config.databaseUrl, max: 10 });
-    // An idle client's connection error would otherwise be an unhandled 'error' event.
-    pool.on('error', (error) => new Logger('Database').warn(`Idle PostgreSQL connection failed: ${error.message}`));
-    database = new PostgresDatabase(pool);
-  } else {
-    database = new PgliteDatabase(await PGlite.create());
-  }
-  try {
-    await runMigrations(database);
-  } catch (error) {
-    await database.close();
-    throw error;
-  }
-  return database;
+/** The database DATABASE_URL names (none: the embedded PGlite), migrated. */
+export function openDatabase(config: ShopConfig): Promise<Database> {
+  return databaseKind(config) === 'mysql' ? openMysqlDatabase(config.databaseUrl!) : openPostgresDatabase(config.databaseUrl);
 }
 
 export function databaseProvider(config: ShopConfig): Provider {

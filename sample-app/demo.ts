@@ -3,15 +3,15 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { DEMO_ENDPOINTS, runDemo, type DemoEndpoint, type DemoEvent, type DemoSummary } from './demo.runner.js';
 import { baseUrl, createShopApp } from './shop.app.js';
-import { configFromEnv, describeConfig, lockBackendKind } from './shop.config.js';
+import { configFromEnv, databaseKind, describeConfig, lockBackendKind } from './shop.config.js';
 
 /**
  * `npm run demo [-- --instances N] [--buyers 500] [--stock 100]`
  *
  * One instance: the shop starts in this process on the embedded defaults (PGlite, in-process
  * locks) unless DATABASE_URL / REDIS_URL say otherwise. Several: N shop processes against the
- * PostgreSQL in DATABASE_URL and the Redis in REDIS_URL (or, with LOCK_BACKEND=postgres, locks in
- * that same PostgreSQL), buyers spread over them in turn.
+ * PostgreSQL (or MySQL / MariaDB) in DATABASE_URL and the Redis in REDIS_URL (or, with
+ * LOCK_BACKEND=postgres or mysql, locks in that same database), buyers spread over them in turn.
  * The last line printed is the result as one JSON object.
  */
 const USAGE = 'usage: npm run demo [-- --instances N] [--buyers 500] [--stock 100]';
@@ -36,17 +36,18 @@ async function main(): Promise<number> {
 
   if (instances > 1) {
     const missing = [
-      !config.databaseUrl && 'DATABASE_URL (a PostgreSQL they all share)',
+      !config.databaseUrl && 'DATABASE_URL (a PostgreSQL, MySQL or MariaDB they all share)',
       lockBackendKind(config) === 'memory' &&
         (config.lockBackend === 'memory'
           ? 'a shared lock backend (LOCK_BACKEND=memory keeps each process its own locks)'
-          : 'REDIS_URL (the Redis that holds their locks; or LOCK_BACKEND=postgres to keep them in DATABASE_URL)'),
+          : `REDIS_URL (the Redis that holds their locks; or LOCK_BACKEND=${databaseKind(config) === 'mysql' ? 'mysql' : 'postgres'} to keep them in DATABASE_URL)`),
     ].filter(Boolean);
     if (missing.length > 0) {
       console.error(
         `--instances ${instances} runs ${instances} shop processes that must share a database and a lock backend, but ${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} not set.\n` +
           `For example: DATABASE_URL=postgres://postgres@127.0.0.1:5432/shop REDIS_URL=redis://127.0.0.1:6379 npm run demo -- --instances ${instances}\n` +
-          `or, with no Redis: DATABASE_URL=postgres://postgres@127.0.0.1:5432/shop LOCK_BACKEND=postgres npm run demo -- --instances ${instances}`,
+          `or, with no Redis: DATABASE_URL=postgres://postgres@127.0.0.1:5432/shop LOCK_BACKEND=postgres npm run demo -- --instances ${instances}\n` +
+          `or, on MySQL or MariaDB: DATABASE_URL=mysql://shop:password@127.0.0.1:3306/shop LOCK_BACKEND=mysql npm run demo -- --instances ${instances}`,
       );
       return 2;
     }

@@ -1,4 +1,5 @@
 import {
+  MysqlLockBackend,
   PostgresLockBackend,
   RedisLockBackend,
   RedlockLockBackend,
@@ -11,7 +12,7 @@ import { checkLockBackend, lockBackendKind, type ShopConfig } from './shop.confi
  * The lock backend comes from the environment: LOCK_BACKEND when set, else REDLOCK_URLS, else
  * REDIS_URL, else in-process. The in-process backend is right for one process only; every
  * instance of a shop that runs several must point at the same Redis (or the same Redlock
- * masters, or the same PostgreSQL). Backends built from URLs own their connections: the lock
+ * masters, or the same PostgreSQL or MySQL). Backends built from URLs own their connections: the lock
  * module closes them on shutdown, after releasing held locks.
  */
 export function lockModuleOptions(config: ShopConfig): DistributedLockModuleOptions {
@@ -30,10 +31,12 @@ function lockBackend(config: ShopConfig): LockBackend | undefined {
       return new RedlockLockBackend(config.redlockUrls!);
     case 'redis':
       return new RedisLockBackend(config.redisUrl!);
-    // A pool of its own on the shop's database (closed on shutdown); the lock tables are created
-    // on first use, next to the shop's.
+    // A pool of its own on the shop's database (closed on shutdown); the lock tables (and, on
+    // MySQL, their procedures) are created on first use, next to the shop's.
     case 'postgres':
       return new PostgresLockBackend(config.databaseUrl!);
+    case 'mysql':
+      return new MysqlLockBackend(config.databaseUrl!);
     case 'memory':
       return undefined;
   }

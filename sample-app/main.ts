@@ -3,9 +3,10 @@ import { baseUrl, createShopApp } from './shop.app.js';
 import { configFromEnv, describeConfig } from './shop.config.js';
 
 /**
- * One shop process. PORT (default 3000; 0 picks a free one), DATABASE_URL, REDIS_URL,
- * REDLOCK_URLS, LOCK_BACKEND, LOCK_TTL_MS, SHOP_DEMO (on: serve POST /demo for the page's button). Prints `listening on <url>` once it accepts requests: the demo
- * and the tests wait for that line.
+ * One shop process. PORT (default 3000; 0 picks a free one), DATABASE_URL (postgres:// or
+ * mysql://), REDIS_URL, REDLOCK_URLS, LOCK_BACKEND (postgres or mysql: the locks in DATABASE_URL),
+ * LOCK_TTL_MS, SHOP_DEMO (on: serve POST /demo for the page's button). Prints `listening on <url>`
+ * once it accepts requests: the demo and the tests wait for that line.
  */
 try {
   const config = configFromEnv();

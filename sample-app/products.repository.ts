@@ -1,6 +1,3 @@
-import { Inject, Injectable } from '@nestjs/common';
-import { DATABASE, type Database } from './database.provider.js';
-
 export interface Product {
   id: number;
   name: string;
@@ -17,107 +14,50 @@ export interface OrderPrice {
   version: number;
 }
 
-/** The most a product's stock can hold: `stock` is a PostgreSQL `integer` (see database.migrations.ts). */
+/** The most a product's stock can hold: `stock` is an `integer` (PostgreSQL) or `INT` (MySQL), see the migrations. */
 export const MAX_STOCK = 2_147_483_647;
 
-interface ProductRow {
+/** A products row as both databases' drivers return it (a BIGINT may come back as a string). */
+export interface ProductRow {
   id: number;
   name: string;
   stock: number;
   last_token: string | number | bigint;
 }
 
-const toProduct = (row: ProductRow): Product => ({ id: row.id, name: row.name, stock: row.stock, lastToken: Number(row.last_token) });
+export const toProduct = (row: ProductRow): Product => ({
+  id: row.id,
+  name: row.name,
+  stock: row.stock,
+  lastToken: Number(row.last_token),
+});
 
 /**
- * All SQL of the shop. Each write that sells also records the order in the same statement (a
- * data-modifying CTE), so a sale and its order exist together or not at all, on either driver.
+ * Every read and write of products and orders: the shop's services see only this. Each database
+ * has its implementation, with its own SQL and the same behaviour (postgres-products.repository.ts
+ * for PostgreSQL and PGlite, mysql-products.repository.ts for MySQL and MariaDB); products.module.ts
+ * picks the one of the shop's database. A sale and its order are written together or not at all.
  */
-@Injectable()
-export class ProductsRepository {
-  constructor(@Inject(DATABASE) private readonly db: Database) {}
-
-  async list(): Promise<Product[]> {
-    const { rows } = await this.db.query<ProductRow>('SELECT id, name, stock, last_token FROM products ORDER BY id DESC LIMIT 50');
-    return rows.map(toProduct);
-  }
-
-  async find(id: number): Promise<Product | undefined> {
-    const { rows } = await this.db.query<ProductRow>('SELECT id, name, stock, last_token FROM products WHERE id = $1', [id]);
-    return rows[0] && toProduct(rows[0]);
-  }
-
-  async create(name: string, stock: number): Promise<Product> {
-    const { rows } = await this.db.query<ProductRow>(
-      'INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock, last_token',
-      [name, stock],
-    );
-    return toProduct(rows[0]);
-  }
-
+export abstract class ProductsRepository {
+  abstract list(): Promise<Product[]>;
+  abstract find(id: number): Promise<Product | undefined>;
+  abstract create(name: string, stock: number): Promise<Product>;
   /** Read-modify-write, step 1: read the stock into the program. */
-  async readStock(id: number): Promise<number | undefined> {
-    const { rows } = await this.db.query<{ stock: number }>('SELECT stock FROM products WHERE id = $1', [id]);
-    return rows[0]?.stock;
-  }
-
-  /** Read-modify-write, last step: write the count the program computed, whatever happened since the read. */
-  async writeStock(id: number, stock: number, quantity: number, endpoint: Endpoint, price?: OrderPrice): Promise<number> {
-    const { rows } = await this.db.query<{ id: number }>(
-      `WITH sold AS (UPDATE products SET stock = $2 WHERE id = $1 RETURNING id)
-       INSERT INTO orders (product_id, quantity, endpoint, price_cents, price_list_version)
-       SELECT id, $3, $4, $5::integer, $6::integer FROM sold RETURNING id`,
-      [id, stock, quantity, endpoint, price?.cents ?? null, price?.version ?? null],
-    );
-    return rows[0].id;
-  }
-
+  abstract readStock(id: number): Promise<number | undefined>;
+  /** Read-modify-write, last step: write the count the program computed, whatever happened since the read; the order's id. */
+  abstract writeStock(id: number, stock: number, quantity: number, endpoint: Endpoint, price?: OrderPrice): Promise<number>;
   /**
    * Read-modify-write, last step, fenced: the write only lands if `token` is newer than the last token that
    * wrote this row. A holder that lost its lock (paused past its lease) carries an older token
    * than the holder after it, so its write is refused: undefined.
    */
-  async writeStockFenced(id: number, stock: number, quantity: number, token: number, price?: OrderPrice): Promise<number | undefined> {
-    const { rows } = await this.db.query<{ id: number }>(
-      `WITH sold AS (UPDATE products SET stock = $2, last_token = $3 WHERE id = $1 AND last_token < $3 RETURNING id)
-       INSERT INTO orders (product_id, quantity, endpoint, fencing_token, price_cents, price_list_version)
-       SELECT id, $4, 'locked', $3, $5::integer, $6::integer FROM sold RETURNING id`,
-      [id, stock, token, quantity, price?.cents ?? null, price?.version ?? null],
-    );
-    return rows[0]?.id;
-  }
-
+  abstract writeStockFenced(id: number, stock: number, quantity: number, token: number, price?: OrderPrice): Promise<number | undefined>;
+  /** No lock: the database decrements in one step, refusing to go below zero (undefined). */
+  abstract decrementStock(id: number, quantity: number): Promise<{ orderId: number; stock: number } | undefined>;
   /**
-   * One statement, no lock: the database decrements, refusing to go below zero. Row locking inside PostgreSQL
-   * serialises concurrent decrements and re-checks `stock >= $2` after waiting.
+   * Adds stock under the product's lock, fenced like a locked sale (`token` undefined: a backend
+   * without tokens). Refused (undefined) when the sum would not fit the column, or a newer token wrote.
    */
-  async decrementStock(id: number, quantity: number): Promise<{ orderId: number; stock: number } | undefined> {
-    const { rows } = await this.db.query<{ id: number; stock: number }>(
-      `WITH sold AS (UPDATE products SET stock = stock - $2 WHERE id = $1 AND stock >= $2 RETURNING id, stock)
-       INSERT INTO orders (product_id, quantity, endpoint) SELECT id, $2, 'atomic' FROM sold RETURNING id, (SELECT stock FROM sold)`,
-      [id, quantity],
-    );
-    return rows[0] && { orderId: rows[0].id, stock: rows[0].stock };
-  }
-
-  /**
-   * Adds stock under the product's lock, fenced like a locked sale. Refused (undefined) when the sum
-   * would not fit the `integer` column: `stock + $2` past it is an error in PostgreSQL, so the
-   * bound is tested as `stock <= max - $2`, which cannot overflow.
-   */
-  async addStockFenced(id: number, quantity: number, token: number | undefined): Promise<Product | undefined> {
-    const { rows } = await this.db.query<ProductRow>(
-      token === undefined
-        ? 'UPDATE products SET stock = stock + $2 WHERE id = $1 AND stock <= $3::integer - $2::integer RETURNING id, name, stock, last_token'
-        : `UPDATE products SET stock = stock + $2, last_token = $4
-           WHERE id = $1 AND stock <= $3::integer - $2::integer AND last_token < $4 RETURNING id, name, stock, last_token`,
-      token === undefined ? [id, quantity, MAX_STOCK] : [id, quantity, MAX_STOCK, token],
-    );
-    return rows[0] && toProduct(rows[0]);
-  }
-
-  async orderCount(id: number): Promise<number> {
-    const { rows } = await this.db.query<{ n: number }>('SELECT count(*)::int AS n FROM orders WHERE product_id = $1', [id]);
-    return rows[0].n;
-  }
+  abstract addStockFenced(id: number, quantity: number, token: number | undefined): Promise<Product | undefined>;
+  abstract orderCount(id: number): Promise<number>;
 }

@@ -19,6 +19,9 @@
  *   permits on MariaDB and on etcd;
  * - `etcd-shared-tokens`: the test that an etcd waiter's token is its entry's create revision, as the
  *   previous release's processes on the same cluster give theirs;
+ * - `conformance-redis-multikey-line`: the conformance suite's test that a holder of a key takes the
+ *   next one while another process's caller of both waits for the first (a liveness bug, which the
+ *   safety-only model and chaos runs would not count);
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
@@ -94,6 +97,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.shared.spec.ts',
     test: "gives a waiter its entry's create revision as token (its place, as the previous release does), not the revision it entered at",
+    env: {},
+    seeded: false,
+  },
+  'conformance-redis-multikey-line': {
+    kind: 'jest',
+    file: 'test/backends/redis.conformance.spec.ts',
+    test: 'lets a holder take its next key (sorted order) while a caller of both keys, in another process, waits for the first',
     env: {},
     seeded: false,
   },
@@ -337,6 +347,13 @@ export const MUTANTS = [
     file: 'lib/lock-acquisition.ts',
     replace: [['const first = queue.allTrying(this.id) && !queue.behindUnseen(this.keys);', 'const first = queue.allTrying(this.id);']],
     detector: 'local-queue-key-sets',
+  },
+  {
+    name: 'redis-multikey-waiter-in-every-line',
+    bug: 'a waiting Redis caller of several keys takes a place in the line of every key, also after the first that keeps it out',
+    file: 'lib/backends/redis/redis.scripts.ts',
+    replace: [['    if i <= blocked then\n', '    if true then\n']],
+    detector: 'conformance-redis-multikey-line',
   },
   {
     name: 'mysql-reader-beside-writer',

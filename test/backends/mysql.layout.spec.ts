@@ -163,3 +163,134 @@ describe('MySQL lock tables: version 2 (several holders per key) next to the pre
     expect((await backend(table, { createTables: false }).tryAcquire(['k'], 'owner', 30_000)).acquired).toBe(true);
   });
 });
+
+/** The release before who holds was stored (version 2, without its columns), as its mysqlLockTablesSql() gives them. */
+const VERSION_2: string[] = JSON.parse(readFileSync(resolve(import.meta.dirname, '../fixtures/mysql-tables-v2.json'), 'utf8'));
+
+/** A process of that release on `table`: the statements its backend sends. */
+function releaseBeforeIdentity(db: mysql.Pool, table: string) {
+  const statements = VERSION_2.map((sql) => sql.replaceAll('distributed_locks', table));
+  return {
+    /** Its migration: every statement. */
+    async migrate(): Promise<void> {
+      for (const sql of statements) await db.query(sql);
+    },
+    /** What its backend does on first use: runs its statements unless the holders table's comment is its version. */
+    async start(): Promise<void> {
+      if ((await comment(db, `${table}_holders`)) !== MYSQL_SCHEMA_VERSION) await this.migrate();
+    },
+    async acquire(key: string, owner: string, willWait = false): Promise<{ acquired: number; token: number | null }> {
+      const [[rows]] = await db.query<mysql.RowDataPacket[][]>(`CALL ${table}_take(?, ?, ?, ?, ?, ?)`, [
+        hex(key),
+        owner,
+        30_000,
+        3_000,
+        willWait,
+        null,
+      ]);
+      return { acquired: Number(rows[0].acquired), token: rows[0].token === null ? null : Number(rows[0].token) };
+    },
+    async release(key: string, owner: string): Promise<number> {
+      const [[rows]] = await db.query<mysql.RowDataPacket[][]>(`CALL ${table}_release(?, ?)`, [hex(key), owner]);
+      return Number(rows[0].released);
+    },
+  };
+}
+
+const holder = { instance: 'web-1', site: 'Orders.pay' };
+
+describe('MySQL lock tables: who holds, next to the release before it', () => {
+  it('tables of that release get the columns in place, keep their version, and its leases stay held', async () => {
+    const { table, db } = place();
+    const old = releaseBeforeIdentity(db, table);
+    await old.start();
+    const held = await old.acquire('held', 'old-owner');
+    expect(held.acquired).toBe(1);
+    const b = backend(table);
+    expect((await b.tryAcquire(['k'], 'new-owner', 30_000, { holder })).acquired).toBe(true);
+    expect(await comment(db, `${table}_holders`)).toBe(MYSQL_SCHEMA_VERSION);
+    expect(await comment(db, table)).toBe(MYSQL_KEY_TABLE_COMMENT);
+    expect(await b.inspect('held')).toEqual({
+      key: 'held',
+      owner: 'old-owner',
+      ttlMs: expect.any(Number),
+      fencingToken: held.token,
+      holders: [{ owner: 'old-owner', ttlMs: expect.any(Number), fencingToken: held.token }],
+      waiters: [],
+    });
+    expect((await b.inspect('k'))?.holders?.[0]).toMatchObject({ owner: 'new-owner', ...holder, acquiredAt: expect.any(Number) });
+    expect(await b.tryAcquire(['held'], 'new-2', 30_000, { holder, willWait: false })).toMatchObject({ acquired: false });
+    expect(await old.release('held', 'old-owner')).toBe(1);
+    expect((await b.tryAcquire(['held'], 'new-2', 30_000, { holder })).acquired).toBe(true);
+  });
+
+  it('its processes still running, and those that start later, take and release keys in the same line', async () => {
+    const { table, db } = place();
+    const old = releaseBeforeIdentity(db, table);
+    await old.start();
+    const b = backend(table);
+    expect((await b.tryAcquire(['k'], 'new-owner', 30_000, { holder })).acquired).toBe(true);
+    // It waits behind the new holder, unnamed in the line; the release hands it the key.
+    expect((await old.acquire('k', 'old-owner', true)).acquired).toBe(0);
+    expect((await b.inspect('k'))?.waiters).toEqual([{ owner: 'old-owner', waitingSince: expect.any(Number) }]);
+    await b.release(['k'], 'new-owner');
+    expect(await b.inspect('k')).toMatchObject({ owner: 'old-owner', holders: [{ owner: 'old-owner', acquiredAt: expect.any(Number) }] });
+    expect((await b.inspect('k'))?.holders?.[0].instance).toBeUndefined();
+    // And the other way round: a waiter of this release, named, is handed the key by its release.
+    expect((await b.tryAcquire(['k'], 'new-waiter', 30_000, { holder })).acquired).toBe(false);
+    expect(await old.release('k', 'old-owner')).toBe(1);
+    expect((await b.inspect('k'))?.holders).toEqual([
+      { owner: 'new-waiter', ...holder, ttlMs: expect.any(Number), fencingToken: expect.any(Number), acquiredAt: expect.any(Number) },
+    ]);
+    expect(await b.release(['k'], 'new-waiter')).toBe(true);
+    // One that starts now finds the version it checks and changes nothing.
+    await releaseBeforeIdentity(db, table).start();
+    expect((await old.acquire('k', 'old-owner-2')).acquired).toBe(1);
+    expect(await b.tryAcquire(['k'], 'new-2', 30_000, { holder, willWait: false })).toMatchObject({ acquired: false });
+    expect(await old.release('k', 'old-owner-2')).toBe(1);
+    expect((await b.tryAcquire(['k'], 'new-2', 30_000, { holder })).acquired).toBe(true);
+  });
+
+  it("its migration run again (a rollback): both releases go on locking; this one's statements run again bring everything back", async () => {
+    const { table, db } = place();
+    const old = releaseBeforeIdentity(db, table);
+    const b = backend(table);
+    expect((await b.tryAcquire(['k'], 'new-owner', 30_000, { holder })).acquired).toBe(true);
+    await old.migrate();
+    expect(await comment(db, `${table}_holders`)).toBe(MYSQL_SCHEMA_VERSION);
+    expect((await b.inspect('k'))?.holders?.[0]).toMatchObject({ owner: 'new-owner', ...holder });
+    expect((await old.acquire('k', 'old-owner', true)).acquired).toBe(0);
+    expect(await b.release(['k'], 'new-owner')).toBe(true);
+    expect(await b.inspect('k')).toMatchObject({ owner: 'old-owner' });
+    expect((await b.tryAcquire(['k'], 'new-2', 30_000, { holder, willWait: false })).acquired).toBe(false);
+    expect(await old.release('k', 'old-owner')).toBe(1);
+    expect((await b.tryAcquire(['k'], 'new-2', 30_000, { holder })).acquired).toBe(true);
+    expect((await b.inspect('k'))?.holders?.[0]).toMatchObject({ owner: 'new-2', ...holder });
+    for (const sql of mysqlLockTablesSql({ table })) await db.query(sql);
+    expect((await b.tryAcquire(['k'], 'new-3', 30_000, { holder })).acquired).toBe(false);
+    expect(await b.release(['k'], 'new-2')).toBe(true);
+    expect((await b.inspect('k'))?.holders?.[0]).toMatchObject({ owner: 'new-3', ...holder });
+  });
+
+  it('a migration that stopped part-way (columns added, procedures not yet) is finished on first use', async () => {
+    const { table, db } = place();
+    await releaseBeforeIdentity(db, table).start();
+    const statements = mysqlLockTablesSql({ table });
+    const columnsAdded = statements.findIndex((sql) => sql.startsWith('CALL '));
+    for (const sql of statements.slice(0, columnsAdded + 1)) await db.query(sql);
+    expect((await backend(table).tryAcquire(['k'], 'owner', 30_000, { holder })).acquired).toBe(true);
+    expect((await backend(table).inspect('k'))?.holders?.[0]).toMatchObject({ owner: 'owner', ...holder });
+  });
+
+  it('with createTables: false, its tables are refused until the migration adds the columns', async () => {
+    const { table, db } = place();
+    await releaseBeforeIdentity(db, table).start();
+    const attempt = backend(table, { createTables: false }).tryAcquire(['k'], 'owner', 30_000);
+    await expect(attempt).rejects.toMatchObject({ permanent: true });
+    await expect(attempt).rejects.toThrow(
+      /is at version 2 with procedures of an earlier release \(not 'nest-distributed-lock procedures, revision 2'\) and createTables is false: run the statements of mysqlLockTablesSql/,
+    );
+    for (const sql of mysqlLockTablesSql({ table })) await db.query(sql);
+    expect((await backend(table, { createTables: false }).tryAcquire(['k'], 'owner', 30_000, { holder })).acquired).toBe(true);
+  });
+});

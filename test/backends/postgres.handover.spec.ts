@@ -212,8 +212,11 @@ describe('hand-over on release, under attack', () => {
     expect((await h1.tryAcquire(['m1'], 'h1', 60_000)).acquired).toBe(true);
     expect((await h2.tryAcquire(['m2'], 'h2', 60_000)).acquired).toBe(true);
     const entering = waiter.acquire(['m1', 'm2'], { ttl: 60_000, wait: 10_000 });
-    await until(async () => (await line('m1')).length === 1 && (await line('m2')).length === 1, 5_000, 'the waiter in both lines');
+    // m1 keeps it out: it stands in m1's line alone, until m1 lets it in.
+    await until(async () => (await line('m1')).length === 1, 5_000, "the waiter in m1's line");
+    expect(await line('m2')).toEqual([]);
     await h1.release(['m1'], 'h1');
+    await until(async () => (await line('m2')).length === 1, 5_000, "the waiter in m2's line too");
     // m2 is still busy: nobody holds m1, and a newcomer does not get it (it stands behind).
     await until(async () => (await row('m1')) === undefined, 5_000, 'm1 to be free');
     expect(await h1.tryAcquire(['m1'], 'newcomer', 60_000, { willWait: false })).toMatchObject({ acquired: false });

@@ -1,9 +1,10 @@
-import { describe, expect, it } from '@jest/globals';
+import { describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import pg from 'pg';
 import { SHARED } from '../../lib/backends/lock-backend.interface.js';
-import { SCHEMA_VERSION } from '../../lib/backends/postgres/postgres.schema.js';
+import { acquireSignature, FUNCTIONS_REVISION, lockNames, SCHEMA_VERSION } from '../../lib/backends/postgres/postgres.schema.js';
 import { LockBackendError, PostgresLockBackend, postgresLockTablesSql } from '../../lib/index.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
 
@@ -209,5 +210,41 @@ describe('PostgreSQL lock tables: who holds, next to the release before it', () 
     await expect(attempt).rejects.toThrow(/at version 4 without the columns of who holds .* run the SQL of postgresLockTablesSql/);
     await db.query(postgresLockTablesSql());
     expect((await backend(url, { createTables: false }).tryAcquire(['k'], 'owner', 30_000, { holder })).acquired).toBe(true);
+  });
+});
+
+describe('PostgreSQL lock functions of an earlier revision, on tables of this version', () => {
+  /** Tables of this version as the releases before revision 2 of the functions leave them: no revision. */
+  async function earlierRevision(db: pg.Pool): Promise<void> {
+    await db.query(postgresLockTablesSql());
+    await db.query(`COMMENT ON FUNCTION ${acquireSignature(lockNames('public', 'distributed_locks'))} IS NULL`);
+  }
+  const revision = async (db: pg.Pool) =>
+    (
+      await db.query(`SELECT obj_description(to_regprocedure($1), 'pg_proc') AS r`, [
+        acquireSignature(lockNames('public', 'distributed_locks')),
+      ])
+    ).rows[0].r;
+
+  it('are put back on first use, keeping the version', async () => {
+    const { url, db } = await database();
+    await earlierRevision(db);
+    expect(await revision(db)).toBeNull();
+    expect((await backend(url).tryAcquire(['k'], 'owner', 30_000)).acquired).toBe(true);
+    expect(await revision(db)).toBe(FUNCTIONS_REVISION);
+    expect(await version(db)).toBe(SCHEMA_VERSION);
+  });
+
+  it('with createTables: false, are used as they are (with a warning) until the migration replaces them', async () => {
+    const { url, db } = await database();
+    await earlierRevision(db);
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    try {
+      expect((await backend(url, { createTables: false }).tryAcquire(['k'], 'owner', 30_000)).acquired).toBe(true);
+      expect(warn).toHaveBeenCalledWith(expect.stringMatching(/of an earlier release .*postgresLockTablesSql/));
+    } finally {
+      warn.mockRestore();
+    }
+    expect(await revision(db)).toBeNull();
   });
 });

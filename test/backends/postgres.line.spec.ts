@@ -209,23 +209,51 @@ describe('the line of waiters in PostgreSQL', () => {
     expect(b.watching()).toBe(true);
   });
 
-  it('a waiter for several keys has one place, the same in each line, and waiters leave every line when they give up', async () => {
+  it('a waiter for several keys stands in line up to the first key that keeps it out, and leaves every line when it gives up', async () => {
     const b = backend();
-    expect((await b.tryAcquire(['c'], 'holder', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['c'], 'holder-c', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['d'], 'holder-d', 60_000)).acquired).toBe(true);
+    // c keeps it out: no place in d's line, which would keep d from the holder of c.
     expect((await b.tryAcquire(['c', 'd'], 'first', 60_000)).acquired).toBe(false);
+    expect([await line('c'), await line('d')]).toEqual([['first'], []]);
+    const placeOf = async (key: string) =>
+      (
+        await fixture.admin.query<{ place: string }>(`SELECT place FROM distributed_locks_waiters WHERE owner = 'first' AND key = $1`, [
+          key,
+        ])
+      ).rows[0]?.place;
+    const inC = await placeOf('c');
     expect((await b.tryAcquire(['d'], 'second', 60_000)).acquired).toBe(false);
+    // c is free, d held: 'first' joins d's line (behind 'second', who came first there) and keeps its place in c's.
+    expect(await b.release(['c'], 'holder-c')).toBe(true);
     expect((await b.tryAcquire(['c', 'd'], 'first', 60_000)).acquired).toBe(false);
-    const { rows } = await fixture.admin.query<{ key: string; place: string }>(
-      `SELECT key, place FROM distributed_locks_waiters WHERE owner = 'first' ORDER BY key`,
-    );
-    expect(rows.map((r) => r.key)).toEqual(['c', 'd']);
-    expect(rows[0].place).toBe(rows[1].place);
-    expect(await line('d')).toEqual(['first', 'second']);
-    // d is free, but 'second' stands behind 'first', who waits for c too.
-    expect((await b.tryAcquire(['d'], 'second', 60_000)).acquired).toBe(false);
+    expect(await placeOf('c')).toBe(inC);
+    expect(await line('d')).toEqual(['second', 'first']);
+    expect((await b.tryAcquire(['c'], 'third', 60_000)).acquired).toBe(false);
+    expect(await line('c')).toEqual(['first', 'third']);
+    // Giving up leaves every line: c goes to the next in its line.
     expect(await b.release(['c', 'd'], 'first')).toBe(false);
-    expect(await line('c')).toEqual([]);
-    expect((await b.tryAcquire(['d'], 'second', 60_000)).acquired).toBe(true);
+    expect([await line('c'), await line('d')]).toEqual([[], ['second']]);
+    expect((await b.inspect('c'))?.owner).toBe('third');
+  });
+
+  it('a waiter for several keys that finds an earlier key taken again leaves the lines after it: the next there is let in', async () => {
+    const b = backend();
+    expect((await b.tryAcquire(['d'], 'holder-d', 60_000)).acquired).toBe(true);
+    // c lets x in, d keeps it out: x stands in both lines, and y behind it in d's.
+    expect((await b.tryAcquire(['c', 'd'], 'x', 60_000)).acquired).toBe(false);
+    expect((await b.tryAcquire(['d'], 'y', 60_000)).acquired).toBe(false);
+    expect(await line('d')).toEqual(['x', 'y']);
+    expect(await b.release(['d'], 'holder-d')).toBe(true);
+    // c is taken while x still has its place in both lines. The line lets nobody pass x, so the
+    // test writes the lease itself, as any holder the line did not see would have.
+    await fixture.admin.query(
+      `INSERT INTO distributed_locks (key, owner, fencing_token, expires_at, max_holders) VALUES ('c', 'holder-c', 1, now() + interval '60 seconds', 1)`,
+    );
+    // x asks again: c keeps it out now, so it leaves d's line, and y, next there, is handed d.
+    expect((await b.tryAcquire(['c', 'd'], 'x', 60_000)).acquired).toBe(false);
+    expect([await line('c'), await line('d')]).toEqual([['x'], []]);
+    expect((await b.inspect('d'))?.owner).toBe('y');
   });
 
   it('a waiter that stops asking loses its place after waiterTimeout, and the next one gets the key', async () => {

@@ -36,6 +36,9 @@ export async function runDemo(
   const { stdout } = await promisify(execFile)(process.execPath, [compiledShop('demo.js'), ...args], {
     env: { ...process.env, DATABASE_URL: '', REDIS_URL: '', REDLOCK_URLS: '', ...env },
     timeout: timeoutMs,
+  }).catch((error: Error & { stdout?: string; stderr?: string }) => {
+    // A demo that failed says why in its output (its table, "NOT as expected"): show its end.
+    throw new Error(`${error.message}\n${`${error.stdout ?? ''}${error.stderr ?? ''}`.slice(-3_000)}`);
   });
   return { stdout, summary: JSON.parse(stdout.trim().split('\n').at(-1)!) as DemoSummary };
 }

@@ -66,12 +66,12 @@ describe('the shop as several processes with its locks in its own PostgreSQL', (
     );
     expect(demo?.code).toBe(1);
     expect(demo?.stderr.trim()).toBe(
-      "LOCK_BACKEND must be one of memory, redis, redlock, postgres (unset: redlock with REDLOCK_URLS, else redis with REDIS_URL, else memory), got 'postgresql'.",
+      "LOCK_BACKEND must be one of memory, redis, redlock, postgres, mysql (unset: redlock with REDLOCK_URLS, else redis with REDIS_URL, else memory), got 'postgresql'.",
     );
     expect(demo?.stdout).not.toMatch(/instance 1/);
 
     await expect(ShopProcess.start({ DATABASE_URL: databaseUrl, LOCK_BACKEND: 'redis-cluster' })).rejects.toThrow(
-      /The shop did not start: LOCK_BACKEND must be one of memory, redis, redlock, postgres .*got 'redis-cluster'\./,
+      /The shop did not start: LOCK_BACKEND must be one of memory, redis, redlock, postgres, mysql .*got 'redis-cluster'\./,
     );
     await expect(ShopProcess.start({ LOCK_BACKEND: 'postgres' })).rejects.toThrow(
       /The shop did not start: LOCK_BACKEND=postgres needs DATABASE_URL \(the shop's PostgreSQL, .*\), which is not set\./,

@@ -47,6 +47,8 @@ describe('LOCK_BACKEND, where the locks are kept', () => {
     [{ DATABASE_URL: db }, 'memory'],
     [{ DATABASE_URL: db, LOCK_BACKEND: 'postgres' }, 'postgres'],
     [{ DATABASE_URL: db, REDIS_URL: 'redis://r', LOCK_BACKEND: ' Postgres ' }, 'postgres'],
+    [{ DATABASE_URL: 'mysql://shop@db/shop', LOCK_BACKEND: 'mysql' }, 'mysql'],
+    [{ DATABASE_URL: 'mariadb://shop@db/shop', LOCK_BACKEND: 'MySQL' }, 'mysql'],
     [{ REDIS_URL: 'redis://r', LOCK_BACKEND: 'memory' }, 'memory'],
     [{ REDIS_URL: 'redis://r', LOCK_BACKEND: '' }, 'redis'],
   ])('%p: %s', (env, kind) => {
@@ -55,21 +57,46 @@ describe('LOCK_BACKEND, where the locks are kept', () => {
 
   it.each(['pg', 'postgresql', 'sentinel', 'none'])('%p is refused at start-up with the values it takes', (value) => {
     expect(() => configFromEnv({ DATABASE_URL: db, LOCK_BACKEND: value })).toThrow(
-      `LOCK_BACKEND must be one of memory, redis, redlock, postgres (unset: redlock with REDLOCK_URLS, else redis with REDIS_URL, else memory), got '${value}'.`,
+      `LOCK_BACKEND must be one of memory, redis, redlock, postgres, mysql (unset: redlock with REDLOCK_URLS, else redis with REDIS_URL, else memory), got '${value}'.`,
     );
   });
 
   it.each([
     ['postgres', /^LOCK_BACKEND=postgres needs DATABASE_URL \(the shop's PostgreSQL, .*\), which is not set\.$/],
+    ['mysql', /^LOCK_BACKEND=mysql needs DATABASE_URL \(the shop's MySQL or MariaDB, mysql:\/\/.*\), which is not set\.$/],
     ['redis', /^LOCK_BACKEND=redis needs REDIS_URL, which is not set\.$/],
     ['redlock', /^LOCK_BACKEND=redlock needs REDLOCK_URLS \(comma-separated Redis masters\), which is not set\.$/],
   ])('%s without its server says which variable is missing rather than falling back', (value, message) => {
     expect(() => configFromEnv({ LOCK_BACKEND: value })).toThrow(message);
   });
 
+  it.each([
+    ['mysql', db, 'DATABASE_URL must be a mysql:// or mariadb:// URL; it is a postgres:// one.'],
+    ['postgres', 'mysql://shop@db/shop', 'DATABASE_URL must be a postgres:// URL; it is a mysql:// or mariadb:// one.'],
+  ])('%s keeps the locks in the shop database, and refuses one of the other kind', (value, url, message) => {
+    expect(() => configFromEnv({ DATABASE_URL: url, LOCK_BACKEND: value })).toThrow(
+      `LOCK_BACKEND=${value} keeps the locks in the shop's database, so ${message}`,
+    );
+  });
+
   it('is named in the start-up line', () => {
     expect(describeConfig(configFromEnv({ DATABASE_URL: db, LOCK_BACKEND: 'postgres' }))).toBe(
       'PostgreSQL at postgres://shop@db/shop; locks in that PostgreSQL (PostgresLockBackend)',
+    );
+    expect(describeConfig(configFromEnv({ DATABASE_URL: 'mysql://shop:s3cret@db/shop', LOCK_BACKEND: 'mysql' }))).toBe(
+      'MySQL at mysql://shop:***@db/shop; locks in that MySQL (MysqlLockBackend)',
+    );
+  });
+});
+
+describe('DATABASE_URL, the shop database', () => {
+  it.each([
+    ['redis://db/shop', "'redis:...'"],
+    ['db:5432/shop', "'db:...'"],
+    ['/var/run/shop.sock', 'no scheme'],
+  ])('%p is refused at start-up with the schemes it takes', (url, got) => {
+    expect(() => configFromEnv({ DATABASE_URL: url })).toThrow(
+      `DATABASE_URL must start with postgres:// or postgresql:// (PostgreSQL) or mysql:// or mariadb:// (MySQL or MariaDB), got ${got}.`,
     );
   });
 });

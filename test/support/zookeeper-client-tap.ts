@@ -59,6 +59,10 @@ class TappedClient implements ZooKeeperClient {
     return this.taps.exists ? this.taps.exists(path, watcher, send) : send();
   }
 
+  getData(path: string): Promise<{ data: Buffer; stat: ZooKeeperStat } | undefined> {
+    return this.inner.getData(path);
+  }
+
   getChildren(path: string): Promise<string[]> {
     const send = () => this.inner.getChildren(path);
     return this.taps.getChildren ? this.taps.getChildren(path, send) : send();

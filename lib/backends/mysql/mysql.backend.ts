@@ -1,6 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
 import { listMysql } from './mysql.listing.js';
+import { inspectMysql, limitOf } from './mysql.inspection.js';
+import { identityBytes } from '../../lock-identity.js';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
 import {
@@ -41,6 +43,7 @@ export class MysqlLockBackend implements LockBackend {
   readonly name = 'mysql';
   readonly fencing = true;
   readonly sharedHolders = true;
+  readonly storesIdentity = true;
   readonly waiterTimeout: number;
 
   private readonly connection: MysqlConnection;
@@ -76,8 +79,16 @@ export class MysqlLockBackend implements LockBackend {
     const [row] = await this.connection.run({
       op: 'acquire',
       keys,
-      sql: `CALL ${this.connection.names.take}(?, ?, ?, ?, ?, ?)`,
-      values: [list, owner, Math.ceil(ttlMs), this.waiterTimeout, options?.willWait ?? true, limits],
+      sql: `CALL ${this.connection.names.takeAs}(?, ?, ?, ?, ?, ?, ?)`,
+      values: [
+        list,
+        owner,
+        Math.ceil(ttlMs),
+        this.waiterTimeout,
+        options?.willWait ?? true,
+        limits,
+        identityBytes(options?.holder, this.name) ?? null,
+      ],
       onLateAnswer: ([late]) => {
         // It answered after we reported a failure. Freeing the keys here would be wrong when the
         // same owner tries again (its next attempt finds the lock its own) or holds the lock by
@@ -88,8 +99,9 @@ export class MysqlLockBackend implements LockBackend {
         else this.release(keys, owner).catch(() => undefined);
       },
     });
+    // A waiter leaving a later line may hand its key to the next: woken too when it failed.
+    this.wakeHanded(row.handed_to);
     if (Number(row.acquired) === 1) {
-      this.wakeHanded(row.handed_to);
       return { acquired: true, fencingToken: Number(row.token) };
     }
     if (row.mismatch_key !== null && row.mismatch_key !== undefined) {
@@ -127,26 +139,9 @@ export class MysqlLockBackend implements LockBackend {
     return Number(rows[0].released) > 0;
   }
 
-  async inspect(key: string): Promise<LockState | undefined> {
-    const rows = await this.connection.run({
-      op: 'inspect',
-      keys: [key],
-      sql:
-        `SELECT owner, fencing_token, CAST(max_holders AS CHAR) AS max_holders, ` +
-        `CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS ttl_ms ` +
-        `FROM ${this.connection.names.holders} WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY fencing_token`,
-      values: [Buffer.from(key)],
-    });
-    if (rows.length === 0) return undefined;
-    const holders = rows.map((row) => ({
-      owner: ownerText(row.owner),
-      ttlMs: Math.max(0, Number(row.ttl_ms)),
-      fencingToken: Number(row.fencing_token),
-    }));
-    const limit = limitOf(rows[0].max_holders);
-    if (limit === 1) return { key, ...holders[0] };
-    const ttlMs = Math.max(...holders.map((h) => h.ttlMs));
-    return { key, owner: holders[0].owner, ttlMs, fencingToken: holders.at(-1)!.fencingToken, limit, holders };
+  /** The key's holders and line, with who they are, in one read (see inspectMysql). */
+  inspect(key: string): Promise<LockState | undefined> {
+    return inspectMysql(this.connection, key);
   }
 
   /** A range of the holders table's primary key after the cursor (see listMysql). Read-only. */
@@ -314,12 +309,6 @@ function keyArguments(
       : entries.map((e) => (e.limit === SHARED ? SHARED_LIMIT_SQL : String(e.limit))).join(','),
     byHex: new Map(entries.map((e) => [e.hex, e.key])),
   };
-}
-
-/** A limit as the tables keep it (text, see SHARED_LIMIT_SQL), as the interface gives it. */
-function limitOf(value: unknown): number {
-  const text = Buffer.isBuffer(value) ? value.toString('utf8') : String(value);
-  return text === SHARED_LIMIT_SQL ? SHARED : Number(text);
 }
 
 /** An owner column (VARBINARY) comes back as a Buffer. */

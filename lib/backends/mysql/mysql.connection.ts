@@ -18,6 +18,8 @@ import {
   lockNames,
   mysqlLockTablesSql,
   mysqlSchemaLayout,
+  MYSQL_SCHEMA_LAYOUT,
+  MYSQL_PROCEDURES_REVISION,
   MYSQL_SCHEMA_VERSION,
   newerMysqlLayoutRefusal,
   type MysqlLockNames,
@@ -233,13 +235,15 @@ export class MysqlConnection {
    */
   private async createTables(): Promise<void> {
     const { table, createTables } = this.options;
-    // The version is the holders table's comment; the key table's tells whether an earlier layout is there.
+    // The version is the holders table's comment; the key table's tells whether an earlier layout is
+    // there; the waiters table's, the revision of the procedures (see MYSQL_PROCEDURES_REVISION).
     const versionSql =
-      'SELECT MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS version, MAX(TABLE_NAME = ?) AS earlier ' +
-      'FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?)';
-    const versionValues = [`${table}_holders`, table, `${table}_holders`, table];
-    const check = (found: { version?: unknown; earlier?: unknown } | undefined): boolean => {
-      if (found?.version === MYSQL_SCHEMA_VERSION) return true;
+      'SELECT MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS version, MAX(TABLE_NAME = ?) AS earlier, ' +
+      'MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS revision ' +
+      'FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)';
+    const versionValues = [`${table}_holders`, table, `${table}_waiters`, `${table}_holders`, table, `${table}_waiters`];
+    const check = (found: Found | undefined): boolean => {
+      if (found?.version === MYSQL_SCHEMA_VERSION && found.revision === MYSQL_PROCEDURES_REVISION) return true;
       const newer = newerMysqlLayoutRefusal(found?.version, table);
       if (newer) throw new LockBackendError(this.backendName, newer, undefined, { permanent: true });
       return false;
@@ -248,9 +252,15 @@ export class MysqlConnection {
     if (!createTables) {
       const [found] = await this.query(versionSql, versionValues);
       const layout = mysqlSchemaLayout(found?.version) ?? (Number(found?.earlier) === 1 ? 1 : undefined);
+      const now =
+        found?.version === MYSQL_SCHEMA_VERSION
+          ? `is at version ${MYSQL_SCHEMA_LAYOUT} with procedures of an earlier release (not '${MYSQL_PROCEDURES_REVISION}')`
+          : layout === undefined
+            ? 'is missing'
+            : `is at version ${layout}`;
       throw new LockBackendError(
         this.backendName,
-        `the lock table ${table} (version '${MYSQL_SCHEMA_VERSION}') ${layout === undefined ? 'is missing' : `is at version ${layout}`} ` +
+        `the lock table ${table} (version '${MYSQL_SCHEMA_VERSION}') ${now} ` +
           `and createTables is false: run the statements of mysqlLockTablesSql({ table: '${table}' }) in a migration, or leave ` +
           `createTables on.`,
         undefined,
@@ -267,7 +277,7 @@ export class MysqlConnection {
       await on('SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), ?)), 30)', [`:nest-distributed-lock:create:${table}`]);
       try {
         // Asked again on this connection: a pool of one connection has no other to give.
-        const [found] = (await on(versionSql, versionValues)) as { version?: unknown; earlier?: unknown }[];
+        const [found] = (await on(versionSql, versionValues)) as Found[];
         if (!check(found)) for (const sql of mysqlLockTablesSql({ table })) await on(sql);
       } finally {
         await on('SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), ?)))', [`:nest-distributed-lock:create:${table}`]).catch(() => undefined);
@@ -286,6 +296,13 @@ export class MysqlConnection {
       connection.release();
     }
   }
+}
+
+/** What createTables reads of the tables' comments (see versionSql). */
+interface Found {
+  version?: unknown;
+  earlier?: unknown;
+  revision?: unknown;
 }
 
 interface PoolConnectionLike {

@@ -1,5 +1,6 @@
 import {
   MYSQL_MAX_FENCING_TOKEN,
+  MYSQL_MAX_HOLDER_BYTES,
   MYSQL_MAX_KEY_BYTES,
   MYSQL_MAX_OWNER_BYTES,
   TOKENS_EXHAUSTED,
@@ -36,13 +37,19 @@ export const SHARED_LIMIT_SQL = '18446744073709551615';
  *   inserted and deleted in the acquiring transaction, after the key locks): a token is greater
  *   than every earlier one of its keys, and InnoDB keeps the counter across a restart or a crash
  *   (MySQL 8.0 and MariaDB 10.2.4 on, in the redo log), even when the table is empty.
- * - Waiters stand in a line per key (`_waiters`, ordered by `place`, one number per waiter, the
- *   same in each line it stands in). `_admit` lets in, from the head, exactly the waiters that can
+ * - Waiters stand in a line per key (`_waiters`, ordered by `place`). A waiter for several keys
+ *   stands in the lines of its keys up to the first that keeps it out, none after it, and keeps
+ *   the place it has in a line as it moves on to the next. `_admit` lets in, from the head, exactly the waiters that can
  *   enter now, and stops at the first that cannot, so nobody passes it: a waiter for one key is
  *   handed the key there, in the releasing transaction, and its process finds the key its own
  *   when it next looks; a waiter for several keys stays at the head, where its process's look
  *   finds that it can enter, and asks again. Nobody else is woken. A waiter that stops asking
  *   loses its place at its `deadline`.
+ *
+ * - Who holds and waits (`holder`: `<instance>\n<site>`, as encodeIdentity makes it) is stored with
+ *   the holder's row and the waiter's, with when the lease was taken (`acquired_at`) and when the
+ *   place in line was (`since`), for inspect; no procedure decides anything by them. A hand-over
+ *   carries the waiter's to its lease.
  *
  * Keys reach the procedures as a comma-separated list of hex strings (any bytes, NUL included,
  * arrive as they are), limits as a comma-separated list of numbers aligned with them, and keys
@@ -52,6 +59,7 @@ export const SHARED_LIMIT_SQL = '18446744073709551615';
 export function proceduresSql(n: MysqlLockNames): string[] {
   const key = `VARBINARY(${MYSQL_MAX_KEY_BYTES})`;
   const owner = `VARBINARY(${MYSQL_MAX_OWNER_BYTES})`;
+  const holder = `VARBINARY(${MYSQL_MAX_HOLDER_BYTES})`;
   const list = 'MEDIUMTEXT CHARACTER SET ascii';
   const ms = (ts: string) => `CEIL(TIMESTAMPDIFF(MICROSECOND, now_ts, ${ts}) / 1000)`;
   const later = (from: string, ms: string) => `${from} + INTERVAL ${ms} * 1000 MICROSECOND`;
@@ -68,9 +76,13 @@ export function proceduresSql(n: MysqlLockNames): string[] {
   const nextToken = (into: string) => `INSERT INTO ${n.tokens} () VALUES ();
       SET ${into} = LAST_INSERT_ID();
       DELETE FROM ${n.tokens} WHERE id = ${into};`;
-  const holderRow = (k: string, o: string, token: string, expires: string, limit: string) =>
-    `INSERT INTO ${n.holders} (lock_key, owner, fencing_token, expires_at, max_holders) VALUES (${k}, ${o}, ${token}, ${expires}, ${limit})
-      ON DUPLICATE KEY UPDATE fencing_token = ${token}, expires_at = ${expires}, max_holders = ${limit};`;
+  // A lease its owner still holds (a request sent again, or a key handed over) keeps when it was
+  // taken: set before expires_at, as later assignments read the values already assigned.
+  const holderRow = (k: string, o: string, token: string, expires: string, limit: string, who: string, at: string) =>
+    `INSERT INTO ${n.holders} (lock_key, owner, fencing_token, expires_at, max_holders, holder, acquired_at)
+      VALUES (${k}, ${o}, ${token}, ${expires}, ${limit}, ${who}, ${at})
+      ON DUPLICATE KEY UPDATE acquired_at = IF(expires_at > ${at}, COALESCE(acquired_at, ${at}), ${at}), fencing_token = ${token},
+        expires_at = ${expires}, max_holders = ${limit}, holder = ${who};`;
   return [
     `DROP PROCEDURE IF EXISTS ${n.lockKeys}`,
     // Locks the key row of every key, creating the rows that are missing, in the order given (the
@@ -105,6 +117,7 @@ BEGIN
   DECLARE w_owner ${owner};
   DECLARE w_lease INT UNSIGNED;
   DECLARE w_limit BIGINT UNSIGNED;
+  DECLARE w_holder ${holder};
   DECLARE handed BIGINT UNSIGNED;
   DELETE FROM ${n.waiters} WHERE lock_key = p_key AND deadline <= p_now;
   line: LOOP
@@ -112,7 +125,7 @@ BEGIN
     IF w_owner IS NULL THEN
       LEAVE line;
     END IF;
-    SELECT w.lease_ms, w.max_holders INTO w_lease, w_limit FROM ${n.waiters} w WHERE w.lock_key = p_key AND w.owner = w_owner;
+    SELECT w.lease_ms, w.max_holders, w.holder INTO w_lease, w_limit, w_holder FROM ${n.waiters} w WHERE w.lock_key = p_key AND w.owner = w_owner;
     -- Read once someone waits: most releases find an empty line.
     IF holders IS NULL THEN
       SELECT COUNT(*), MIN(h.max_holders), MAX(IF(h.max_holders > 1, h.max_holders, NULL)) INTO holders, least_limit, shared_limit
@@ -125,7 +138,7 @@ BEGIN
     IF handed > ${MYSQL_MAX_FENCING_TOKEN} THEN
       LEAVE line;
     END IF;
-    ${holderRow('p_key', 'w_owner', 'handed', later('p_now', 'w_lease'), 'w_limit')}
+    ${holderRow('p_key', 'w_owner', 'handed', later('p_now', 'w_lease'), 'w_limit', 'w_holder', 'p_now')}
     DELETE FROM ${n.waiters} WHERE lock_key = p_key AND owner = w_owner;
     SET p_handed = CONCAT_WS(',', p_handed, w_owner);
     SET holders = holders + 1;
@@ -135,7 +148,7 @@ BEGIN
     END IF;
   END LOOP;
 END`,
-    `DROP PROCEDURE IF EXISTS ${n.take}`,
+    `DROP PROCEDURE IF EXISTS ${n.takeAs}`,
     // Takes every key or none, each with its limit (p_limits aligned with p_keys; NULL: all 1). A
     // key this owner already holds (a request resent after a timeout, or handed over by a release)
     // is taken as it is, with a new token. Answers (acquired, token, retry_after_ms, mismatch_key,
@@ -143,9 +156,10 @@ END`,
     // end first, or the first waiter's place), after putting a caller that will wait in line; a
     // limit mismatch answers the key (hex) and its holders' limit, and leaves the line alone; a
     // caller that leaves the head of a line others may share lets in those behind it that can
-    // enter (handed_to).
-    `CREATE PROCEDURE ${n.take}(
-  IN p_keys ${list}, IN p_owner ${owner}, IN p_ttl_ms INT, IN p_waiter_timeout_ms INT, IN p_will_wait BOOLEAN, IN p_limits ${list}
+    // enter (handed_to). p_holder is who asks, stored with the lease or the place in line.
+    `CREATE PROCEDURE ${n.takeAs}(
+  IN p_keys ${list}, IN p_owner ${owner}, IN p_ttl_ms INT, IN p_waiter_timeout_ms INT, IN p_will_wait BOOLEAN, IN p_limits ${list},
+  IN p_holder ${holder}
 )
 MODIFIES SQL DATA
 BEGIN
@@ -166,8 +180,8 @@ BEGIN
   DECLARE mismatch_limit BIGINT UNSIGNED DEFAULT NULL;
   DECLARE kept BIGINT UNSIGNED DEFAULT NULL;
   DECLARE kept_count INT DEFAULT 0;
-  DECLARE kept_differs BOOLEAN DEFAULT FALSE;
-  DECLARE place BIGINT UNSIGNED;
+  DECLARE blocked INT DEFAULT NULL;
+  DECLARE look_to INT;
   DECLARE head ${owner};
   DECLARE handed MEDIUMTEXT CHARACTER SET binary DEFAULT NULL;
   ${onError}
@@ -184,6 +198,7 @@ BEGIN
         -- Exclusive: any other live holder is in the way, and it waits for the last lease to end.
         IF last_end IS NOT NULL THEN
           SET retry_ms = GREATEST(COALESCE(retry_ms, 0), ${ms('last_end')});
+          SET blocked = COALESCE(blocked, i);
         END IF;
       ELSEIF shared_limit <> lim THEN
         SET mismatch_key = k;
@@ -192,13 +207,17 @@ BEGIN
       ELSEIF holders >= LEAST(lim, COALESCE(least_limit, lim)) THEN
         -- Behind an exclusive holder it waits for its lease; among several, for the first to end.
         SET retry_ms = GREATEST(COALESCE(retry_ms, 0), ${ms('IF(least_limit = 1, last_end, first_end)')});
+        SET blocked = COALESCE(blocked, i);
       END IF;
     END IF;
     SET i = i + 1;
   END WHILE;
-  IF retry_ms IS NULL AND mismatch_key IS NULL THEN
+  -- Without a held key every line decides; with one, only the lines before it: one of them may
+  -- keep the caller out sooner.
+  IF mismatch_key IS NULL THEN
     SET i = 1;
-    WHILE i <= n DO
+    SET look_to = COALESCE(blocked - 1, n);
+    WHILE i <= look_to DO
       SET k = ${nthKey};
       IF NOT EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.lock_key = k AND h.owner = p_owner AND h.expires_at > now_ts) THEN
         DELETE FROM ${n.waiters} WHERE lock_key = k AND deadline <= now_ts;
@@ -206,6 +225,9 @@ BEGIN
         IF head IS NOT NULL AND head <> p_owner THEN
           SET retry_ms = COALESCE((SELECT GREATEST(COALESCE(retry_ms, 0), ${ms('w.deadline')}) FROM ${n.waiters} w
             WHERE w.lock_key = k AND w.owner = head), retry_ms);
+          IF blocked IS NULL OR blocked > i THEN
+            SET blocked = i;
+          END IF;
         END IF;
       END IF;
       SET i = i + 1;
@@ -218,40 +240,51 @@ BEGIN
       CAST(mismatch_limit AS CHAR) AS mismatch_limit, NULL AS handed_to;
   ELSEIF retry_ms IS NOT NULL THEN
     IF p_will_wait THEN
-      -- One place per waiter, the same in all its lines: two waiters then stand in the same order in
-      -- every line they share, so neither waits for the other on keys that are free. One that lost
-      -- its place in any line takes a new one, at the back of all of them.
+      -- A place in line up to the first key that keeps it out, none after it: a place in the line
+      -- of a later key would keep that key from a holder of an earlier one that takes it next
+      -- (sorted order), while this caller waits for the earlier one: both would wait until a wait
+      -- ran out. So two waiters never wait for each other on keys that are free: one stands in a
+      -- later line only once nobody ahead of it keeps it out of the earlier ones. A place it still
+      -- has is kept (nobody who came later passes it); a line it joins has it at the back.
       SET i = 1;
-      WHILE i <= n DO
-        SET k = ${nthKey};
-        SET place = (SELECT w.place FROM ${n.waiters} w WHERE w.lock_key = k AND w.owner = p_owner AND w.deadline > now_ts);
-        IF place IS NOT NULL THEN
-          SET kept_count = kept_count + 1;
-          SET kept_differs = kept_differs OR (kept IS NOT NULL AND kept <> place);
-          SET kept = place;
-        END IF;
+      WHILE i <= blocked DO
+        SET kept_count = kept_count + (SELECT COUNT(*) FROM ${n.waiters} w WHERE w.lock_key = ${nthKey} AND w.owner = p_owner AND w.deadline > now_ts);
         SET i = i + 1;
       END WHILE;
-      IF kept_count < n OR kept_differs THEN
+      IF kept_count < blocked THEN
         INSERT INTO ${n.places} () VALUES ();
         SET kept = LAST_INSERT_ID();
         DELETE FROM ${n.places} WHERE id = kept;
       END IF;
       -- A waiter for one key is handed the lock on release, with its ttl but no longer than its
-      -- place lasts, so one that died in line holds the others up that long at most.
+      -- place lasts, so one that died in line holds the others up that long at most. The place is
+      -- set before the deadline: an update reads the columns it already set. (No new place, 0, is
+      -- only ever an update's: MySQL refuses a NULL before it finds the row.)
       SET i = 1;
-      WHILE i <= n DO
+      WHILE i <= blocked DO
         SET lim = ${nthLimit};
-        INSERT INTO ${n.waiters} (lock_key, owner, place, deadline, lease_ms, max_holders)
-          VALUES (${nthKey}, p_owner, kept, ${later('now_ts', 'p_waiter_timeout_ms')}, IF(n = 1, LEAST(p_ttl_ms, p_waiter_timeout_ms), 0), lim)
-          ON DUPLICATE KEY UPDATE place = kept, deadline = ${later('now_ts', 'p_waiter_timeout_ms')},
+        INSERT INTO ${n.waiters} (lock_key, owner, place, deadline, lease_ms, max_holders, holder, since)
+          VALUES (${nthKey}, p_owner, COALESCE(kept, 0), ${later('now_ts', 'p_waiter_timeout_ms')}, IF(n = 1, LEAST(p_ttl_ms, p_waiter_timeout_ms), 0), lim,
+            p_holder, now_ts)
+          ON DUPLICATE KEY UPDATE since = IF(deadline > now_ts, COALESCE(since, now_ts), now_ts), holder = p_holder,
+            place = IF(deadline > now_ts, place, kept), deadline = ${later('now_ts', 'p_waiter_timeout_ms')},
             lease_ms = IF(n = 1, LEAST(p_ttl_ms, p_waiter_timeout_ms), 0), max_holders = lim;
+        SET i = i + 1;
+      END WHILE;
+      -- A place an earlier attempt took in a later line, while the keys before it let it in: it
+      -- goes, and whoever it kept out there may enter now.
+      WHILE i <= n DO
+        SET k = ${nthKey};
+        DELETE FROM ${n.waiters} WHERE lock_key = k AND owner = p_owner;
+        IF ROW_COUNT() > 0 THEN
+          CALL ${n.admit}(k, now_ts, handed);
+        END IF;
         SET i = i + 1;
       END WHILE;
     END IF;
     COMMIT;
     SELECT 0 AS acquired, NULL AS token, GREATEST(retry_ms, 0) AS retry_after_ms, NULL AS mismatch_key, NULL AS mismatch_limit,
-      NULL AS handed_to;
+      handed AS handed_to;
   ELSE
     ${nextToken('token')}
     IF token > ${MYSQL_MAX_FENCING_TOKEN} THEN
@@ -261,7 +294,7 @@ BEGIN
     WHILE i <= n DO
       SET k = ${nthKey};
       SET lim = ${nthLimit};
-      ${holderRow('k', 'p_owner', 'token', later('now_ts', 'p_ttl_ms'), 'lim')}
+      ${holderRow('k', 'p_owner', 'token', later('now_ts', 'p_ttl_ms'), 'lim', 'p_holder', 'now_ts')}
       DELETE FROM ${n.waiters} WHERE lock_key = k AND owner = p_owner;
       -- It stood at the head of a line where others may enter beside it: those behind it that can.
       IF ROW_COUNT() > 0 AND lim <> 1 THEN
@@ -272,6 +305,16 @@ BEGIN
     COMMIT;
     SELECT 1 AS acquired, token, NULL AS retry_after_ms, NULL AS mismatch_key, NULL AS mismatch_limit, handed AS handed_to;
   END IF;
+END`,
+    `DROP PROCEDURE IF EXISTS ${n.take}`,
+    // The acquire of the release before who holds was stored, for its processes still running on
+    // these tables (or started on them later): who asks is not known.
+    `CREATE PROCEDURE ${n.take}(
+  IN p_keys ${list}, IN p_owner ${owner}, IN p_ttl_ms INT, IN p_waiter_timeout_ms INT, IN p_will_wait BOOLEAN, IN p_limits ${list}
+)
+MODIFIES SQL DATA
+BEGIN
+  CALL ${n.takeAs}(p_keys, p_owner, p_ttl_ms, p_waiter_timeout_ms, p_will_wait, p_limits, NULL);
 END`,
     `DROP PROCEDURE IF EXISTS ${n.acquire}`,
     // The previous layout's signature, for a process of an older release still running: it takes

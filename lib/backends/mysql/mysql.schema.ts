@@ -1,4 +1,5 @@
 import { InvalidLockOptionsError } from '../../lock.errors.js';
+import { MAX_IDENTITY_BYTES } from '../../lock-identity.js';
 import { resolveMysqlOptions } from './mysql.options.js';
 import { proceduresSql } from './mysql.procedures.js';
 
@@ -15,7 +16,10 @@ export interface MysqlLockNames {
   readonly places: string;
   readonly lockKeys: string;
   readonly admit: string;
+  /** The previous release's acquire (without who asks), kept for its processes (see mysql.procedures.ts). */
   readonly take: string;
+  /** Acquire, with who asks: what this release calls. */
+  readonly takeAs: string;
   /** The previous layout's acquire, kept for its processes (see mysql.procedures.ts). */
   readonly acquire: string;
   readonly extend: string;
@@ -35,6 +39,7 @@ export function lockNames(table: string): MysqlLockNames {
     lockKeys: name('_lock_keys'),
     admit: name('_admit'),
     take: name('_take'),
+    takeAs: name('_take_as'),
     acquire: name('_acquire'),
     extend: name('_extend'),
     release: name('_release'),
@@ -44,6 +49,19 @@ export function lockNames(table: string): MysqlLockNames {
 
 /** The version of the tables' layout this release reads and writes (see MYSQL_SCHEMA_VERSION). */
 export const MYSQL_SCHEMA_LAYOUT = 2;
+
+/**
+ * Stored as the comment of the waiters table (`<table>_waiters`), set after everything else: the
+ * procedures and the columns they use change within a version of the tables when their rules do
+ * (revision 2: who holds and waits, in nullable columns; a waiter for several keys stands in line
+ * only up to the first key that keeps it out). Releases before a revision run on tables of a later
+ * one (they neither read nor write the new columns, and call the procedures by names that stay),
+ * so a revision does not change the version, which those releases would take for a later layout
+ * and refuse. The backend puts the procedures back when the tables are at this version but of an
+ * earlier revision (or none: before revision 2); set last, the comment is found only once a
+ * process that did so got to the end, even one that crashed part-way through.
+ */
+export const MYSQL_PROCEDURES_REVISION = 'nest-distributed-lock procedures, revision 2';
 
 /**
  * Stored as the comment of the holders table (`<table>_holders`): the backend checks it on first
@@ -89,6 +107,8 @@ export function newerMysqlLayoutRefusal(comment: unknown, table: string): string
 export const MYSQL_MAX_KEY_BYTES = 3_034;
 /** The longest owner: LockService's owner tokens (32 hex characters). */
 export const MYSQL_MAX_OWNER_BYTES = 32;
+/** The longest identity stored (`instance`, a line feed, `site`: see encodeIdentity), in bytes. */
+export const MYSQL_MAX_HOLDER_BYTES = MAX_IDENTITY_BYTES;
 
 /** The greatest fencing token: a JavaScript number holds tokens exactly up to here. */
 export const MYSQL_MAX_FENCING_TOKEN = Number.MAX_SAFE_INTEGER;
@@ -135,6 +155,12 @@ function tablesSql(table: string): string[] {
   const n = lockNames(table);
   const key = `VARBINARY(${MYSQL_MAX_KEY_BYTES})`;
   const owner = `VARBINARY(${MYSQL_MAX_OWNER_BYTES})`;
+  const holder = `VARBINARY(${MYSQL_MAX_HOLDER_BYTES})`;
+  // Adds a column to a table of an earlier release that lacks it (MySQL has no ADD COLUMN IF NOT EXISTS).
+  const addColumn = (suffix: string, column: string, type: string) => `IF NOT EXISTS (SELECT 1 FROM information_schema.COLUMNS
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '${table}${suffix}' AND COLUMN_NAME = '${column}') THEN
+    ALTER TABLE \`${table}${suffix}\` ADD COLUMN ${column} ${type} NULL;
+  END IF;`;
   const [dropLockKeys, createLockKeys, ...procedures] = proceduresSql(n);
   return [
     // One row per key locked and not swept yet: its lock, which serialises the calls on the key.
@@ -154,6 +180,8 @@ function tablesSql(table: string): string[] {
   fencing_token BIGINT UNSIGNED NOT NULL,
   expires_at DATETIME(6) NOT NULL,
   max_holders BIGINT UNSIGNED NOT NULL DEFAULT 1,
+  holder ${holder} NULL,
+  acquired_at DATETIME(6) NULL,
   PRIMARY KEY (lock_key, owner)
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC`,
     // One row per waiter and key it waits for: its place in the key's line, when it loses it
@@ -166,6 +194,8 @@ function tablesSql(table: string): string[] {
   deadline DATETIME(6) NOT NULL,
   lease_ms INT UNSIGNED NOT NULL,
   max_holders BIGINT UNSIGNED NOT NULL DEFAULT 1,
+  holder ${holder} NULL,
+  since DATETIME(6) NULL,
   PRIMARY KEY (lock_key, owner),
   KEY line (lock_key, place)
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC`,
@@ -185,6 +215,13 @@ BEGIN
                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '${table}_waiters' AND COLUMN_NAME = 'max_holders') THEN
     ALTER TABLE ${n.waiters} ADD COLUMN max_holders BIGINT UNSIGNED NOT NULL DEFAULT 1;
   END IF;
+  -- Who holds and waits, for inspect (docs/inspection.md): nullable columns without a default, which
+  -- releases before them neither write nor read, so they run on these tables unchanged (a rolling
+  -- upgrade, or a rollback).
+  ${addColumn('_waiters', 'holder', holder)}
+  ${addColumn('_waiters', 'since', 'DATETIME(6)')}
+  ${addColumn('_holders', 'holder', holder)}
+  ${addColumn('_holders', 'acquired_at', 'DATETIME(6)')}
   -- Its leases, one per key in the key's row, become exclusive holders, with their tokens.
   INSERT INTO ${n.holders} (lock_key, owner, fencing_token, expires_at, max_holders)
     SELECT l.lock_key, l.owner, l.fencing_token, l.expires_at, 1 FROM ${n.locks} l WHERE l.owner <> '' AND l.expires_at > UTC_TIMESTAMP(6)
@@ -195,5 +232,6 @@ END`,
     `DROP PROCEDURE ${n.upgrade}`,
     ...procedures,
     `ALTER TABLE ${n.holders} COMMENT = '${MYSQL_SCHEMA_VERSION}'`,
+    `ALTER TABLE ${n.waiters} COMMENT = '${MYSQL_PROCEDURES_REVISION}'`,
   ];
 }

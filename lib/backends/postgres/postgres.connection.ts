@@ -13,6 +13,8 @@ import {
 } from './postgres.errors.js';
 import type { CheckedConnection, ResolvedPostgresOptions } from './postgres.options.js';
 import {
+  acquireSignature,
+  FUNCTIONS_REVISION,
   lockNames,
   newerLayoutRefusal,
   postgresLockTablesSql,
@@ -29,6 +31,9 @@ const logger = new Logger('DistributedLock');
 
 /** What createTables finds of tables at this version made by a release before IDENTITY_COLUMN. */
 const WITHOUT_IDENTITY = 'version 4 without the columns of who holds';
+
+/** What createTables finds of tables at this version whose functions are of an earlier revision. */
+const OLDER_FUNCTIONS = 'version 4 with functions of an earlier revision';
 
 /**
  * For pools the backend creates: TCP keep-alive, so a connection to a server that vanished is
@@ -294,20 +299,32 @@ export class PostgresConnection {
       if (why) throw new LockBackendError(this.backendName, why, undefined, { permanent: true });
     };
     const pool = this.openPool();
-    // The version comment, or (without the columns of who holds, see IDENTITY_COLUMN) less than it.
+    // The version comment, or (without the columns of who holds, see IDENTITY_COLUMN, or with
+    // functions of an earlier revision) less than it.
     const version = async (client: Pool | { query: Pool['query'] }) => {
       const { rows } = await client.query(
         `SELECT obj_description(to_regclass($1), 'pg_class') AS version, EXISTS (SELECT 1 FROM pg_attribute a ` +
-          `WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped) AS current`,
-        [this.names.qualified, IDENTITY_COLUMN],
+          `WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped) AS current, ` +
+          `obj_description(to_regprocedure($3), 'pg_proc') AS functions`,
+        [this.names.qualified, IDENTITY_COLUMN, acquireSignature(this.names)],
       );
-      const { version: comment, current } = rows[0] ?? {};
-      return comment === SCHEMA_VERSION && !current ? WITHOUT_IDENTITY : comment;
+      const { version: comment, current, functions } = rows[0] ?? {};
+      if (comment !== SCHEMA_VERSION) return comment;
+      return !current ? WITHOUT_IDENTITY : functions !== FUNCTIONS_REVISION ? OLDER_FUNCTIONS : comment;
     };
     const found = await version(pool);
     if (found === SCHEMA_VERSION) return;
     refuse(found);
     const { schema, table, createTables } = this.options;
+    // The tables work as they are, only a rule of the later functions is missing: said, never
+    // refused (a role that may not replace them, or createTables off, must still lock).
+    const olderFunctions = (why: string) =>
+      logger.warn(
+        `The functions of the lock table ${this.names.qualified} are of an earlier release (${why}): a waiter for several ` +
+          `keys keeps a place in the line of each, and may keep the holder of its first key out of the next one until a ` +
+          `wait runs out. Run the SQL of postgresLockTablesSql({ schema: '${schema}', table: '${table}' }) in a migration to replace them.`,
+      );
+    if (!createTables && found === OLDER_FUNCTIONS) return olderFunctions('createTables is false');
     if (!createTables) {
       throw new LockBackendError(
         this.backendName,
@@ -330,6 +347,8 @@ export class PostgresConnection {
     } catch (error) {
       await client.query('ROLLBACK').catch(() => undefined);
       if (error instanceof LockBackendError) throw error;
+      if (found === OLDER_FUNCTIONS)
+        return olderFunctions(sentence(error instanceof Error ? error.message : String(error)).replace(/\.$/, ''));
       // 42501: insufficient privilege.
       const denied = (error as { code?: unknown }).code === '42501';
       if (isReadOnly(error)) await this.readOnlyCheck(error).catch(() => undefined);

@@ -29,11 +29,13 @@ export const OLDER_RELEASE_GUARD = 'lock tables at version 4: update nest-distri
  * - Fencing tokens come from one sequence for every mode: each acquisition or hand-over takes the
  *   next value after its keys are locked, so a token is greater than every earlier one of its
  *   keys, and a sequence never goes back across a restart or a crash.
- * - Waiters stand in a line per key (`_waiters`, ordered by `place`, one number per waiter, the
- *   same in each line it stands in). `_admit` lets in, from the head, exactly the waiters that can
- *   enter now, and stops at the first that cannot, so nobody passes it: a waiter for one key is
- *   handed the key there, a waiter for several is told and asks again. Each is told by NOTIFY on its
- *   own process's channel (delivered at commit); nobody else is woken.
+ * - Waiters stand in a line per key (`_waiters`, ordered by `place`). A waiter for several keys
+ *   stands in the lines of its keys up to the first that keeps it out, none after it, and keeps
+ *   the place it has in a line as it moves on to the next. `_admit` lets in, from the head,
+ *   exactly the waiters that can enter now, and stops at the first that cannot, so nobody passes
+ *   it: a waiter for one key is handed the key there, a waiter for several is told and asks again.
+ *   Each is told by NOTIFY on its own process's channel (delivered at commit); nobody else is
+ *   woken.
  */
 export function functionsSql(n: PostgresLockNames): string {
   const ms = (ts: string) => `ceil(extract(epoch FROM ${ts} - now_ts) * 1000)::bigint`;
@@ -83,6 +85,7 @@ DECLARE
   mine text[] := '{}';
   left_line integer;
   kept_place bigint;
+  blocked integer;
 BEGIN
   PERFORM ${n.lockKeys}(p_keys);
   now_ts := clock_timestamp();
@@ -97,6 +100,7 @@ BEGIN
         mine := mine || k;
       ELSIF held.last_end IS NOT NULL THEN
         retry_after_ms := greatest(retry_after_ms, ${ms('held.last_end')});
+        blocked := coalesce(blocked, i);
       END IF;
       CONTINUE;
     END IF;
@@ -114,18 +118,23 @@ BEGIN
     ELSIF held.holders >= least(lim, held.least_limit) THEN
       -- Behind an exclusive holder it waits for its lease; among several, for the first to end.
       retry_after_ms := greatest(retry_after_ms, ${ms('CASE WHEN held.least_limit = 1 THEN held.last_end ELSE held.first_end END')});
+      blocked := coalesce(blocked, i);
     END IF;
   END LOOP;
-  IF retry_after_ms IS NULL THEN
-    FOREACH k IN ARRAY p_keys LOOP
-      CONTINUE WHEN k = ANY (mine);
-      DELETE FROM ${n.waiters} w WHERE w.key = k AND w.deadline <= now_ts;
-      SELECT w.owner, w.deadline INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
-      IF FOUND AND head.owner <> p_owner THEN
-        retry_after_ms := greatest(retry_after_ms, ${ms('head.deadline')});
+  -- Without a held key every line decides; with one, only the lines before it: one of them may
+  -- keep the caller out sooner.
+  FOR i IN 1 .. coalesce(blocked - 1, cardinality(p_keys)) LOOP
+    k := p_keys[i];
+    CONTINUE WHEN k = ANY (mine);
+    DELETE FROM ${n.waiters} w WHERE w.key = k AND w.deadline <= now_ts;
+    SELECT w.owner, w.deadline INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
+    IF FOUND AND head.owner <> p_owner THEN
+      retry_after_ms := greatest(retry_after_ms, ${ms('head.deadline')});
+      IF blocked IS NOT NULL AND blocked > i OR blocked IS NULL THEN
+        blocked := i;
       END IF;
-    END LOOP;
-  END IF;
+    END IF;
+  END LOOP;
 
   IF retry_after_ms IS NOT NULL THEN
     acquired := false;
@@ -133,24 +142,34 @@ BEGIN
     -- most this, every one after it a greater one.
     token := coalesce(pg_sequence_last_value('${n.tokens}'), 0);
     IF p_will_wait THEN
-      -- One place per waiter, the same in all its lines: two waiters then stand in the same order
-      -- in every line they share, so neither waits for the other on keys that are free. One that
-      -- lost its place in any line takes a new one, at the back of all of them.
-      SELECT CASE WHEN count(*) = cardinality(p_keys) AND min(w.place) = max(w.place) THEN min(w.place) END
-        INTO kept_place
-        FROM ${n.waiters} w WHERE w.key = ANY (p_keys) AND w.owner = p_owner AND w.deadline > now_ts;
-      kept_place := coalesce(kept_place, nextval('${n.places}'));
+      -- A place in line up to the first key that keeps it out, none after it: a place in the line
+      -- of a later key would keep that key from a holder of an earlier one that takes it next
+      -- (sorted order), while this caller waits for the earlier one: both would wait until a wait
+      -- ran out. So two waiters never wait for each other on keys that are free: one stands in a
+      -- later line only once nobody ahead of it keeps it out of the earlier ones. A place it still
+      -- has is kept (nobody who came later passes it); a line it joins has it at the back.
+      SELECT count(*) INTO kept_place
+        FROM ${n.waiters} w WHERE w.key = ANY (p_keys[1:blocked]) AND w.owner = p_owner AND w.deadline > now_ts;
+      kept_place := CASE WHEN kept_place < blocked THEN nextval('${n.places}') ELSE 0 END;
       -- A waiter for one key is handed the lock on release, with its ttl but no longer than its
       -- place lasts, so one that died in line holds the others up that long at most.
       INSERT INTO ${n.waiters} AS w (key, owner, place, channel, deadline, lease_ms, max_holders, holder, since)
         SELECT u.key, p_owner, kept_place, p_channel, now_ts + p_waiter_timeout_ms * interval '1 millisecond',
                CASE WHEN cardinality(p_keys) = 1 THEN least(p_ttl_ms, p_waiter_timeout_ms) ELSE 0 END, coalesce(u.lim, 1),
                p_holder, now_ts
-          FROM unnest(p_keys, p_limits) AS u(key, lim)
+          FROM unnest(p_keys[1:blocked], p_limits[1:blocked]) AS u(key, lim)
         ON CONFLICT (key, owner) DO UPDATE
-          SET place = excluded.place, channel = excluded.channel, deadline = excluded.deadline, lease_ms = excluded.lease_ms,
-              max_holders = excluded.max_holders, holder = excluded.holder,
-              since = CASE WHEN w.place = excluded.place THEN coalesce(w.since, excluded.since) ELSE excluded.since END;
+          SET place = CASE WHEN w.deadline > now_ts THEN w.place ELSE excluded.place END, channel = excluded.channel,
+              deadline = excluded.deadline, lease_ms = excluded.lease_ms, max_holders = excluded.max_holders, holder = excluded.holder,
+              since = CASE WHEN w.deadline > now_ts THEN coalesce(w.since, excluded.since) ELSE excluded.since END;
+      -- A place an earlier attempt took in a later line, while the keys before it let it in: it
+      -- goes, and whoever it kept out there may enter now.
+      FOR i IN blocked + 1 .. cardinality(p_keys) LOOP
+        DELETE FROM ${n.waiters} w WHERE w.key = p_keys[i] AND w.owner = p_owner;
+        IF FOUND THEN
+          PERFORM ${n.admit}(p_keys[i], now_ts);
+        END IF;
+      END LOOP;
     END IF;
     RETURN;
   END IF;

@@ -30,8 +30,9 @@ export { EXTEND, EXTEND_HOLDERS, INSPECT } from './redis.lease-scripts.js';
  * still goes to the first waiter in line: the line keeps a process that releases and re-acquires
  * at once from starving the others. A key that admits several holders lets a caller in beside its
  * holders while they leave it room, unless a waiter ahead of it in line is of another kind (a
- * queued writer keeps later readers out) or would take the room left. Waiters that stopped asking
- * lose their place after the timeout, in all their lines at once.
+ * queued writer keeps later readers out) or would take the room left. A caller that waits stands
+ * in the lines of its keys up to the first that keeps it out (keys come sorted), in none after it.
+ * Waiters that stopped asking lose their place after the timeout, in all their lines at once.
  * The usual case is four calls: EXISTS of the line, SET NX of the lock, then TIME and SET ... GET
  * for the fencing token (nextToken, inlined).
  */
@@ -64,7 +65,8 @@ else
   for i = 1, n do limits[i] = '1' end
 end
 if ARGV[5] then holding() end
-local wait, mine, own, room, lined = nil, {}, {}, {}, 0
+-- blocked: the first key that keeps the caller out (keys come sorted), the last line it stands in.
+local wait, mine, own, room, lined, blocked = nil, {}, {}, {}, 0, nil
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
   if holder == owner then
@@ -82,14 +84,18 @@ for i = 1, n do
       -- Full: the first permit frees when the shortest lease ends, if not before.
       local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')[2]
       wait = math.max(wait or -1, tonumber(first) - ms())
+      blocked = blocked or i
     else
       room[i] = limitSize(limits[i]) - count
     end
   elseif holder then
     wait = math.max(wait or -1, redis.call('PTTL', KEYS[i]))
+    blocked = blocked or i
   end
 end
-if not wait then
+-- Without a held key every line decides; with one, only the lines before it: one of them may keep
+-- the caller out sooner.
+if not blocked or blocked > 1 then
   -- Whether a waiter ahead of \`who\` in line i keeps it out: one of another kind, or one of its kind
   -- when the key has no room left for both (\`room\`: places free beside the holders). Returns that
   -- waiter's deadline or nil, and whether anyone stands in the line.
@@ -108,11 +114,14 @@ if not wait then
       end
     end
   end
-  for i = 1, n do
+  for i = 1, (blocked or n + 1) - 1 do
     if not mine[i] then
       local deadline, anyone = ahead(i, owner, limits[i], room[i] or 1)
       if anyone then lined = 1 end
-      if deadline then wait = math.max(wait or -1, math.ceil(deadline - clock() / 1000)) end
+      if deadline then
+        wait = math.max(wait or -1, math.ceil(deadline - clock() / 1000))
+        if not blocked or i < blocked then blocked = i end
+      end
     end
   end
 end
@@ -120,29 +129,35 @@ if wait then
   if willWait == '0' then return {0, wait, -1} end
   -- Numbers go to Redis exactly (as %.17g); into a string they go through %d.
   local record = string.format('%d', math.floor(clock() / 1000) + tonumber(waiterTimeout)) .. ' ' .. (n == 1 and ttl or '0') .. ' ' .. backendId
-  -- One place per waiter, the same in all its lines: any two waiters then stand in the same order
-  -- in every line they share, so neither waits for the other on keys that are free. Places run out
-  -- together (one deadline in every record), but a line drops a waiter only when it looks at it:
-  -- a waiter that lost its place in any of its lines takes a fresh one, at the back of all of them.
-  local place = nil
-  for i = 1, n do
-    local score = redis.call('ZSCORE', KEYS[2 * n + i], owner)
-    if not score or not standing(i, owner) or (place and score ~= place) then
-      place = nil
-      break
-    end
-    place = score
-  end
-  place = place or clock()
+  -- A place in line up to the first key that keeps it out, none after it: a place in the line of a
+  -- later key would keep that key from a holder of an earlier one that takes it next (sorted
+  -- order), while this caller waits for the earlier one: both would wait until a wait ran out. So
+  -- two waiters never wait for each other on keys that are free: one stands in a later line only
+  -- once nobody ahead of it keeps it out of the earlier ones.
+  -- A place it still has is kept (nobody who came later passes it); a line it joins has it at the
+  -- back. Places run out together (one deadline in every record), but a line drops a waiter only
+  -- when it looks at it: one whose place ran out takes a fresh one in each line.
+  local fresh = nil
   for i = 1, n do
     local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
-    redis.call('ZADD', line, place, owner)
-    redis.call('HSET', records, owner, limits[i] == '1' and record or record .. ' ' .. limits[i])
-    redis.call('PEXPIRE', line, waiterTimeout)
-    redis.call('PEXPIRE', records, waiterTimeout)
-    -- Who waits, for inspect; since when is the place's score.
-    redis.call('HSET', whoKey(i), owner, stamped(i, owner, identity))
-    keepAtLeast(whoKey(i), waiterTimeout)
+    if i <= blocked then
+      if not (redis.call('ZSCORE', line, owner) and standing(i, owner)) then
+        fresh = fresh or clock()
+        redis.call('ZADD', line, fresh, owner)
+      end
+      redis.call('HSET', records, owner, limits[i] == '1' and record or record .. ' ' .. limits[i])
+      redis.call('PEXPIRE', line, waiterTimeout)
+      redis.call('PEXPIRE', records, waiterTimeout)
+      -- Who waits, for inspect; since when is the place's score.
+      redis.call('HSET', whoKey(i), owner, stamped(i, owner, identity))
+      keepAtLeast(whoKey(i), waiterTimeout)
+    elseif redis.call('ZSCORE', line, owner) then
+      -- A place an earlier attempt took, while the keys before this one let it in. Nobody behind
+      -- it is woken: nobody who came later passes it in those earlier lines, so one of them keeps
+      -- it out again only once its place ran out (in every line at once), and a line passes a
+      -- waiter whose place ran out.
+      leave(i, owner)
+    end
   end
   -- Without a counter, a later hand-over starts one from the clock, so the clock is the bar.
   return {0, wait, n == 1 and (tonumber(redis.call('GET', KEYS[2])) or clock()) or -1}

@@ -4,8 +4,7 @@ import { listZooKeeper } from './zookeeper.listing.js';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { nodeZooKeeperClients, type ZooKeeperClient, type ZooKeeperOp } from './zookeeper.client.js';
-import { inLineOrder, isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
-import { lineStanding, parseEntry } from './zookeeper.kinds.js';
+import { isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { checkConnectionString, redactConnection, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
@@ -13,6 +12,8 @@ import { LinePlaces } from './zookeeper.places.js';
 import { LineRequests } from './zookeeper.requests.js';
 import { ZooKeeperSession, type LiveSession } from './zookeeper.session.js';
 import { verifyRoot } from './zookeeper.verify.js';
+import { identityBytes } from '../../lock-identity.js';
+import { inspectZooKeeper } from './zookeeper.inspection.js';
 
 /** The data of a permit caller's node once it went in (see zookeeper.kinds.ts). */
 const IN = Buffer.from('in');
@@ -37,6 +38,7 @@ export class ZooKeeperLockBackend implements LockBackend {
   readonly name = 'zookeeper';
   readonly fencing = true;
   readonly sharedHolders = true;
+  readonly storesIdentity = true;
 
   private readonly session: ZooKeeperSession;
   private readonly paths: LinePaths;
@@ -92,12 +94,16 @@ export class ZooKeeperLockBackend implements LockBackend {
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     const willWait = options?.willWait ?? true;
     if (this.closed) throw this.session.error('acquire', keys, 'the backend is closed (the application shut down).');
-    this.paths.checkSize(keys, owner);
+    const data = identityBytes(options?.holder, this.name);
+    this.paths.checkSize(keys, owner, data?.length);
     const sentAt = performance.now();
     const request = this.requests.open(keys, owner);
-    // Opened by watch() before the first attempt, or by an earlier attempt: the kind is this call's
-    // until nodes carry it.
-    if (!request.nodes && !request.uncertain && !request.creating) request.limits = options?.limits ?? [];
+    // Opened by watch() before the first attempt, or by an earlier attempt: the kind (and who asks)
+    // is this call's until nodes carry it.
+    if (!request.nodes && !request.uncertain && !request.creating) {
+      request.limits = options?.limits ?? [];
+      request.data = data;
+    }
     this.parents.inUse(keys.map((key) => this.paths.parent(key)));
     const current = request;
     current.woken = false;
@@ -170,39 +176,12 @@ export class ZooKeeperLockBackend implements LockBackend {
     return held;
   }
 
+  /** The key's line: who is in, who waits, with who they are (see inspectZooKeeper). Read-only. */
   async inspect(key: string): Promise<LockState | undefined> {
     this.paths.checkSize([key], '');
-    return this.session.run('inspect', [key], async ({ client }) => {
-      const parent = this.paths.parent(key);
-      const children = await client.getChildren(parent).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)));
-      const line = inLineOrder(children);
-      // Who is in: a prefix of the line, less callers about to leave it as they disagree on its limit.
-      const inside: string[] = [];
-      for (const name of line) {
-        const standing = lineStanding(line, name, parseEntry(name)?.limit ?? 1);
-        if ('in' in standing && standing.in) inside.push(name);
-        else if (!('mismatch' in standing)) break;
-      }
-      const stats = await Promise.all(inside.map((name) => client.exists(`${parent}/${name}`)));
-      const holders = inside.flatMap((name, i) => {
-        const stat = stats[i];
-        if (!stat) return [];
-        const { owner, limit } = parseEntry(name)!;
-        const ours = this.requests.get(owner);
-        // Another process's lease is known to last at most one session timeout once its holder goes.
-        const ttlMs = ours?.held ? this.requests.remaining(owner) : this.session.timeout;
-        return [{ owner, limit, ttlMs, fencingToken: stat.czxid }];
-      });
-      if (holders.length === 0) return undefined;
-      const { owner, limit } = holders[0];
-      return {
-        key,
-        owner,
-        ttlMs: Math.max(...holders.map((h) => h.ttlMs)),
-        fencingToken: Math.max(...holders.map((h) => h.fencingToken)),
-        ...(limit !== 1 && { limit, holders: holders.map(({ owner, ttlMs, fencingToken }) => ({ owner, ttlMs, fencingToken })) }),
-      };
-    });
+    // Another process's lease is known to last at most one session timeout once its holder goes.
+    const ttlOf = (owner: string) => (this.requests.get(owner)?.held ? this.requests.remaining(owner) : this.session.timeout);
+    return this.session.run('inspect', [key], ({ client }) => inspectZooKeeper(client, this.paths, key, ttlOf));
   }
 
   /** The root's children in key order, then each one's line (see listZooKeeper). Read-only. */
@@ -337,8 +316,10 @@ export class ZooKeeperLockBackend implements LockBackend {
       if (where.first) {
         // Reads alone could come from a follower cut off from the leader, which may have ended our
         // session already; nodes made by this attempt were a write, else one is made now. Nodes to
-        // mark as in are marked by that write (or one made for them).
-        if ((!created || where.marks.length > 0) && !(await this.stillThere(session, request.nodes!, where.marks))) {
+        // mark as in are marked by that write (or one made for them). Nodes that carry who asks are
+        // all written by it, so their mtime tells inspect when they went in (see zookeeper.inspection.ts).
+        const written = !created && request.data ? request.nodes! : where.marks;
+        if ((!created || where.marks.length > 0) && !(await this.stillThere(session, request.nodes!, written, request.data))) {
           await this.discard(request, request.nodes!);
           continue;
         }
@@ -354,7 +335,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       // right behind it that waits for its mark starts watching the holders (its turn may be due).
       const unmarked = where.marks.filter((path) => !request.marked?.has(path));
       if (unmarked.length > 0) {
-        if (!(await this.stillThere(session, request.nodes!, unmarked))) {
+        if (!(await this.stillThere(session, request.nodes!, unmarked, request.data))) {
           await this.discard(request, request.nodes!);
           continue;
         }
@@ -433,12 +414,18 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   /**
    * A write that fails unless every node is still there: the leader itself answers for the
-   * session. `marks`: nodes whose data it sets too, as a sign that they went in.
+   * session. `marks`: nodes whose data it sets too, as a sign that they went in (their version
+   * counts, not their data: who asks, when the request carries it, is written again).
    */
-  private async stillThere(session: LiveSession, nodes: readonly string[], marks: readonly string[] = []): Promise<boolean> {
+  private async stillThere(
+    session: LiveSession,
+    nodes: readonly string[],
+    marks: readonly string[] = [],
+    data: Buffer = IN,
+  ): Promise<boolean> {
     try {
       await session.client.multi(
-        nodes.map((path): ZooKeeperOp => (marks.includes(path) ? { op: 'set', path, data: IN } : { op: 'check', path })),
+        nodes.map((path): ZooKeeperOp => (marks.includes(path) ? { op: 'set', path, data } : { op: 'check', path })),
       );
       return true;
     } catch (error) {

@@ -22,6 +22,8 @@ export interface ZooKeeperClient {
    * entry, and stay on the server for good.
    */
   exists(path: string, watcher?: (event: ZooKeeperNodeEvent) => void): Promise<ZooKeeperStat | undefined>;
+  /** The node's data and stat, or undefined when there is none. Sets no watch. */
+  getData(path: string): Promise<{ data: Buffer; stat: ZooKeeperStat } | undefined>;
   getChildren(path: string): Promise<string[]>;
   /** Drops the connection (not the session): the client connects again, to the next server. */
   reconnect(): void;
@@ -48,6 +50,9 @@ export interface ZooKeeperStat {
   czxid: number;
   /** How many times its data was set. */
   version: number;
+  /** When it was created, and when its data was last set (its creation, if never): ms since the epoch, by the clock of the server that applied it. */
+  ctime: number;
+  mtime: number;
 }
 
 /** A server's answer to one operation, by its name in ZooKeeper's KeeperException.Code. */
@@ -73,7 +78,7 @@ interface NzkClient {
   exists(path: string, watcher: (() => void) | undefined, callback: (error: NzkError | null, stat: NzkStat | null) => void): void;
   getData(
     path: string,
-    watcher: (event: { getType(): number }) => void,
+    watcher: ((event: { getType(): number }) => void) | undefined,
     callback: (error: NzkError | null, data: Buffer | null, stat: NzkStat) => void,
   ): void;
   getChildren(path: string, callback: (error: NzkError | null, children: string[]) => void): void;
@@ -95,6 +100,8 @@ interface NzkError extends Error {
 interface NzkStat {
   czxid: Buffer;
   version: number;
+  ctime: Buffer;
+  mtime: Buffer;
 }
 /** An ACL entry as the package builds and sends it. */
 type NzkAcl = object;
@@ -199,6 +206,16 @@ class NodeZooKeeperClient implements ZooKeeperClient {
     );
   }
 
+  getData(path: string): Promise<{ data: Buffer; stat: ZooKeeperStat } | undefined> {
+    return new Promise((resolve, reject) =>
+      this.client.getData(path, undefined, (error, data, stat) => {
+        if (error?.getName?.() === 'NO_NODE') resolve(undefined);
+        else if (error) reject(toError(error));
+        else resolve({ data: data ?? Buffer.alloc(0), stat: toStat(stat) });
+      }),
+    );
+  }
+
   getChildren(path: string): Promise<string[]> {
     return new Promise((resolve, reject) =>
       this.client.getChildren(path, (error, children) => (error ? reject(toError(error)) : resolve(children))),
@@ -217,7 +234,12 @@ class NodeZooKeeperClient implements ZooKeeperClient {
 }
 
 function toStat(stat: NzkStat): ZooKeeperStat {
-  return { czxid: Number(stat.czxid.readBigInt64BE(0)), version: stat.version };
+  return {
+    czxid: Number(stat.czxid.readBigInt64BE(0)),
+    version: stat.version,
+    ctime: Number(stat.ctime.readBigInt64BE(0)),
+    mtime: Number(stat.mtime.readBigInt64BE(0)),
+  };
 }
 
 function toError(error: NzkError): ZooKeeperError {

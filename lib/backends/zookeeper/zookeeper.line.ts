@@ -13,6 +13,8 @@ export interface LineRequest {
   readonly keys: readonly string[];
   /** How many holders each key admits, as TryAcquireOptions.limits (1: exclusive). Carried by the node names. */
   limits: readonly number[];
+  /** Who asks (encodeIdentity's string, UTF-8), as its nodes' data: read by inspect, by nothing that decides. */
+  data?: Buffer;
   /** The node per key (same order as keys), once created and known. */
   nodes: string[] | undefined;
   /** The session that created them: a node of an earlier one is gone, or going. */
@@ -65,11 +67,11 @@ const CREATE_OP_BYTES = 64;
 export class LinePaths {
   constructor(readonly root: string) {}
 
-  /** Refuses keys whose create request would be over MAX_REQUEST_BYTES, before anything is sent. */
-  checkSize(keys: readonly string[], owner: string): void {
+  /** Refuses keys whose create request would be over MAX_REQUEST_BYTES, before anything is sent. `data`: each node's. */
+  checkSize(keys: readonly string[], owner: string, data = 0): void {
     let bytes = CREATE_OP_BYTES;
     // Escaped, a path is ASCII: one byte a character.
-    for (const key of keys) bytes += this.prefix(key, owner, 2 ** 53).length + 10 + CREATE_OP_BYTES;
+    for (const key of keys) bytes += this.prefix(key, owner, 2 ** 53).length + 10 + CREATE_OP_BYTES + data;
     if (bytes <= MAX_REQUEST_BYTES) return;
     const shown = keys.length === 1 ? `Key '${keys[0].slice(0, 60)}…'` : `${keys.length} keys ('${keys[0].slice(0, 60)}…', …)`;
     throw new InvalidLockKeyError(
@@ -162,7 +164,12 @@ export async function createNodes(
       return await client.multi(
         request.keys.map(
           (key, i) =>
-            ({ op: 'create', path: paths.prefix(key, request.owner, request.limits[i] ?? 1), mode: 'ephemeral-sequential' }) as const,
+            ({
+              op: 'create',
+              path: paths.prefix(key, request.owner, request.limits[i] ?? 1),
+              data: request.data,
+              mode: 'ephemeral-sequential',
+            }) as const,
         ),
       );
     } catch (error) {

@@ -88,14 +88,13 @@ export class ZooKeeperSession {
   async run<T>(what: string, keys: readonly string[], operation: (session: LiveSession) => Promise<T>): Promise<T> {
     if (this.closed) throw this.error(what, keys, 'the backend is closed (the application shut down).');
     let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(
-        () =>
-          reject(this.error(what, keys, `ZooKeeper did not answer within ${this.commandTimeout} ms (commandTimeout); is it reachable?`)),
-        this.commandTimeout,
-      );
-    });
     let sentOn = -1;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        const message = `ZooKeeper did not answer within ${this.commandTimeout} ms (commandTimeout); is it reachable? ${this.stage(sentOn)}`;
+        reject(this.error(what, keys, message));
+      }, this.commandTimeout);
+    });
     try {
       const sent = this.session().then((session) => {
         sentOn = this.connection;
@@ -122,6 +121,17 @@ export class ZooKeeperSession {
     } finally {
       clearTimeout(timer);
     }
+  }
+
+  /**
+   * Where a late operation stood, for its error: still waiting for a session (nothing was sent),
+   * or sent and unanswered on a connection that stayed up (the server, or the way to it, is slow),
+   * or sent on a connection that has since dropped.
+   */
+  private stage(sentOn: number): string {
+    if (sentOn === -1) return `Nothing was sent: the session is ${this.current}, and the operation waited for it to connect.`;
+    if (sentOn === this.connection) return `It was sent on a session that is ${this.current}, and the connection stayed up.`;
+    return `It was sent, and the connection changed since (the session is ${this.current}).`;
   }
 
   /** Ends the session: its nodes go at once. */

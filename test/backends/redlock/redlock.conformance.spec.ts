@@ -17,6 +17,7 @@ for (const count of [3, 5]) {
       // Every call opens its own clients, as another process would: with 3 masters clients we
       // pass in, with 5 URLs the backend connects (and closes) itself.
       connect: async () => (count === 3 ? masters.backend() : new RedlockLockBackend({ clients: masters.urls(), masterTimeout: 2_000 })),
+      withoutLine: true,
       reset: async () => {
         masters.disconnect();
         await masters.flush();
