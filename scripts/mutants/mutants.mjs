@@ -15,7 +15,10 @@
  * - `conformance-zookeeper-shared`, `conformance-zookeeper-line`: its shared-lock tests on ZooKeeper
  *   that no writer holds beside anyone, and that a reader does not pass a queued writer (at once,
  *   where a stream of readers passes it only when the timing lets one arrive while it waits);
- * - `conformance-mysql-shared`: the same test of readers, writers and permits on MariaDB;
+ * - `conformance-mysql-shared`, `conformance-etcd-shared`: the same test of readers, writers and
+ *   permits on MariaDB and on etcd;
+ * - `etcd-shared-tokens`: the test that an etcd waiter's token is its entry's create revision, as the
+ *   previous release's processes on the same cluster give theirs;
  * - `conformance-redis-multikey-line`: the conformance suite's test that a holder of a key takes the
  *   next one while another process's caller of both waits for the first (a liveness bug, which the
  *   safety-only model and chaos runs would not count);
@@ -80,6 +83,20 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/mysql.conformance.spec.ts',
     test: 'lets readers hold together, never a writer beside anyone, and never more holders than permits',
+    env: {},
+    seeded: false,
+  },
+  'conformance-etcd-shared': {
+    kind: 'jest',
+    file: 'test/backends/etcd.conformance.spec.ts',
+    test: 'lets readers hold together, never a writer beside anyone, and never more holders than permits',
+    env: {},
+    seeded: false,
+  },
+  'etcd-shared-tokens': {
+    kind: 'jest',
+    file: 'test/backends/etcd.shared.spec.ts',
+    test: "gives a waiter its entry's create revision as token (its place, as the previous release does), not the revision it entered at",
     env: {},
     seeded: false,
   },
@@ -292,6 +309,25 @@ export const MUTANTS = [
       ['  if (at + 1 <= Math.min(...limits)) {', '  if ((limit === SHARED && limits[0] !== 1) || at + 1 <= Math.min(...limits)) {'],
     ],
     detector: 'conformance-zookeeper-line',
+  },
+  {
+    name: 'etcd-reader-beside-writer',
+    bug: 'an etcd caller enters by its own limit only, whatever the entries ahead of it: a reader beside a writer',
+    file: 'lib/backends/etcd/etcd.kinds.ts',
+    replace: [['  if (position < Math.min(limit, ...limits))', '  if (position < limit)']],
+    detector: 'conformance-etcd-shared',
+  },
+  {
+    name: 'etcd-token-at-entry',
+    bug: "an etcd waiter's token is the revision it took its keys at, not its entry's: above the tokens of the previous release's waiters behind it",
+    file: 'lib/backends/etcd/etcd.admission.ts',
+    replace: [
+      [
+        '    return { acquired: true, fencingToken: place.revision, validityMs };',
+        '    return { acquired: true, fencingToken: Number(response.header.revision), validityMs };',
+      ],
+    ],
+    detector: 'etcd-shared-tokens',
   },
   {
     name: 'local-reader-passes-writer',

@@ -2,7 +2,7 @@ import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import type { Etcd3 } from 'etcd3';
 import { TcpProxy } from '../support/tcp-proxy.js';
-import { EtcdLockBackend, LockLostError, LockService } from '../../lib/index.js';
+import { EtcdLockBackend, LockLostError, LockService, type AcquireResult } from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedRead, fencedWrite } from '../fixtures/etcd-fenced-store.mjs';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
@@ -35,24 +35,31 @@ describe('etcd backend on one member', () => {
   it('inspect tells the holder from a several-key waiter first in the line of a key nobody holds', async () => {
     const [a, b, c] = [backend(), backend(), backend()];
     expect((await a.tryAcquire(['x'], 'owner-a', 10_000)).acquired).toBe(true);
-    // b waits for x and y: its entries stand first in y's line, behind a in x's.
+    // b waits for x and y: behind a in x's line; in y's, first, but pending (it keeps nobody out
+    // while it waits for x), and the anchor of its first attempt, on the lease it will hold them on.
     expect((await b.tryAcquire(['x', 'y'], 'owner-b', 10_000)).acquired).toBe(false);
-    // And the anchor of its first attempt, on the lease it will hold them on.
     expect(await entries()).toHaveLength(4);
+    const values = async () => (await fixture.admin.getAll().prefix('nest-distributed-lock/y/').strings()) as Record<string, string>;
+    expect(Object.values(await values())).toEqual(['pending']);
     expect(await a.inspect('y')).toBeUndefined();
     expect((await a.inspect('x'))?.owner).toBe('owner-a');
-    // Nobody holds y, yet a newcomer does not get it ahead of b (fencing tokens follow the line).
-    expect((await c.tryAcquire(['y'], 'owner-c', 10_000, { willWait: false })).acquired).toBe(false);
-    expect(await entries()).toHaveLength(4);
+    // Nobody holds y: a newcomer takes it past b's pending entry (which goes: b, passed, takes a new place later).
+    const newcomer = await c.tryAcquire(['y'], 'owner-c', 10_000, { willWait: false });
+    expect(newcomer).toMatchObject({ acquired: true });
+    expect(Object.keys(await values())).toEqual(['nest-distributed-lock/y/owner-c']);
 
     const woken = new Promise<void>((resolve) => void b.watch(['x', 'y'], resolve, 'owner-b'));
     const tokenA = (await a.inspect('x'))!.fencingToken!;
     expect(await a.release(['x'], 'owner-a')).toBe(true);
     await woken;
-    const won = await b.tryAcquire(['x', 'y'], 'owner-b', 10_000);
-    expect(won).toMatchObject({ acquired: true });
-    const token = (won as { fencingToken: number }).fencingToken;
+    // Its token would be below c's, who held y meanwhile: it stands in line again, behind c.
+    expect(await b.tryAcquire(['x', 'y'], 'owner-b', 10_000)).toMatchObject({ acquired: false });
+    expect(await c.release(['y'], 'owner-c')).toBe(true);
+    let won: AcquireResult = { acquired: false };
+    await until(async () => (won = await b.tryAcquire(['x', 'y'], 'owner-b', 10_000)).acquired, 5_000, 'b to take x and y');
+    const token = (won as unknown as { fencingToken: number }).fencingToken;
     expect(token).toBeGreaterThan(tokenA);
+    expect(token).toBeGreaterThan((newcomer as { fencingToken: number }).fencingToken);
     for (const key of ['x', 'y']) expect(await c.inspect(key)).toMatchObject({ owner: 'owner-b', fencingToken: token });
     expect(await b.release(['x', 'y'], 'owner-b')).toBe(true);
     await until(async () => (await entries()).length === 0, 5_000, 'every entry to go');

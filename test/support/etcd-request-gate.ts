@@ -129,7 +129,7 @@ export function names(request: ITxnRequest, key: string): boolean {
 
 /** A waiter's attempt to take its keys: it puts held entries when it is first in every line. */
 export function isPromotion(request: ITxnRequest): boolean {
-  return request.compare?.some((c) => c.result === 'Greater') === true && (request.success?.length ?? 0) > 0;
+  return request.compare?.some((c) => c.target === 'Create' && c.result === 'Greater') === true && (request.success?.length ?? 0) > 0;
 }
 
 /** An extension with another ttl: the entries move to another lease if still on the old one. */

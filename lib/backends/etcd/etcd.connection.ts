@@ -113,9 +113,9 @@ export class EtcdConnection {
     return this.call(what, (options) => this.client.kv.txn(request, options));
   }
 
-  /** A watch on one key's deletions, from the current revision on. */
-  watchDeletes(key: Buffer): Watcher {
-    return this.client.watch().key(key).only('delete').watcher();
+  /** A watch on one key's changes (puts and deletions), from the current revision on. */
+  watchChanges(key: Buffer): Watcher {
+    return this.client.watch().key(key).watcher();
   }
 
   /** Whether `key` exists (a linearizable read). */

@@ -1,7 +1,3 @@
-/** What an entry's value says: its owner holds the key, or stands in line for it. */
-export const HELD = Buffer.from('held');
-export const WAITING = Buffer.from('waiting');
-
 /**
  * Where the lock entries live: `<prefix><key>/<owner>`, one per key of an acquisition. A key's
  * line is every entry under `<prefix><key>/`, ordered by create revision. `/` and `%` in a key or

@@ -1,55 +1,56 @@
 import type { ICompare, IKeyValue, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
-import { HELD, WAITING, type EtcdKeys } from './etcd.keys.js';
+import { entryValue, isHeldValue } from './etcd.kinds.js';
+import type { EtcdKeys } from './etcd.keys.js';
 
-/** Where a waiter stands: its revision, and the entry just ahead of it in each line where it is not first. */
-export interface Standing {
-  /** Its entries are gone (its lease ran out, or they were deleted): it has no place any more. */
-  lost: boolean;
-  /** Its entries are held on its own lease already: it has the keys. */
-  won?: boolean;
-  /** Ahead of it, by line (lock key); empty when it is first in every line. */
-  predecessors: Map<string, Buffer>;
-  /** The revision the lines were read at: watches start after it. */
-  readRevision: number;
+/** One acquisition's entries, as the transactions need them. */
+export interface LineRequest {
+  readonly keys: readonly string[];
+  readonly owner: string;
+  /** How many holders each key admits (TryAcquireOptions.limits). */
+  readonly limits: readonly number[];
+  /** The create revision of its entries: place in every line, and fencing token. */
+  readonly revision: number;
+  /** Its entries from this index on are pending (keys.length: none is). */
+  readonly pendingFrom: number;
 }
 
 /**
- * The transactions of the etcd lock recipe. One acquisition puts one entry per key, all in one
+ * The transactions of the etcd lock recipe. An acquisition puts one entry per key, all in one
  * transaction, so they share one create revision: it orders the lines and is the fencing token.
- * An entry is first in its line when no entry of that line has a smaller create revision; a
- * request first in every line of its keys holds them. Two requests on overlapping keys are
- * ordered the same way in every line they share, so they never wait for each other.
+ * Who is in follows from the entries ahead (etcd.kinds.ts); an exclusive caller is in when first.
+ * Two requests on overlapping keys are ordered the same way in every line they share.
  */
 export class EtcdLine {
   constructor(private readonly keys: EtcdKeys) {}
 
   /**
    * The first attempt: when every line is empty, the entries go on the holder's lease as held.
-   * Otherwise, for a caller that waits, they go on the waiter lease as waiting, and each line's
-   * two newest entries are read: the waiter's own and the one just ahead of it.
+   * Otherwise, for a caller that waits, they go on the waiter lease as waiting, and every line is
+   * read. A caller that does not wait reads the lines and puts nothing (it may still enter: beside
+   * readers or permit holders, or ahead of pending entries).
    *
-   * Either way the transaction puts a key on the holder's lease (the entries, or the anchor), and
-   * etcd refuses a transaction that names a lease it no longer has: once that lease is revoked, an
-   * attempt whose answer was lost can no longer land. Without the anchor it could put its waiting
-   * entries on the waiter lease after its owner had started over and won (turning the holder's
-   * entry into a waiter's, on a lease the holder does not keep), or after its owner gave up.
+   * Either way a waiting caller's transaction puts a key on the holder's lease (the entries, or the
+   * anchor), and etcd refuses a transaction that names a lease it no longer has: once that lease
+   * is revoked, an attempt whose answer was lost can no longer land. Without the anchor it could
+   * put its waiting entries on the waiter lease after its owner had started over and won (turning
+   * the holder's entry into a waiter's, on a lease the holder does not keep), or after it gave up.
    */
-  firstAttempt(keys: readonly string[], owner: string, holdLease: string, waitLease: string | undefined): ITxnRequest {
+  firstAttempt(keys: readonly string[], owner: string, limits: readonly number[], holdLease: string, waitLease?: string): ITxnRequest {
+    const reads = keys.map((key) => this.lineRead(key));
+    const failure: IRequestOp[] =
+      waitLease === undefined
+        ? reads
+        : [
+            ...keys.map((key, i): IRequestOp => ({
+              request_put: { key: this.keys.entry(key, owner), value: entryValue('waiting', limits[i]), lease: waitLease, prev_kv: true },
+            })),
+            ...reads,
+            { request_put: { key: this.keys.anchor(owner), value: entryValue('waiting', 1), lease: holdLease } },
+          ];
     return {
       compare: keys.map((key) => ({ ...this.keys.line(key), target: 'Create', result: 'Equal', create_revision: 0 })),
-      success: keys.map((key) => this.put(key, owner, HELD, holdLease)),
-      failure:
-        waitLease === undefined
-          ? []
-          : [
-              ...keys.map((key): IRequestOp => ({
-                request_put: { ...this.put(key, owner, WAITING, waitLease).request_put, prev_kv: true },
-              })),
-              ...keys.map((key): IRequestOp => ({
-                request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Descend', limit: 2, keys_only: true },
-              })),
-              { request_put: { key: this.keys.anchor(owner), value: WAITING, lease: holdLease } },
-            ],
+      success: keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
+      failure,
     };
   }
 
@@ -62,51 +63,81 @@ export class EtcdLine {
     return Number(previous ? previous.create_revision : response.header.revision);
   }
 
-  /** Where a waiter placed by `firstAttempt` stands, from that transaction's answer. */
-  standingAfterFirst(response: ITxnResponse, keys: readonly string[], owner: string, revision: number): Standing | undefined {
-    const predecessors = new Map<string, Buffer>();
-    for (const [i, key] of keys.entries()) {
-      const kvs = response.responses[keys.length + i].response_range.kvs;
-      const ahead = kvs.filter((kv) => Number(kv.create_revision) < revision);
-      // It had an entry before this attempt, and newer entries crowd the two read: read again.
-      if (ahead.length === 0 && kvs.some((kv) => Number(kv.create_revision) > revision)) return undefined;
-      if (ahead.length > 0 && this.keys.ownerOf(ahead[0].key) !== owner) predecessors.set(key, ahead[0].key);
-    }
-    return { lost: false, predecessors, readRevision: Number(response.header.revision) };
-  }
-
   /**
-   * A waiter's next attempt: it holds the keys when its entries are still there, still waiting,
-   * and first in every line; then, given `holdLease`, they go onto it, marked held. Otherwise the
-   * answer says where it stands (see standing()). "Still waiting" keeps an attempt whose answer
-   * was lost from landing after its owner took the keys and moved them to another lease: it would
-   * put them back on the lease that move revokes.
+   * Puts a caller that does not wait in every line as a holder, if nothing came into them since
+   * they were read at `readRevision` (entries that left meanwhile only make room), deleting the
+   * pending entries ahead if they are still pending. Otherwise reads its own entries: a copy of
+   * this request applied before (a client that retried it) may have put them.
    */
-  nextAttempt(keys: readonly string[], owner: string, revision: number, holdLease: string | undefined): ITxnRequest {
+  enterAtEnd(
+    keys: readonly string[],
+    owner: string,
+    limits: readonly number[],
+    holdLease: string,
+    readRevision: number,
+    pending: readonly IKeyValue[],
+  ): ITxnRequest {
     return {
-      compare: this.firstInEveryLine(keys, owner, revision),
-      // Its anchor has served: the first attempt it guarded landed long ago.
-      success:
-        holdLease === undefined
-          ? []
-          : [...keys.map((key) => this.put(key, owner, HELD, holdLease)), { request_delete_range: { key: this.keys.anchor(owner) } }],
-      failure: this.standingReads(keys, owner, revision),
+      compare: [
+        ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Less', create_revision: readRevision + 1 })),
+        ...this.stillPending(pending),
+      ],
+      success: [...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)), ...this.deletes(pending)],
+      failure: this.ownEntries(keys, owner).success,
     };
   }
 
   /**
-   * Where the waiter stands, from the failure branch of nextAttempt(). Its entries already held
-   * on `holdLease`: an earlier attempt of its own, whose answer was lost, took the keys.
+   * Reads where a waiter stands: its own entries, and what is ahead of each. When it has an
+   * exclusive entry in every line of its keys, it holds them if it is first in every one (the
+   * transaction succeeds, and reads nothing).
    */
-  standing(response: ITxnResponse, keys: readonly string[], holdLease: string): Standing {
-    const own = response.responses.slice(0, keys.length).map((r) => r.response_range.kvs[0]);
-    const predecessors = new Map<string, Buffer>();
-    for (const [i, key] of keys.entries()) {
-      const [ahead] = response.responses[keys.length + i].response_range.kvs;
-      if (ahead) predecessors.set(key, ahead.key);
-    }
-    const won = own.every((kv) => kv?.value.equals(HELD) && kv.lease === holdLease);
-    return { lost: own.some((kv) => kv === undefined), won, predecessors, readRevision: Number(response.header.revision) };
+  check(request: LineRequest): ITxnRequest {
+    const reads = this.standingReads(request);
+    if (!this.exclusiveEverywhere(request)) return { success: reads };
+    return { compare: this.firstInEveryLine(request), success: [], failure: reads };
+  }
+
+  /** Whether `check` can tell "first in every line" by its compare (an exclusive entry in every line). */
+  exclusiveEverywhere(request: LineRequest): boolean {
+    return request.pendingFrom === request.keys.length && request.limits.every((limit) => limit === 1);
+  }
+
+  /**
+   * A waiter that is in on every line of its keys takes them: its entries, still there, still
+   * waiting, go onto `holdLease`, marked held, and the pending entries ahead of it (`pending`,
+   * read by its last look) are deleted if still pending. Without a look (`pending` undefined: its
+   * watches said every exclusive line is clear), it is checked first in its lines; after one,
+   * nothing more is needed: who is in only grows, as nobody can come in ahead. "Still waiting"
+   * keeps an attempt whose answer was lost from landing after its owner took the keys and moved
+   * them to another lease: it would put them back on the lease that move revokes.
+   */
+  promote(request: LineRequest, holdLease: string, pending: readonly IKeyValue[] | undefined): ITxnRequest {
+    const { keys, owner, limits } = request;
+    return {
+      compare:
+        pending === undefined ? this.firstInEveryLine(request) : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending)],
+      // Its anchor has served: the first attempt it guarded landed long ago.
+      success: [
+        ...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
+        { request_delete_range: { key: this.keys.anchor(owner) } },
+        ...this.deletes(pending ?? []),
+      ],
+      failure: this.standingReads(request),
+    };
+  }
+
+  /**
+   * Sets the waiter's entries pending from `to` on, and waiting before it (they keep their place
+   * and token either way; pending ones keep nobody out): only while they are as it left them.
+   */
+  repend(request: LineRequest, to: number, waitLease: string): ITxnRequest {
+    const { keys, owner, limits, pendingFrom } = request;
+    const changed = keys.flatMap((key, i) => (i < pendingFrom === i < to ? [] : [i]));
+    return {
+      compare: this.ownEntriesAsPlaced(request),
+      success: changed.map((i) => this.put(keys[i], owner, entryValue(i < to ? 'waiting' : 'pending', limits[i]), waitLease)),
+    };
   }
 
   /** Reads the owner's entries (one per key, in order; undefined where there is none). */
@@ -126,12 +157,13 @@ export class EtcdLine {
   /**
    * Deletes the owner's entry of `key` only while it is a waiter's: a deletion sent again for a
    * waiter whose release failed (see FailedReleases) may land after its owner asked again and took
-   * the key, and must leave that lock alone.
+   * the key, and must leave that lock alone. ("waiting…" and "pending…" sort after "held~",
+   * "held…" before it.)
    */
   deleteWaiting(key: string, owner: string): ITxnRequest {
     const entry = this.keys.entry(key, owner);
     return {
-      compare: [{ key: entry, target: 'Value', result: 'Equal', value: WAITING }],
+      compare: [{ key: entry, target: 'Value', result: 'Greater', value: Buffer.from('held~') }],
       success: [{ request_delete_range: { key: entry } }],
     };
   }
@@ -142,57 +174,80 @@ export class EtcdLine {
 
   /**
    * Moves held entries from one lease to another (a different ttl), if they are still on the
-   * first; otherwise reads them, so that a move applied twice (a client that retried it) is seen
-   * as done (see moved()).
+   * first, each with its value; otherwise reads them, so that a move applied twice (a client that
+   * retried it) is seen as done (see moved()).
    */
-  moveLease(keys: readonly string[], owner: string, from: string, to: string): ITxnRequest {
+  moveLease(keys: readonly string[], owner: string, values: readonly Buffer[], from: string, to: string): ITxnRequest {
     return {
       compare: keys.map((key) => ({ key: this.keys.entry(key, owner), target: 'Lease', result: 'Equal', lease: from })),
-      success: keys.map((key) => this.put(key, owner, HELD, to)),
+      success: keys.map((key, i) => this.put(key, owner, values[i], to)),
       failure: this.ownEntries(keys, owner).success,
     };
   }
 
   /** Whether the entries are on lease `to` after moveLease(): moved by it, or by an earlier copy of it. */
   moved(response: ITxnResponse, to: string): boolean {
-    return response.succeeded || this.ownEntriesOf(response).every((kv) => kv?.value.equals(HELD) && kv.lease === to);
+    return response.succeeded || this.ownEntriesOf(response).every((kv) => kv && isHeldValue(kv.value) && kv.lease === to);
   }
 
-  /** The first entry of a key's line. */
-  head(key: string): ITxnRequest {
-    return { success: [{ request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Ascend', limit: 1 } }] };
+  /** Every entry of a key's line, first first, with its value. */
+  wholeLine(key: string): ITxnRequest {
+    return { success: [this.lineRead(key)] };
   }
 
   private put(key: string, owner: string, value: Buffer, lease: string): IRequestOp {
     return { request_put: { key: this.keys.entry(key, owner), value, lease } };
   }
 
-  /**
-   * Its entries still exist with its revision (the waiter lease did not run out), marked waiting,
-   * and no entry of any of its lines is older.
-   */
-  private firstInEveryLine(keys: readonly string[], owner: string, revision: number): ICompare[] {
+  /** Its entries still exist with its revision (the waiter lease did not run out), as it left them (waiting, or pending). */
+  private ownEntriesAsPlaced(request: LineRequest): ICompare[] {
+    const { keys, owner, limits, revision, pendingFrom } = request;
+    return keys.flatMap((key, i): ICompare[] => [
+      { key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: revision },
+      {
+        key: this.keys.entry(key, owner),
+        target: 'Value',
+        result: 'Equal',
+        value: entryValue(i < pendingFrom ? 'waiting' : 'pending', limits[i]),
+      },
+    ]);
+  }
+
+  /** Its own entries as `ownEntriesAsPlaced`, and no entry of any of its lines older. */
+  private firstInEveryLine(request: LineRequest): ICompare[] {
     return [
-      ...keys.map((key): ICompare => ({ key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: revision })),
-      ...keys.map((key): ICompare => ({ key: this.keys.entry(key, owner), target: 'Value', result: 'Equal', value: WAITING })),
-      ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Greater', create_revision: revision - 1 })),
+      ...this.ownEntriesAsPlaced(request),
+      ...request.keys.map((key): ICompare => ({
+        ...this.keys.line(key),
+        target: 'Create',
+        result: 'Greater',
+        create_revision: request.revision - 1,
+      })),
     ];
   }
 
-  /** Its own entries, and in each line the newest entry older than it. */
-  private standingReads(keys: readonly string[], owner: string, revision: number): IRequestOp[] {
+  /** Other callers' pending entries, as read. */
+  private stillPending(pending: readonly IKeyValue[]): ICompare[] {
+    return pending.flatMap((kv): ICompare[] => [
+      { key: kv.key, target: 'Create', result: 'Equal', create_revision: kv.create_revision },
+      { key: kv.key, target: 'Value', result: 'Equal', value: kv.value },
+    ]);
+  }
+
+  private deletes(entries: readonly IKeyValue[]): IRequestOp[] {
+    return entries.map((kv) => ({ request_delete_range: { key: kv.key } }));
+  }
+
+  /** Its own entries, and every line. */
+  private standingReads(request: LineRequest): IRequestOp[] {
     return [
-      ...keys.map((key): IRequestOp => ({ request_range: { key: this.keys.entry(key, owner) } })),
-      ...keys.map((key): IRequestOp => ({
-        request_range: {
-          ...this.keys.line(key),
-          max_create_revision: revision - 1,
-          sort_target: 'Create',
-          sort_order: 'Descend',
-          limit: 1,
-          keys_only: true,
-        },
-      })),
+      ...request.keys.map((key): IRequestOp => ({ request_range: { key: this.keys.entry(key, request.owner) } })),
+      ...request.keys.map((key) => this.lineRead(key)),
     ];
+  }
+
+  /** Every entry of a line, first first, with its value. */
+  private lineRead(key: string): IRequestOp {
+    return { request_range: { ...this.keys.line(key), sort_target: 'Create', sort_order: 'Ascend' } };
   }
 }

@@ -2,7 +2,8 @@ import { decodeKeyCursor, encodeKeyCursor } from '../key-cursor.js';
 import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
 import { prefixEnd } from './etcd.access.js';
 import type { EtcdConnection } from './etcd.connection.js';
-import { encode, HELD, type EtcdKeys } from './etcd.keys.js';
+import { isHeldValue } from './etcd.kinds.js';
+import { encode, type EtcdKeys } from './etcd.keys.js';
 
 /** Entries a waiter or a holder may have per key; read in batches of this many per key wanted. */
 const ENTRIES_PER_KEY = 2;
@@ -29,7 +30,7 @@ export async function listEtcd(connection: EtcdConnection, keys: EtcdKeys, optio
       const name = key.toString().slice(keys.prefix.length);
       const slash = name.lastIndexOf('/');
       const encoded = name.slice(0, slash);
-      if (slash < 0 || /%(?!25|2F)/.test(encoded) || !value.equals(HELD)) continue;
+      if (slash < 0 || /%(?!25|2F)/.test(encoded) || !isHeldValue(value)) continue;
       const lock = decodeURIComponent(encoded);
       if (held.at(-1) !== lock) held.push(lock);
     }

@@ -1,6 +1,6 @@
 import type { EtcdConnection, Operation } from './etcd.connection.js';
 import { EtcdLeaseKeeper } from './etcd.lease-keeper.js';
-import type { Standing } from './etcd.line.js';
+import type { LineRequest } from './etcd.line.js';
 import { PredecessorWatches } from './etcd.predecessor-watch.js';
 
 /** The lease an owner holds its keys on, or will once its turn comes. */
@@ -20,6 +20,10 @@ export interface HoldLease {
 export interface Place {
   readonly keys: readonly string[];
   readonly owner: string;
+  /** How many holders each key admits (TryAcquireOptions.limits). */
+  readonly limits: readonly number[];
+  /** Its entries from this index on are pending: it keeps nobody out in the lines after the first that keeps it out. */
+  pendingFrom: number;
   /** 'unknown': its last request went unanswered, so whether it applied is not known. */
   state: 'waiting' | 'held' | 'unknown';
   /** The create revision of its entries: place in line, and fencing token. */
@@ -62,6 +66,11 @@ export class EtcdPlaces {
     return this.places.get(owner);
   }
 
+  /** A place that stands in line, as the line's transactions take it. */
+  static request(place: Place): LineRequest {
+    return place as LineRequest;
+  }
+
   waiterLease(what: Operation): Promise<string> {
     return this.keeper.waiterLease(what);
   }
@@ -70,20 +79,20 @@ export class EtcdPlaces {
     this.keeper.gone(lease);
   }
 
-  held(keys: readonly string[], owner: string, revision: number, hold: HoldLease): void {
-    this.places.set(owner, { keys, owner, state: 'held', revision, hold, clear: false });
+  held(keys: readonly string[], owner: string, limits: readonly number[], revision: number, hold: HoldLease): void {
+    this.places.set(owner, { keys, owner, limits, pendingFrom: keys.length, state: 'held', revision, hold, clear: false });
   }
 
-  waiting(keys: readonly string[], owner: string, revision: number, waitLease: string, hold: HoldLease): Place {
-    const place: Place = { keys, owner, state: 'waiting', revision, waitLease, hold, clear: false };
+  waiting(keys: readonly string[], owner: string, limits: readonly number[], revision: number, waitLease: string, hold: HoldLease): Place {
+    const place: Place = { keys, owner, limits, pendingFrom: keys.length, state: 'waiting', revision, waitLease, hold, clear: false };
     this.enterLine(place);
     this.places.set(owner, place);
     return place;
   }
 
   /** A first attempt went unanswered: its entries may be held on `hold`, waiting on `waitLease`, or absent. */
-  unknown(keys: readonly string[], owner: string, hold: HoldLease, waitLease: string): void {
-    const place: Place = { keys, owner, state: 'unknown', waitLease, hold, clear: false };
+  unknown(keys: readonly string[], owner: string, limits: readonly number[], hold: HoldLease, waitLease: string): void {
+    const place: Place = { keys, owner, limits, pendingFrom: keys.length, state: 'unknown', waitLease, hold, clear: false };
     this.enterLine(place);
     this.places.set(owner, place);
   }
@@ -93,10 +102,11 @@ export class EtcdPlaces {
     place.state = 'unknown';
   }
 
-  /** What an unanswered first attempt did, once read back: it waits, at `revision`. */
-  settledWaiting(place: Place, revision: number): void {
+  /** What an unanswered request did, once read back: it waits, at `revision`, its entries pending from `pendingFrom` on. */
+  settledWaiting(place: Place, revision: number, pendingFrom: number): void {
     place.state = 'waiting';
     place.revision = revision;
+    place.pendingFrom = pendingFrom;
     place.clear = false;
   }
 
@@ -107,10 +117,10 @@ export class EtcdPlaces {
     place.revision = revision;
   }
 
-  /** Where a waiter stands now: it watches what is ahead of it from there. */
-  stand(place: Place, standing: Standing): void {
-    place.clear = standing.predecessors.size === 0;
-    place.watches?.arm(standing.predecessors, standing.readRevision);
+  /** Where a waiter stands now: it watches the entries ahead whose going may let it in, read at `readRevision`. */
+  stand(place: Place, waitFor: readonly Buffer[], readRevision: number): void {
+    place.clear = waitFor.length === 0;
+    place.watches?.arm(waitFor, readRevision);
   }
 
   /** A waiter's hold lease was found gone: a new one replaces it. */

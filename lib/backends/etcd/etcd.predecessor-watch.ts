@@ -1,5 +1,6 @@
-import type { Watcher } from 'etcd3';
+import type { IKeyValue, Watcher } from 'etcd3';
 import type { EtcdConnection } from './etcd.connection.js';
+import { isPendingValue } from './etcd.kinds.js';
 
 interface Watch {
   entry: Buffer;
@@ -12,9 +13,10 @@ interface Watch {
 }
 
 /**
- * One waiter's watches: in each line where it is not first, on the deletion of the entry just
- * ahead of it. A release or an expiry deletes an entry, so only the next waiter hears of it (no
- * herd).
+ * One waiter's watches: on the deletion of each entry whose going may let it in (etcd.kinds.ts
+ * says which: for an exclusive lock, the entry just ahead of it). A release or an expiry deletes
+ * an entry, so only the waiters that watch it hear of it (no herd); an entry set pending keeps
+ * nobody out any more, which counts as its deletion.
  *
  * A watch starts at the current revision, not at the one the waiter read its line at: etcd serves
  * a watch that starts in the past from its history, in a loop that runs every 100 ms, which would
@@ -26,7 +28,7 @@ interface Watch {
  * was compacted meanwhile). The waiter then reads its lines again and watches from there.
  */
 export class PredecessorWatches {
-  /** By line (the key of the lock). */
+  /** By entry watched (its etcd key, in hex). */
   private readonly watches = new Map<string, Watch>();
   /** A watch ended without a deletion since the last arm(): whether the waiter is first is unknown. */
   private broken = false;
@@ -38,16 +40,17 @@ export class PredecessorWatches {
     private readonly onChange: (clear: boolean) => void,
   ) {}
 
-  /** Watches the entry ahead in each line (`predecessors`, by line, read at `readRevision`); stops watching the others. */
-  arm(predecessors: ReadonlyMap<string, Buffer>, readRevision: number): void {
+  /** Watches `entries` (read at `readRevision`); stops watching the others. */
+  arm(entries: readonly Buffer[], readRevision: number): void {
     this.broken = false;
-    for (const [line, watch] of this.watches) if (!predecessors.get(line)?.equals(watch.entry)) this.drop(line);
-    for (const [line, entry] of predecessors) if (!this.watches.has(line)) this.add(line, entry, readRevision);
+    const wanted = new Map(entries.map((entry) => [entry.toString('hex'), entry]));
+    for (const id of [...this.watches.keys()]) if (!wanted.has(id)) this.drop(id);
+    for (const [id, entry] of wanted) if (!this.watches.has(id)) this.add(id, entry, readRevision);
   }
 
   /** Stops every watch; resolves once etcd confirmed, or after `timeoutMs`. */
   async stop(timeoutMs: number): Promise<void> {
-    for (const line of [...this.watches.keys()]) this.drop(line);
+    for (const id of [...this.watches.keys()]) this.drop(id);
     if (this.cancelling.size === 0) return;
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([Promise.all(this.cancelling), new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs)))]).finally(
@@ -55,15 +58,19 @@ export class PredecessorWatches {
     );
   }
 
-  private add(line: string, entry: Buffer, readRevision: number): void {
-    const watcher = this.connection.watchDeletes(entry);
+  private add(id: string, entry: Buffer, readRevision: number): void {
+    const watcher = this.connection.watchChanges(entry);
     const watch: Watch = { entry, watcher, started: false, disconnected: false, dead: false };
-    watcher.on('delete', () => this.deleted(line, watch));
+    watcher.on('delete', () => this.deleted(id, watch));
+    // Set pending, it keeps nobody out any more: as good as deleted (etcd.kinds.ts).
+    watcher.on('put', (kv: IKeyValue) => {
+      if (isPendingValue(kv.value)) this.deleted(id, watch);
+    });
     // etcd cancelled the watch: its start revision was compacted, or the watch was refused.
     watcher.on('error', () => {
       if (watch.dead) return;
       watch.dead = true;
-      this.watches.delete(line);
+      this.watches.delete(id);
       this.broken = true;
       this.onChange(false);
     });
@@ -72,23 +79,23 @@ export class PredecessorWatches {
       if (watch.dead) return;
       if (!watch.started) {
         watch.started = true;
-        if (Number(created.header.revision) > readRevision) void this.confirm(line, watch);
+        if (Number(created.header.revision) > readRevision) void this.confirm(id, watch);
       } else if (watch.disconnected) {
         watch.disconnected = false;
         this.onChange(false);
       }
     });
-    this.watches.set(line, watch);
+    this.watches.set(id, watch);
   }
 
-  private deleted(line: string, watch: Watch): void {
+  private deleted(id: string, watch: Watch): void {
     if (watch.dead) return;
-    this.drop(line);
+    this.drop(id);
     this.onChange(this.watches.size === 0 && !this.broken);
   }
 
   /** The watch started after the read: was the entry deleted in between? */
-  private async confirm(line: string, watch: Watch): Promise<void> {
+  private async confirm(id: string, watch: Watch): Promise<void> {
     let exists: boolean;
     try {
       exists = await this.connection.exists(watch.entry);
@@ -96,13 +103,13 @@ export class PredecessorWatches {
       exists = false;
       this.broken = true;
     }
-    if (!exists) this.deleted(line, watch);
+    if (!exists) this.deleted(id, watch);
   }
 
-  private drop(line: string): void {
-    const watch = this.watches.get(line);
+  private drop(id: string): void {
+    const watch = this.watches.get(id);
     if (!watch) return;
-    this.watches.delete(line);
+    this.watches.delete(id);
     watch.dead = true;
     const cancelled: Promise<void> = watch.watcher
       .cancel()

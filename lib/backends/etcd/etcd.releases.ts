@@ -1,7 +1,7 @@
 import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import type { EtcdConnection } from './etcd.connection.js';
-import { HELD } from './etcd.keys.js';
+import { isHeldValue } from './etcd.kinds.js';
 import type { EtcdLine } from './etcd.line.js';
 import type { EtcdPlaces } from './etcd.places.js';
 
@@ -81,7 +81,7 @@ export class EtcdReleases {
       throw error;
     }
     const deleted = this.line.deletedOf(response);
-    const held = deleted.filter((kv) => kv.value.equals(HELD));
+    const held = deleted.filter((kv) => isHeldValue(kv.value));
     const leases = new Set(held.map((kv) => kv.lease));
     if (place && state !== 'waiting') for (const lease of [place.hold, place.movingTo]) if (lease) leases.add(lease.id);
     for (const lease of leases) this.connection.revokeQuietly(lease, what);

@@ -1,0 +1,246 @@
+import type { IKeyValue } from 'etcd3';
+import { performance } from 'node:perf_hooks';
+import { LockBackendError } from '../../lock.errors.js';
+import type { AcquireResult } from '../lock-backend.interface.js';
+import type { EtcdConnection, Operation } from './etcd.connection.js';
+import { isHeldValue, isPendingValue } from './etcd.kinds.js';
+import type { EtcdLine } from './etcd.line.js';
+import { enterAtEnd } from './etcd.no-wait.js';
+import { leaseSeconds } from './etcd.options.js';
+import { EtcdPlaces, type HoldLease, type Place } from './etcd.places.js';
+import { standing, standingAfterFirst, type Standing } from './etcd.standing.js';
+
+/** Steps one attempt may take in a row (look, trim, put later entries, take): past it, the caller asks again later. */
+const MAX_STEPS = 8;
+/** Looks a caller that does not wait takes at lines others keep joining (see enterAtEnd). */
+const MAX_LOOKS = 3;
+
+/**
+ * How an acquisition gets its keys on etcd: a first attempt, then, for a caller that waits, the
+ * next ones, each from where it stands in the lines of its keys (etcd.line.ts, etcd.kinds.ts).
+ *
+ * A caller of several keys stands in the lines of its keys up to the first that keeps it out,
+ * and in none after it: a place in a later key's line would keep that key from a holder of an
+ * earlier one that asks for it next (sorted order), while this caller waits for the earlier one,
+ * and both would wait for good. Its first attempt puts an entry in every line (one transaction),
+ * and takes back those after the first line that keeps it out; once it is in on every line it
+ * stands in, it puts the rest, only while their lines hold nothing newer than its token (its first
+ * entries' revision, which stays its token), else it starts over at the back. So every line stays
+ * ordered by token, and whoever enters a key after a holder has a greater token.
+ */
+export class EtcdAdmission {
+  constructor(
+    private readonly connection: EtcdConnection,
+    private readonly line: EtcdLine,
+    private readonly places: EtcdPlaces,
+  ) {}
+
+  async firstAttempt(
+    keys: readonly string[],
+    owner: string,
+    limits: readonly number[],
+    ttlMs: number,
+    willWait: boolean,
+    what: Operation,
+    looks = 1,
+  ): Promise<AcquireResult> {
+    const [hold, wait] = await Promise.all([this.grant(leaseSeconds(ttlMs), what), willWait ? this.places.waiterLease(what) : undefined]);
+    let response;
+    try {
+      response = await this.connection.txn(this.line.firstAttempt(keys, owner, limits, hold.id, wait), what);
+    } catch (error) {
+      if (wait !== undefined && this.connection.isLeaseGone(error)) {
+        // The waiter lease ran out while nobody waited: a new one, and again.
+        this.places.waiterLeaseGone(wait);
+        this.connection.revokeQuietly(hold.id, what);
+        return this.firstAttempt(keys, owner, limits, ttlMs, willWait, what);
+      }
+      // Applied or not, nobody knows: a caller that waits asks again or releases, and either
+      // looks first; for one that does not, the lease goes, and with it a lock it may have won.
+      // (etcd refused it outright, for its size or for the user's rights: not applied.)
+      if (wait !== undefined && error instanceof LockBackendError && !error.permanent) this.places.unknown(keys, owner, limits, hold, wait);
+      else this.connection.revokeQuietly(hold.id, what);
+      throw error;
+    }
+    const revision = Number(response.header.revision);
+    if (response.succeeded) {
+      this.places.held(keys, owner, limits, revision, hold);
+      return { acquired: true, fencingToken: revision, validityMs: ttlMs };
+    }
+    if (wait === undefined) {
+      const entered = await enterAtEnd(this.connection, this.line, { keys, owner, limits, hold, ttlMs, read: response, what });
+      if (entered === 'again')
+        return looks < MAX_LOOKS ? this.firstAttempt(keys, owner, limits, ttlMs, false, what, looks + 1) : { acquired: false };
+      if (entered.acquired) this.places.held(keys, owner, limits, entered.fencingToken!, hold);
+      return entered;
+    }
+    const placed = this.line.placedRevision(response, keys);
+    const place = this.places.waiting(keys, owner, limits, placed, wait, hold);
+    return this.decide(place, standingAfterFirst(response, keys, limits, placed), ttlMs, what, 0);
+  }
+
+  /**
+   * A waiter asks again. When its watches said everything ahead of it in its exclusive lines went,
+   * it goes straight for the keys: one transaction moves its entries onto its hold lease if it is
+   * first, while a keepalive restarts that lease. Otherwise it looks first, in a read-only transaction.
+   */
+  async nextAttempt(place: Place, ttlMs: number, what: Operation, steps = 0): Promise<AcquireResult> {
+    const request = EtcdPlaces.request(place);
+    const exclusive = this.line.exclusiveEverywhere(request);
+    if (place.clear && exclusive) return this.take(place, ttlMs, what, steps + 1, undefined);
+    const check = await this.connection.txn(this.line.check(request), what);
+    if (exclusive && check.succeeded) return this.take(place, ttlMs, what, steps + 1, undefined);
+    return this.decide(place, standing(check, request, place.hold.id), ttlMs, what, steps + 1);
+  }
+
+  /** What a waiter does from where it stands: take the keys, or wait, watching what may let it in. */
+  private async decide(place: Place, standing: Standing, ttlMs: number, what: Operation, steps: number): Promise<AcquireResult> {
+    if (this.places.get(place.owner) !== place) return { acquired: false };
+    if (standing.won) {
+      // An attempt of its own whose answer was lost took the keys meanwhile.
+      this.places.promoted(place, place.revision!);
+      if (await this.renew(place, what)) return { acquired: true, fencingToken: place.revision, validityMs: ttlMs };
+      return { acquired: false };
+    }
+    // Its place is gone (the waiter lease ran out, or a pending entry was passed and deleted): it
+    // takes a new one, at the back, once what is left of the old one is gone.
+    if (standing.lost || place.waitLease === undefined) return this.startOver(place, ttlMs, what);
+    const lines = standing.lines;
+    const mismatched = lines.findIndex((line) => 'mismatch' in line);
+    if (mismatched >= 0) return this.refuse(place, mismatched, (lines[mismatched] as { mismatch: number }).mismatch, what);
+    const blocked = lines.findIndex((line) => !line.in);
+    // Waiting up to the first line that keeps it out and pending after it; waiting everywhere to
+    // take the keys. (What is ahead does not depend on its own entries: the look stays good.)
+    const pendingFrom = blocked >= 0 ? blocked + 1 : place.keys.length;
+    if (pendingFrom !== place.pendingFrom && !(await this.repend(place, pendingFrom, what))) return this.startOver(place, ttlMs, what);
+    if (blocked >= 0) {
+      this.places.stand(place, (lines[blocked] as { waitFor: Buffer[] }).waitFor, standing.readRevision);
+      return { acquired: false };
+    }
+    if (steps >= MAX_STEPS) return { acquired: false };
+    return this.take(
+      place,
+      ttlMs,
+      what,
+      steps + 1,
+      lines.flatMap((line) => (line.in ? line.pending : [])),
+    );
+  }
+
+  /**
+   * Sets its entries pending from `to` on. False when they are not as it left them: a pending one
+   * was deleted by a caller that entered its key past it (whose token is greater than this one's,
+   * so this one may no longer enter there after it), or its place is gone.
+   */
+  private async repend(place: Place, to: number, what: Operation): Promise<boolean> {
+    const response = await this.connection.txn(this.line.repend(EtcdPlaces.request(place), to, place.waitLease!), what);
+    if (response.succeeded) place.pendingFrom = to;
+    return response.succeeded;
+  }
+
+  /** It leaves every line and takes a new place, at the back, with a new token. */
+  private async startOver(place: Place, ttlMs: number, what: Operation): Promise<AcquireResult> {
+    await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
+    this.places.drop(place);
+    return this.firstAttempt(place.keys, place.owner, place.limits, ttlMs, true, what);
+  }
+
+  /** Its limit disagrees with the key's: it leaves every line, and is told. */
+  private async refuse(place: Place, index: number, limit: number, what: Operation): Promise<AcquireResult> {
+    await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
+    this.places.drop(place);
+    return { acquired: false, limitMismatch: { key: place.keys[index], limit } };
+  }
+
+  /** In on every line of its keys: its entries go onto its hold lease, marked held, while a keepalive restarts that lease. */
+  private async take(
+    place: Place,
+    ttlMs: number,
+    what: Operation,
+    steps: number,
+    pending: readonly IKeyValue[] | undefined,
+    retried = false,
+  ): Promise<AcquireResult> {
+    const started = performance.now();
+    if (place.hold.lost) this.places.replaceHold(place, await this.grant(place.hold.seconds, what));
+    const hold = place.hold;
+    const request = EtcdPlaces.request(place);
+    let response, kept;
+    try {
+      [response, kept] = await Promise.all([
+        this.connection.txn(this.line.promote(request, hold.id, pending), what),
+        this.connection.keepAlive(hold.id, what).catch(() => false),
+      ]);
+    } catch (error) {
+      if (this.connection.isLeaseGone(error) && !retried) {
+        hold.lost = true;
+        return this.take(place, ttlMs, what, steps, pending, true);
+      }
+      this.places.unanswered(place);
+      throw error;
+    }
+    if (!response.succeeded) return this.decide(place, standing(response, request, hold.id), ttlMs, what, steps);
+    if (this.places.get(place.owner) !== place) {
+      // Released while the attempt was out: nobody wants the lock it won.
+      this.connection.revokeQuietly(hold.id, what);
+      return { acquired: false };
+    }
+    this.places.promoted(place, place.revision!);
+    // The keepalive sent with it restarted the lease; without its answer, the last one counts.
+    const validityMs = kept ? ttlMs : Math.max(0, Math.min(ttlMs, hold.aliveSince + hold.ttl * 1000 - started));
+    return { acquired: true, fencingToken: place.revision, validityMs };
+  }
+
+  /**
+   * An owner whose last request went unanswered: reads its entries to learn what that request
+   * did. Held on its hold lease: it won. On the waiter lease: it waits. Neither: it starts over.
+   */
+  async settle(place: Place, what: Operation): Promise<Place | undefined> {
+    const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(place.keys, place.owner), what));
+    const [first] = entries;
+    const whole =
+      first !== undefined && entries.every((kv) => kv && kv.create_revision === first.create_revision && kv.lease === first.lease);
+    const revision = Number(first?.create_revision);
+    if (whole && first.lease === place.hold.id && isHeldValue(first.value)) {
+      this.places.promoted(place, revision);
+      return place;
+    }
+    if (whole && first.lease === place.waitLease) {
+      const pendingFrom = entries.findIndex((kv) => isPendingValue(kv!.value));
+      this.places.settledWaiting(place, revision, pendingFrom < 0 ? place.keys.length : pendingFrom);
+      return place;
+    }
+    // Its request may still land while its hold lease exists: it starts over once that lease is
+    // gone (an entry that landed on the waiter lease meanwhile is kept by the next attempt).
+    await this.connection.revoke(place.hold.id, what);
+    if (entries.some(Boolean)) await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
+    this.places.drop(place);
+    return undefined;
+  }
+
+  /**
+   * Restarts a holder's lease and checks, at the same time, that its entries are still on it, as
+   * it left them: a keepalive alone would keep a lease whose keys were deleted (by hand, or by a
+   * request of its own that landed late) and tell the holder nothing. When not, it is dropped, and
+   * its lease revoked with whatever is left on it (a key deleted by hand and its other keys not).
+   */
+  async renew(place: Place, what: Operation): Promise<boolean> {
+    const [kept, response] = await Promise.all([
+      this.connection.keepAlive(place.hold.id, what),
+      this.connection.txn(this.line.ownEntries(place.keys, place.owner), what),
+    ]);
+    const intact = this.line
+      .ownEntriesOf(response)
+      .every((kv) => kv && isHeldValue(kv.value) && kv.lease === place.hold.id && Number(kv.create_revision) === place.revision);
+    if (kept && intact) return true;
+    this.places.drop(place);
+    if (kept) this.connection.revokeQuietly(place.hold.id, what);
+    return false;
+  }
+
+  async grant(seconds: number, what: Operation): Promise<HoldLease> {
+    const aliveSince = performance.now();
+    const { id, ttl } = await this.connection.grant(seconds, what);
+    return { id, seconds, ttl, aliveSince };
+  }
+}

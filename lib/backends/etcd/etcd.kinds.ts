@@ -1,0 +1,96 @@
+import type { IKeyValue } from 'etcd3';
+import { SHARED } from '../lock-backend.interface.js';
+
+/**
+ * Shared locks and semaphores in the etcd line. Every caller of a key, whatever its kind, has one
+ * entry in the key's line, and the entry's value says its kind beside whether it holds or waits:
+ * `held` / `waiting` for an exclusive lock (the values exclusive locks always had, so processes of
+ * an earlier version on the same etcd read them as before; they read nothing else of another
+ * owner's entry, only its create revision), `held shared`, `waiting permits3` and so on for the
+ * others. A caller of several keys keeps its entries after the first line that keeps it out
+ * `pending` (see etcd.admission.ts): they keep its place and token, and keep nobody out.
+ */
+
+export type EntryState = 'held' | 'waiting' | 'pending';
+
+export interface EntryValue {
+  state: EntryState;
+  /** How many holders it admits (TryAcquireOptions.limits): 1, n, or SHARED. */
+  limit: number;
+}
+
+export function entryValue(state: EntryState, limit: number): Buffer {
+  return Buffer.from(`${state}${limit === 1 ? '' : limit === SHARED ? ' shared' : ` permits${limit}`}`);
+}
+
+/** What an entry's value says; a kind this version does not know (a later one's) is taken as a writer: it keeps everyone out. */
+export function parseValue(value: Buffer): EntryValue {
+  const [word, kind] = value.toString().split(' ');
+  const state: EntryState = word === 'held' || word === 'pending' ? word : 'waiting';
+  const permits = /^permits(\d+)$/.exec(kind ?? '');
+  const limit = kind === 'shared' ? SHARED : permits ? Math.max(1, Number(permits[1])) : 1;
+  return { state, limit };
+}
+
+export function isHeldValue(value: Buffer): boolean {
+  return parseValue(value).state === 'held';
+}
+
+export function isPendingValue(value: Buffer): boolean {
+  return parseValue(value).state === 'pending';
+}
+
+/**
+ * Where a caller stands in one line, from the entries ahead of it (first first):
+ * - in: it may hold the key as far as this line goes, once the pending entries ahead are gone:
+ *   it deletes them as it enters (their callers then start over, at the back);
+ * - mismatch: the earliest reader or permit caller ahead admits another number of holders;
+ * - waitFor: the entries whose deletion may let it in, and no others (herd-free).
+ */
+export type KeyStanding = { in: true; pending: IKeyValue[] } | { in: false; mismatch: number } | { in: false; waitFor: Buffer[] };
+
+/**
+ * The rule of who enters, the same as every backend's (docs/shared-locks.md), read off the line:
+ * a caller is in when its position (entries ahead) is below its own limit and the limit of every
+ * entry ahead. Every entry ahead counts as in, so nobody passes a waiter (a queued writer blocks
+ * later readers, a queued permit caller blocks later ones), and who is in is a prefix of the line
+ * that only grows as entries ahead leave: a decision to enter stays right however many of them go
+ * meanwhile, and nobody can come in ahead (a new entry is always the newest).
+ *
+ * The entries watched: a writer, the entry just before it (it needs the key empty); a reader or a
+ * permit caller behind a writer, the nearest writer; a permit caller behind n others, the n
+ * nearest: it enters only once one of them went (fewer than n left ahead of it means one of the
+ * nearest n went), so no deletion it needs goes unseen, and a freed permit wakes at most n.
+ *
+ * Pending entries count for nobody (see etcd.admission.ts).
+ */
+export function keyStanding(all: readonly IKeyValue[], limit: number): KeyStanding {
+  const ahead = all.filter((kv) => !isPendingValue(kv.value));
+  const limits = effectiveLimits(ahead);
+  if (limit > 1) {
+    const theirs = limits.find((l) => l > 1);
+    if (theirs !== undefined && theirs !== limit) return { in: false, mismatch: theirs };
+  }
+  const position = ahead.length;
+  if (position < Math.min(limit, ...limits)) return { in: true, pending: all.filter((kv) => isPendingValue(kv.value)) };
+  if (limit === 1) return { in: false, waitFor: [ahead[position - 1].key] };
+  const writer = limits.lastIndexOf(1);
+  if (writer >= 0) return { in: false, waitFor: [ahead[writer].key] };
+  return { in: false, waitFor: ahead.slice(-limit).map((kv) => kv.key) };
+}
+
+/**
+ * The limits the rule counts with: the earliest reader or permit caller says what the key is, and
+ * a later one that disagrees with it counts as a writer. Such a caller leaves as soon as it looks
+ * (its attempt answers limitMismatch); one whose process died first holds everyone behind it up
+ * until its waiter lease runs out, as a dead writer does, and lets nobody in beside the others.
+ */
+function effectiveLimits(ahead: readonly IKeyValue[]): number[] {
+  let key: number | undefined;
+  return ahead.map((kv) => {
+    const { limit } = parseValue(kv.value);
+    if (limit === 1) return 1;
+    key ??= limit;
+    return limit === key ? limit : 1;
+  });
+}
