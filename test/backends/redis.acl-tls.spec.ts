@@ -111,7 +111,8 @@ async function takeTurns(
 
   const both = await a.acquire(together, HOLD);
   const later = b.acquire([...together].reverse(), WOKEN_ONLY);
-  await until(() => waiting(together[0]), 5_000, 'the second service to wait for both keys');
+  // A caller of several keys waits in the line of the first busy one in sorted order, not after it.
+  await until(() => waiting([...together].sort()[0]), 5_000, 'the second service to wait for both keys');
   await both.release();
   await (await later).release();
 
