@@ -4,7 +4,8 @@ import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import pg from 'pg';
 import { SHARED } from '../../lib/backends/lock-backend.interface.js';
-import { acquireSignature, FUNCTIONS_REVISION, lockNames, SCHEMA_VERSION } from '../../lib/backends/postgres/postgres.schema.js';
+import { FUNCTIONS_REVISION } from '../../lib/backends/postgres/postgres.functions.js';
+import { acquireSignature, lockNames, SCHEMA_VERSION } from '../../lib/backends/postgres/postgres.schema.js';
 import { LockBackendError, PostgresLockBackend, postgresLockTablesSql } from '../../lib/index.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
 
@@ -214,25 +215,37 @@ describe('PostgreSQL lock tables: who holds, next to the release before it', () 
 });
 
 describe('PostgreSQL lock functions of an earlier revision, on tables of this version', () => {
-  /** Tables of this version as the releases before revision 2 of the functions leave them: no revision. */
-  async function earlierRevision(db: pg.Pool): Promise<void> {
-    await db.query(postgresLockTablesSql());
-    await db.query(`COMMENT ON FUNCTION ${acquireSignature(lockNames('public', 'distributed_locks'))} IS NULL`);
+  /**
+   * Tables of this version as the releases before revision 2 of the functions leave them, or as
+   * their SQL run again over this release's (a rollback) does: bodies without the revision's line.
+   */
+  async function earlierRevision(db: pg.Pool, afterThisRelease = false): Promise<void> {
+    if (afterThisRelease) await db.query(postgresLockTablesSql());
+    await db.query(postgresLockTablesSql().replace(`-- ${FUNCTIONS_REVISION}\n`, ''));
   }
   const revision = async (db: pg.Pool) =>
     (
-      await db.query(`SELECT obj_description(to_regprocedure($1), 'pg_proc') AS r`, [
+      await db.query(`SELECT position($2 IN prosrc) > 0 AS r FROM pg_proc WHERE oid = to_regprocedure($1)`, [
         acquireSignature(lockNames('public', 'distributed_locks')),
+        FUNCTIONS_REVISION,
       ])
     ).rows[0].r;
 
   it('are put back on first use, keeping the version', async () => {
     const { url, db } = await database();
     await earlierRevision(db);
-    expect(await revision(db)).toBeNull();
+    expect(await revision(db)).toBe(false);
     expect((await backend(url).tryAcquire(['k'], 'owner', 30_000)).acquired).toBe(true);
-    expect(await revision(db)).toBe(FUNCTIONS_REVISION);
+    expect(await revision(db)).toBe(true);
     expect(await version(db)).toBe(SCHEMA_VERSION);
+  });
+
+  it('are put back on first use after the SQL of an earlier release ran again over them (a rollback)', async () => {
+    const { url, db } = await database();
+    await earlierRevision(db, true);
+    expect(await revision(db)).toBe(false);
+    expect((await backend(url).tryAcquire(['k'], 'owner', 30_000)).acquired).toBe(true);
+    expect(await revision(db)).toBe(true);
   });
 
   it('with createTables: false, are used as they are (with a warning) until the migration replaces them', async () => {
@@ -245,6 +258,6 @@ describe('PostgreSQL lock functions of an earlier revision, on tables of this ve
     } finally {
       warn.mockRestore();
     }
-    expect(await revision(db)).toBeNull();
+    expect(await revision(db)).toBe(false);
   });
 });

@@ -1,3 +1,4 @@
+import { FUNCTIONS_REVISION } from './postgres.functions.js';
 import { Logger } from '@nestjs/common';
 import type { Client, ClientConfig, Pool, PoolConfig } from 'pg';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
@@ -14,7 +15,6 @@ import {
 import type { CheckedConnection, ResolvedPostgresOptions } from './postgres.options.js';
 import {
   acquireSignature,
-  FUNCTIONS_REVISION,
   lockNames,
   newerLayoutRefusal,
   postgresLockTablesSql,
@@ -305,12 +305,12 @@ export class PostgresConnection {
       const { rows } = await client.query(
         `SELECT obj_description(to_regclass($1), 'pg_class') AS version, EXISTS (SELECT 1 FROM pg_attribute a ` +
           `WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped) AS current, ` +
-          `obj_description(to_regprocedure($3), 'pg_proc') AS functions`,
-        [this.names.qualified, IDENTITY_COLUMN, acquireSignature(this.names)],
+          `COALESCE((SELECT position($4 IN p.prosrc) > 0 FROM pg_proc p WHERE p.oid = to_regprocedure($3)), false) AS revised`,
+        [this.names.qualified, IDENTITY_COLUMN, acquireSignature(this.names), FUNCTIONS_REVISION],
       );
-      const { version: comment, current, functions } = rows[0] ?? {};
+      const { version: comment, current, revised } = rows[0] ?? {};
       if (comment !== SCHEMA_VERSION) return comment;
-      return !current ? WITHOUT_IDENTITY : functions !== FUNCTIONS_REVISION ? OLDER_FUNCTIONS : comment;
+      return !current ? WITHOUT_IDENTITY : !revised ? OLDER_FUNCTIONS : comment;
     };
     const found = await version(pool);
     if (found === SCHEMA_VERSION) return;

@@ -1,6 +1,16 @@
 import type { PostgresLockNames } from './postgres.schema.js';
 
 /**
+ * A line of the acquire function's body: the functions change within a version of the tables when
+ * their rules do (revision 2: a waiter for several keys stands in line only up to the first key
+ * that keeps it out). The backend puts them back when the tables are at this version but the body
+ * lacks this line: functions of an earlier revision, or none (before revision 2). In the body, not
+ * in a comment on the function, which PostgreSQL keeps when an earlier release's SQL, run again
+ * (a rollback), replaces the body with its own.
+ */
+export const FUNCTIONS_REVISION = 'nest-distributed-lock functions, revision 2';
+
+/**
  * The name of the key-locking function's parameter, and the message a process of an older release
  * reads when it starts on tables of this version: its own SQL redefines the function with the
  * parameter `p_keys`, which PostgreSQL refuses with "cannot change name of input parameter
@@ -75,6 +85,7 @@ CREATE OR REPLACE FUNCTION ${n.acquire}(
   p_limits double precision[], p_holder text,
   OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint, OUT mismatch_key text, OUT mismatch_limit double precision
 ) LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $fn$
+-- ${FUNCTIONS_REVISION}
 DECLARE
   now_ts timestamptz;
   i integer;

@@ -57,15 +57,7 @@ export const IDENTITY_COLUMN = 'acquired_at';
  */
 export const SCHEMA_VERSION = `nest-distributed-lock lock table, version ${SCHEMA_LAYOUT}`;
 
-/**
- * Stored as the comment of the acquire function (ACQUIRE_SIGNATURE): the functions change within
- * a version of the tables when their rules do (revision 2: a waiter for several keys stands in
- * line only up to the first key that keeps it out). The backend puts them back when the tables
- * are at this version but their functions are of an earlier revision (or none: before revision 2).
- */
-export const FUNCTIONS_REVISION = 'nest-distributed-lock functions, revision 2';
-
-/** The acquire function whose comment is FUNCTIONS_REVISION, as `to_regprocedure` takes it. */
+/** The acquire function whose body names FUNCTIONS_REVISION, as `to_regprocedure` takes it. */
 export function acquireSignature(n: PostgresLockNames): string {
   return `${n.acquire}(text[], text, integer, integer, boolean, text, double precision[], text)`;
 }
@@ -207,7 +199,6 @@ DO $guard$ BEGIN
 END
 $guard$;
 ${functionsSql(n)}
-COMMENT ON FUNCTION ${acquireSignature(n)} IS '${FUNCTIONS_REVISION}';
 COMMENT ON TABLE ${n.locks} IS '${SCHEMA_VERSION}';
 `;
 }
