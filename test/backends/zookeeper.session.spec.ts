@@ -35,7 +35,11 @@ describe('ZooKeeper commandTimeout errors say where the operation stood', () => 
     );
     // Taken first, asked again if a loaded machine kept the first answer past the command timeout.
     await until(
-      () => locks.tryAcquire(['k'], 'owner-a', 60_000).then((result) => result.acquired, () => false),
+      () =>
+        locks.tryAcquire(['k'], 'owner-a', 60_000).then(
+          (result) => result.acquired,
+          () => false,
+        ),
       30_000,
       'the key to be taken',
     );
