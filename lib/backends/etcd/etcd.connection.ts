@@ -118,10 +118,11 @@ export class EtcdConnection {
     return this.client.watch().key(key).watcher();
   }
 
-  /** Whether `key` exists (a linearizable read). */
-  async exists(key: Buffer): Promise<boolean> {
-    const response = await this.call({ op: 'watch', keys: [] }, (options) => this.client.kv.range({ key, count_only: true }, options));
-    return Number(response.count) > 0;
+  /** `key`'s value and create revision, or undefined when it is missing (a linearizable read). */
+  async entry(key: Buffer): Promise<{ value: Buffer; createRevision: number } | undefined> {
+    const response = await this.call({ op: 'watch', keys: [] }, (options) => this.client.kv.range({ key }, options));
+    const kv = response.kvs[0];
+    return kv ? { value: kv.value, createRevision: Number(kv.create_revision) } : undefined;
   }
 
   /** Whether `error` says a lease a request named is gone. */

@@ -79,7 +79,7 @@ export class PredecessorWatches {
       if (watch.dead) return;
       if (!watch.started) {
         watch.started = true;
-        if (Number(created.header.revision) > readRevision) void this.confirm(id, watch);
+        if (Number(created.header.revision) > readRevision) void this.confirm(id, watch, readRevision);
       } else if (watch.disconnected) {
         watch.disconnected = false;
         this.onChange(false);
@@ -94,16 +94,21 @@ export class PredecessorWatches {
     this.onChange(this.watches.size === 0 && !this.broken);
   }
 
-  /** The watch started after the read: was the entry deleted in between? */
-  private async confirm(id: string, watch: Watch): Promise<void> {
-    let exists: boolean;
+  /**
+   * The watch started after the read: did the entry change in between as its events would have
+   * told? Deleted, set pending, or deleted and put again by its owner starting over (created after
+   * the read): each lets the waiter look again.
+   */
+  private async confirm(id: string, watch: Watch, readRevision: number): Promise<void> {
+    let gone: boolean;
     try {
-      exists = await this.connection.exists(watch.entry);
+      const entry = await this.connection.entry(watch.entry);
+      gone = entry === undefined || isPendingValue(entry.value) || entry.createRevision > readRevision;
     } catch {
-      exists = false;
+      gone = true;
       this.broken = true;
     }
-    if (!exists) this.deleted(id, watch);
+    if (gone) this.deleted(id, watch);
   }
 
   private drop(id: string): void {
