@@ -2,6 +2,7 @@ import type { Cluster, Redis } from 'ioredis';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { withTimeout } from '../bounded-wait.js';
 import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
+import { lockKeyLayout } from './redis.keys.js';
 
 /**
  * list() on Redis: SCAN with MATCH on each master, never KEYS, so Redis answers each call after
@@ -32,12 +33,11 @@ export async function listRedisKeys(
   let scan = at.scan;
   const pattern = escapeGlob(clientPrefix + options.prefix) + '*';
   while (index < masters.length && keys.length < options.limit) {
-    const node = masters[index].node;
-    const [next, found] = await node.scan(scan, 'MATCH', pattern, 'COUNT', options.limit - keys.length, 'TYPE', 'string');
+    const [next, found] = await masters[index].node.scan(scan, 'MATCH', pattern, 'COUNT', options.limit - keys.length, 'TYPE', 'string');
     const seen = new Set(keys);
-    for (const name of await locksAmong(node, found.sort())) {
+    for (const name of found.sort()) {
       const key = name.slice(clientPrefix.length);
-      if (!seen.has(key)) keys.push(key);
+      if (!seen.has(key) && !isCompanion(key, clientPrefix)) keys.push(key);
     }
     scan = next;
     if (scan === '0') index++;
@@ -63,25 +63,22 @@ async function mastersBySlot(cluster: Cluster, timeoutMs: number): Promise<{ slo
   return masters.filter((master) => master.slot >= 0).sort((a, b) => a.slot - b.slot);
 }
 
-/**
- * What a lock's own key holds: its owner (the service's 128-bit token, in hex), or `*shared` /
- * `*<permits>` for a key with several holders. Nothing else in the keyspace sets it apart: without
- * a keyPrefix the application's own strings match the pattern too, and so do a lock's string
- * companions (`{<key>}:fence`, `{<key>}:holder`), whose values differ.
- */
-const LOCK_VALUE = /^(?:[0-9a-f]{32}|\*shared|\*[1-9][0-9]*)$/;
+const SUFFIXES = [':fence', ':holder'] as const;
 
-/** The names among `names` (as SCAN answers them, with the client's prefix) whose value is a lock's: one round trip. */
-async function locksAmong(node: Redis, names: readonly string[]): Promise<string[]> {
-  if (names.length === 0) return [];
-  // The node adds its keyPrefix to the names it is sent, as SCAN's answers already carry it.
-  const nodePrefix = node.options.keyPrefix ?? '';
-  const values = await names.reduce((batch, name) => batch.get(name.slice(nodePrefix.length)), node.pipeline()).exec();
-  // A key gone since SCAN (null) is not held any more.
-  return names.filter((_, i) => {
-    const value = values?.[i]?.[1];
-    return typeof value === 'string' && LOCK_VALUE.test(value);
-  });
+/** A string companion of a lock (its fencing counter or holder string), which SCAN's TYPE string finds too. */
+function isCompanion(key: string, clientPrefix: string): boolean {
+  if (!key.startsWith('{')) return false;
+  for (const suffix of SUFFIXES) {
+    if (!key.endsWith(suffix)) continue;
+    const base = key.slice(0, -suffix.length);
+    // `{<key>}` or `{<tag>}:<key>` (see lockKeyLayout), the key with the client's prefix.
+    const candidates = [base.slice(1, -1), base.slice(base.indexOf('}:') + 2)]
+      .filter((prefixed) => prefixed.startsWith(clientPrefix))
+      .map((prefixed) => prefixed.slice(clientPrefix.length));
+    const field = suffix === ':fence' ? 'fence' : 'holder';
+    if (candidates.some((lock) => lockKeyLayout(lock, clientPrefix)[field] === key)) return true;
+  }
+  return false;
 }
 
 function escapeGlob(text: string): string {
