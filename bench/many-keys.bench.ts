@@ -191,7 +191,7 @@ async function scriptCost(report: Report, port: number): Promise<void> {
       'ours (its acquire and release scripts)': (p, key, owner) => {
         const layout = lockKeyLayout(key);
         const keys = lineScriptKeys([layout]);
-        p.evalsha(sha.acquire, keys.length, ...keys, owner, 30_000, `3000 0 ${id}`);
+        p.evalsha(sha.acquire, keys.length, ...keys, owner, 30_000, `3000 0 ${id} PUBLISH`);
         // The release's short form: nobody waited for the key (see RELEASE).
         p.evalsha(sha.release, 2, layout.lock, layout.line, owner);
       },

@@ -82,6 +82,24 @@ describe('the line of waiters in Redis', () => {
     expect((await b.tryAcquire(['d'], 'holder-c', 60_000)).acquired).toBe(true);
   });
 
+  it('a waiter that a caller of several keys kept out of a free key is told when that caller leaves its line', async () => {
+    const b = backend({ waiterTimeout: 60_000 });
+    // It asks again on its own only every 30 s: it enters sooner only when told.
+    const other = new LockService(backend({ waiterTimeout: 60_000 }), { keyPrefix: '', pollInterval: 30_000 });
+    fixture.cleanup(() => other.onApplicationShutdown());
+    expect((await b.tryAcquire(['h'], 'holder-h', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['g', 'h'], 'x', 60_000)).acquired).toBe(false);
+    // Another process waits for h behind x, and is told to wait as long as x's place lasts (60 s).
+    const entered = other.using('h', async () => 'entered', { wait: 10_000, ttl: 60_000 });
+    await until(async () => (await fixture.admin.zcard('{h}:queue')) === 2, 5_000, 'the second waiter in line');
+    // h is released: x, first in line, is told to ask again; the waiter behind it is not.
+    await b.release(['h'], 'holder-h');
+    await fixture.admin.set('g', 'holder-g', 'PX', 60_000);
+    // x asks again: g keeps it out, so it leaves h's line, and the waiter it kept out enters.
+    expect((await b.tryAcquire(['g', 'h'], 'x', 60_000)).acquired).toBe(false);
+    await expect(entered).resolves.toBe('entered');
+  });
+
   it('a fractional waiterTimeout is rounded up to whole milliseconds, and waiting works', async () => {
     const b = backend({ waiterTimeout: 2_500.5 });
     expect((await b.tryAcquire(['f'], 'holder', 60_000)).acquired).toBe(true);

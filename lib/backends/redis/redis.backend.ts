@@ -77,8 +77,9 @@ export class RedisLockBackend implements LockBackend {
     this.connection = new RedisConnection(checked, this.name);
     this.scripts = new RedisScriptRunner(this.connection, this.name, commandTimeout);
     this.line = new RedisWaiterLine(this.connection, commandTimeout, localHandoffs);
-    this.waitingArgs = `${waiterTimeout} 1 ${this.line.id}`;
-    this.tryingArgs = `${waiterTimeout} 0 ${this.line.id}`;
+    const publish = this.connection.cluster ? 'SPUBLISH' : 'PUBLISH';
+    this.waitingArgs = `${waiterTimeout} 1 ${this.line.id} ${publish}`;
+    this.tryingArgs = `${waiterTimeout} 0 ${this.line.id} ${publish}`;
   }
 
   /**

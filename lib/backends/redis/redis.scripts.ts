@@ -12,9 +12,10 @@ export { EXTEND, EXTEND_HOLDERS, INSPECT } from './redis.lease-scripts.js';
 /**
  * KEYS: n locks, their n fencing counters, n lines, n waiter records, n holder sets when ARGV[5]
  * is given, then n holder strings and n identity hashes (see redis.keys.ts).
- * ARGV: owner, ttl ms, and `<waiter timeout ms> <1 or 0> <backend id>`: 1 if the caller will wait
- * (joins the line when it fails), 0 if it gives up at once (so it stays out of the line); the id of
- * the caller's backend is its wake-up channel (see RELEASE). The last three travel as one string,
+ * ARGV: owner, ttl ms, and `<waiter timeout ms> <1 or 0> <backend id> <PUBLISH or SPUBLISH>`: 1
+ * if the caller will wait (joins the line when it fails), 0 if it gives up at once (so it stays out
+ * of the line); the id of the caller's backend is its wake-up channel, and the command is how
+ * waiters are told (see RELEASE). The last four travel as one string,
  * read only when the usual case does not apply: each value sent costs Redis a Lua string and a
  * slot in ARGV on every call. ARGV[4]: who asks, `<instance>\n<site>` (stored, never read
  * here). ARGV[5], only when a key admits several holders: each key's limit, `1`, `<permits>` or
@@ -57,7 +58,7 @@ local width = ARGV[5] and 7 or 6
     PRELUDE +
     `
 local owner, ttl, identity = ARGV[1], ARGV[2], ARGV[4]
-local waiterTimeout, willWait, backendId = string.match(ARGV[3], '^(%d+) ([01]) (%S+)$')
+local waiterTimeout, willWait, backendId, publish = string.match(ARGV[3], '^(%d+) ([01]) (%S+) (%u+)$')
 local limits = {}
 if ARGV[5] then
   for limit in string.gmatch(ARGV[5], '%S+') do limits[#limits + 1] = limit end
@@ -152,11 +153,12 @@ if wait then
       redis.call('HSET', whoKey(i), owner, stamped(i, owner, identity))
       keepAtLeast(whoKey(i), waiterTimeout)
     elseif redis.call('ZSCORE', line, owner) then
-      -- A place an earlier attempt took, while the keys before this one let it in. Nobody behind
-      -- it is woken: nobody who came later passes it in those earlier lines, so one of them keeps
-      -- it out again only once its place ran out (in every line at once), and a line passes a
-      -- waiter whose place ran out.
+      -- A place an earlier attempt took, while the keys before this one let it in: it goes, and
+      -- whoever it kept out there may enter now. They were told to wait until this caller's place
+      -- ran out, so they are told to ask again, unless the key is held alone (its release tells).
       leave(i, owner)
+      local holder = redis.call('GET', KEYS[i])
+      if not holder or string.byte(holder) == 42 then tellFront(i, publish) end
     end
   end
   -- Without a counter, a later hand-over starts one from the clock, so the clock is the bar.
@@ -265,17 +267,16 @@ local function admit(i, count, marker, waiter, ttl, process, limit)
   local lock, line, records, holders = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i]
   local kind, k = marker, 0
   while waiter do
-    local channel = publish == 'SPUBLISH' and (line .. ':' .. process) or ('nest-distributed-lock:' .. process)
     local exclusive, lease = limit == '1', math.min(ttl, maxLease)
     if not exclusive then holding() end
     if exclusive and count > 0 or not exclusive and (count >= limitSize(limit) or kind and kind ~= '*' .. limit) then
-      if not exclusive and kind and kind ~= '*' .. limit then redis.call(publish, channel, waiter) end
+      if not exclusive and kind and kind ~= '*' .. limit then tell(publish, i, process, waiter) end
       return 0, marker
     end
     count = count + 1
     if not exclusive then kind = '*' .. limit end
     if lease == 0 then
-      redis.call(publish, channel, waiter)
+      tell(publish, i, process, waiter)
       k = k + 1
     else
       redis.call('ZREM', line, waiter)
@@ -289,7 +290,7 @@ local function admit(i, count, marker, waiter, ttl, process, limit)
         tookBeside(i, waiter, lease)
         marker = kind
       end
-      redis.call(publish, channel, waiter .. ' ' .. token .. ' ' .. lease)
+      tell(publish, i, process, waiter .. ' ' .. token .. ' ' .. lease)
     end
     if exclusive then return lease > 0 and 1 or 0, marker end
     -- The next waiter that still has its place.
