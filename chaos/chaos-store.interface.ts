@@ -63,9 +63,10 @@ export interface ChaosStore {
 /**
  * A store's module, as the registry loads it: the adapter class as its default export, and the
  * function a worker process calls to build a backend from `BackendSpec.options` (once per
- * application context).
+ * application context). A backend with a line of waiters gets `waiterTimeout` (see
+ * waiterTimeout() in chaos.worker.ts).
  */
 export interface ChaosStoreModule {
   default: new () => ChaosStore;
-  createBackend(options: unknown): LockBackend;
+  createBackend(options: unknown, waiterTimeout: number): LockBackend;
 }

@@ -172,7 +172,7 @@ export default class ClusterStore implements ChaosStore {
   }
 }
 
-export function createBackend(options: unknown): LockBackend {
+export function createBackend(options: unknown, waiterTimeout: number): LockBackend {
   const { nodes, natMap, commandTimeout } = options as Options;
-  return new RedisLockBackend({ clusterNodes: nodes, clusterOptions: { natMap } }, { commandTimeout });
+  return new RedisLockBackend({ clusterNodes: nodes, clusterOptions: { natMap } }, { commandTimeout, waiterTimeout });
 }

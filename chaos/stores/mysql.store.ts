@@ -81,7 +81,7 @@ export default class MysqlStore implements ChaosStore {
   }
 }
 
-export function createBackend(options: unknown): LockBackend {
+export function createBackend(options: unknown, waiterTimeout: number): LockBackend {
   const { url, commandTimeout } = options as Options;
-  return new MysqlLockBackend(url, { commandTimeout });
+  return new MysqlLockBackend(url, { commandTimeout, waiterTimeout });
 }

@@ -87,9 +87,9 @@ export default class PostgresStore implements ChaosStore {
   }
 }
 
-export function createBackend(options: unknown): LockBackend {
+export function createBackend(options: unknown, waiterTimeout: number): LockBackend {
   const { url, commandTimeout } = options as Options;
-  return new PostgresLockBackend(url, { commandTimeout });
+  return new PostgresLockBackend(url, { commandTimeout, waiterTimeout });
 }
 
 /** The processes whose parent is `pid`, from /proc (Linux). */

@@ -51,7 +51,7 @@ export default class RedisStore implements ChaosStore {
   }
 }
 
-export function createBackend(options: unknown): LockBackend {
+export function createBackend(options: unknown, waiterTimeout: number): LockBackend {
   const { url, commandTimeout } = options as Options;
-  return new RedisLockBackend(url, { commandTimeout });
+  return new RedisLockBackend(url, { commandTimeout, waiterTimeout });
 }

@@ -147,7 +147,7 @@ export default class SentinelStore implements ChaosStore {
   }
 }
 
-export function createBackend(options: unknown): LockBackend {
+export function createBackend(options: unknown, waiterTimeout: number): LockBackend {
   const { sentinels, name, natMap, commandTimeout } = options as Options;
-  return new RedisLockBackend({ sentinels, name, natMap }, { commandTimeout });
+  return new RedisLockBackend({ sentinels, name, natMap }, { commandTimeout, waiterTimeout });
 }
