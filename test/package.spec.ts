@@ -1,10 +1,23 @@
 import { describe, expect, it, beforeAll, afterAll } from '@jest/globals';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
 const root = resolve(import.meta.dirname, '..');
+
+/** The package built once, as `npm run build` builds it, for the apps below to install. */
+let built: string | undefined;
+function builtDist(): string {
+  if (built === undefined) {
+    built = mkdtempSync(join(tmpdir(), 'ndl-built-'));
+    execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(built, 'dist')], { stdio: 'pipe' });
+  }
+  return join(built, 'dist');
+}
+afterAll(() => {
+  if (built !== undefined) rmSync(built, { recursive: true, force: true });
+});
 
 /**
  * Builds the package as `npm run build` does, installs it into a scratch app's node_modules the
@@ -17,7 +30,7 @@ describe('the published package', () => {
     app = mkdtempSync(join(tmpdir(), 'ndl-package-'));
     const installed = join(app, 'node_modules', 'nest-distributed-lock');
     mkdirSync(installed, { recursive: true });
-    execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(installed, 'dist')], { stdio: 'pipe' });
+    cpSync(builtDist(), join(installed, 'dist'), { recursive: true });
     const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
       files: string[];
       dependencies: Record<string, string>;
@@ -189,7 +202,7 @@ describe('the ESM and CommonJS builds loaded in one process', () => {
     app = mkdtempSync(join(tmpdir(), 'ndl-dual-'));
     const installed = join(app, 'node_modules', 'nest-distributed-lock');
     mkdirSync(installed, { recursive: true });
-    execFileSync(process.execPath, [join(root, 'scripts/build.mjs'), join(installed, 'dist')], { stdio: 'pipe' });
+    cpSync(builtDist(), join(installed, 'dist'), { recursive: true });
     writeFileSync(join(installed, 'package.json'), readFileSync(join(root, 'package.json')));
     for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', 'acorn'])
       symlinkSync(join(root, 'node_modules', dep), join(app, 'node_modules', dep));
