@@ -229,7 +229,7 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.line.ts',
     replace: [
       [
-        "      ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Greater', create_revision: revision - 1 })),\n",
+        "      ...request.keys.map((key): ICompare => ({\n        ...this.keys.line(key),\n        target: 'Create',\n        result: 'Greater',\n        create_revision: request.revision - 1,\n      })),\n",
         '',
       ],
     ],
