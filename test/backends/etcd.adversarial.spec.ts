@@ -59,9 +59,9 @@ async function keys(): Promise<{ key: string; value: string; lease: string }[]> 
   return kvs.map((kv) => ({ key: kv.key.toString(), value: kv.value.toString(), lease: kv.lease }));
 }
 
-/** The entries of the lines (not the anchors of waiters' first attempts). */
+/** The entries of the lines (not the anchors of waiters' first attempts, nor who asks beside each entry). */
 async function entries(): Promise<{ key: string; value: string; lease: string }[]> {
-  return (await keys()).filter((kv) => !kv.key.startsWith(`${PREFIX}%anchor/`));
+  return (await keys()).filter((kv) => !kv.key.startsWith(`${PREFIX}%anchor/`) && !kv.key.startsWith(`${PREFIX}%who/`));
 }
 
 /** The leases etcd has now. */
