@@ -124,6 +124,17 @@ describe('etcd: who holds and waits', () => {
     await nothingLeft("the dead holder's entry and identity to go");
   }, 60_000);
 
+  it('shows a caller of several keys waiting in the line of the first key that keeps it out, and in no later one', async () => {
+    const [one, two] = [backend(), backend()];
+    expect((await one.tryAcquire(['x'], 'owner-a', 30_000, { holder: a })).acquired).toBe(true);
+    expect((await one.tryAcquire(['y'], 'owner-c', 30_000, { holder: c })).acquired).toBe(true);
+    // owner-b waits for x; its entry in y's line is pending: it keeps nobody out there, and waits there for nothing yet.
+    expect((await two.tryAcquire(['x', 'y'], 'owner-b', 30_000, { holder: b })).acquired).toBe(false);
+    await expectBeside(['x/owner-a', 'x/owner-b', 'y/owner-b', 'y/owner-c']);
+    expect((await one.inspect('x'))!.waiters).toEqual([{ owner: 'owner-b', ...b, waitingSince: expect.any(Number) }]);
+    expect((await one.inspect('y'))!.waiters).toEqual([]);
+  });
+
   it('goes with a pending entry that a caller passes', async () => {
     const [one, two] = [backend(), backend()];
     expect((await one.tryAcquire(['x'], 'owner-a', 30_000, { holder: a })).acquired).toBe(true);

@@ -14,19 +14,18 @@ const WAITERS_SHOWN = 100;
  * holder's lease (one request a holder). Holders are the entries marked held (an entry first in
  * line but waiting for another of its keys holds nothing); waiters the entries marked waiting, in
  * line order. A pending entry (a caller of several keys that waits for an earlier one) stands in
- * no line yet, and is not shown. An entry shows who asked and since when from its identity key,
- * when that key is on the entry's lease; an entry of a release before them has none, and shows
- * without them.
+ * no line yet, and is not shown. An entry shows who asked and since when from its identity key;
+ * an entry of a release before them has none, and shows without them.
  */
 export async function inspectEtcd(connection: EtcdConnection, line: EtcdLine, keys: EtcdKeys, key: string): Promise<LockState | undefined> {
   const what = { op: 'inspect', keys: [key] };
   const [entries, identities] = (await connection.txn(line.wholeLine(key), what)).responses.map((r) => r.response_range.kvs);
   const held = entries.filter((kv) => isHeldValue(kv.value));
   if (held.length === 0) return undefined;
-  const who = new Map(identities.map((kv) => [keys.ownerOf(kv.key), kv]));
+  const who = new Map(identities.map((kv) => [keys.ownerOf(kv.key), kv.value]));
   const identityOf = (entry: IKeyValue): StoredIdentity => {
     const identity = who.get(keys.ownerOf(entry.key));
-    return identity?.lease === entry.lease ? readIdentity(identity.value) : {};
+    return identity ? readIdentity(identity) : {};
   };
   const seconds = await Promise.all(held.map((kv) => connection.timeToLive(kv.lease, what)));
   const holders: LockHolderState[] = held
