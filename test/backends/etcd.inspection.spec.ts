@@ -1,4 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
+import { Etcd3 } from 'etcd3';
 import { hostname } from 'node:os';
 import { EtcdLockBackend } from '../../lib/backends/etcd/etcd.backend.js';
 import { MAX_IDENTITY_LENGTH, SHARED } from '../../lib/backends/lock-backend.interface.js';
@@ -175,6 +176,39 @@ describe('etcd: who holds and waits', () => {
     expect(await other.release(['moved'], handle.leases[0].owner)).toBe(true);
     await nothingLeft('every key to go');
     await handle.release();
+  });
+
+  it('lists held keys without reading the identity keys and anchors beside them', async () => {
+    // A client of the listing's own that records every key its reads return.
+    const client = new Etcd3({ hosts: fixture.endpoints });
+    fixture.cleanup(() => client.close());
+    const read: string[] = [];
+    const txn = client.kv.txn.bind(client.kv);
+    client.kv.txn = async (...args: Parameters<typeof txn>) => {
+      const response = await txn(...args);
+      for (const r of response.responses) for (const kv of r.response_range?.kvs ?? []) read.push(kv.key.toString());
+      return response;
+    };
+    const lister = new EtcdLockBackend(client);
+    fixture.cleanup(() => lister.close());
+    const one = backend();
+    // Names that sort before the backend's own keys ('!', '#', and '%' and '/' encoded), and after them.
+    const names = ['!first', '#x', '%pct', '/slash', ...Array.from({ length: 30 }, (_, i) => `k${String(i).padStart(2, '0')}`)];
+    for (const [i, name] of names.entries()) {
+      expect((await one.tryAcquire([name], `holder-${i}`, 30_000, { holder: a })).acquired).toBe(true);
+      expect((await one.tryAcquire([name], `waiter-${i}`, 30_000, { holder: b })).acquired).toBe(false);
+    }
+    const listed: string[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await lister.list({ prefix: '', limit: 5, cursor });
+      listed.push(...page.keys);
+      cursor = page.cursor;
+    } while (cursor !== undefined);
+    expect([...listed].sort()).toEqual([...names].sort());
+    expect(new Set(listed).size).toBe(listed.length);
+    expect(read.length).toBeGreaterThan(0);
+    expect(read.filter((key) => key.startsWith(`${PREFIX}%`) && !/^%(25|2F)/.test(key.slice(PREFIX.length)))).toEqual([]);
   });
 
   it('tells shared holders and waiters of every kind with who they are', async () => {

@@ -8,7 +8,16 @@
  * processes of a release before them read lines as ranges, and see neither.
  */
 export class EtcdKeys {
-  constructor(readonly prefix: string) {}
+  /**
+   * The range of the backend's own keys beside the lines (anchors, identity keys): their names
+   * start with `%` and a letter, where an encoded key starts with `%25` or `%2F` if with `%` at all,
+   * so no line's entry falls in `[<prefix>%3, <prefix>&)`, and every key of the backend's own does.
+   */
+  readonly own: { key: Buffer; range_end: Buffer };
+
+  constructor(readonly prefix: string) {
+    this.own = { key: Buffer.from(`${prefix}%3`), range_end: Buffer.from(`${prefix}&`) };
+  }
 
   /** The entry of `owner` in the line of `key`. */
   entry(key: string, owner: string): Buffer {
