@@ -59,9 +59,9 @@ async function keys(): Promise<{ key: string; value: string; lease: string }[]> 
   return kvs.map((kv) => ({ key: kv.key.toString(), value: kv.value.toString(), lease: kv.lease }));
 }
 
-/** The entries of the lines (not the anchors of waiters' first attempts). */
+/** The entries of the lines (not the anchors of waiters' first attempts, nor who asks beside each entry). */
 async function entries(): Promise<{ key: string; value: string; lease: string }[]> {
-  return (await keys()).filter((kv) => !kv.key.startsWith(`${PREFIX}%anchor/`));
+  return (await keys()).filter((kv) => !kv.key.startsWith(`${PREFIX}%anchor/`) && !kv.key.startsWith(`${PREFIX}%who/`));
 }
 
 /** The leases etcd has now. */
@@ -257,6 +257,11 @@ describe('etcd backend, attacked', () => {
       // Not after the other caller's 30 s: its entry is deleted again once etcd answers.
       const next = await service().acquire('lost-release', { wait: 10_000 });
       expect(next.fencingToken).toBeGreaterThan(held.fencingToken!);
+      // Who it was went with it: beside the one entry left in the line, who asks, on its lease.
+      const line = async (folder: string) =>
+        (await keys()).filter((kv) => kv.key.startsWith(`${PREFIX}${folder}adv:lost-release/`)).map((kv) => kv.lease);
+      expect(await line('')).toHaveLength(1);
+      expect(await line('%who/')).toEqual(await line(''));
       await next.release();
       await busy.release();
       await (await waitingOn).release();

@@ -37,8 +37,17 @@ describe('etcd backend on one member', () => {
     expect((await a.tryAcquire(['x'], 'owner-a', 10_000)).acquired).toBe(true);
     // b waits for x and y: behind a in x's line; in y's, first, but pending (it keeps nobody out
     // while it waits for x), and the anchor of its first attempt, on the lease it will hold them on.
+    // Beside each entry, who asks.
     expect((await b.tryAcquire(['x', 'y'], 'owner-b', 10_000)).acquired).toBe(false);
-    expect(await entries()).toHaveLength(4);
+    expect(await entries()).toEqual([
+      'nest-distributed-lock/%anchor/owner-b',
+      'nest-distributed-lock/%who/x/owner-a',
+      'nest-distributed-lock/%who/x/owner-b',
+      'nest-distributed-lock/%who/y/owner-b',
+      'nest-distributed-lock/x/owner-a',
+      'nest-distributed-lock/x/owner-b',
+      'nest-distributed-lock/y/owner-b',
+    ]);
     const values = async () => (await fixture.admin.getAll().prefix('nest-distributed-lock/y/').strings()) as Record<string, string>;
     expect(Object.values(await values())).toEqual(['pending']);
     expect(await a.inspect('y')).toBeUndefined();
@@ -135,8 +144,8 @@ describe('etcd backend on one member', () => {
     const waiters = service({ pollInterval: 60_000 }, backend(`http://127.0.0.1:${proxy.port}`, { waiterTimeout: 10_000 }));
     const held = await holder.acquire('compacted', { ttl: 60_000 });
     const waiting = waiters.acquire('compacted', { wait: 30_000 });
-    // The holder's entry, the waiter's and its anchor.
-    await until(async () => (await entries()).length === 3, 5_000, 'the waiter to stand in line');
+    // The holder's entry, the waiter's and its anchor, and who each of them is.
+    await until(async () => (await entries()).length === 5, 5_000, 'the waiter to stand in line');
     // Its watch stream drops; meanwhile the lock is released and the history of it compacted.
     proxy.set({ kind: 'drop' });
     await held.release();

@@ -24,11 +24,19 @@ export class Holder {
 
   /** `fixture`: the file name under test/fixtures, e.g. 'redis-lock-holder.mjs'; `args` follow the ttl. */
   static async start(fixture: string, url: string, key: string, ttl: number, args: string[] = []): Promise<Holder> {
-    const holder = new Holder(
-      fork(resolve(fixtures, fixture), [url, key, String(ttl), ...args], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
-    );
+    const holder = Holder.spawn(fixture, url, key, ttl, args);
     await holder.next('acquired');
     return holder;
+  }
+
+  /** As start(), without waiting for the child to hold (it may wait in line); `env` adds to the child's environment. */
+  static spawn(fixture: string, url: string, key: string, ttl: number, args: string[] = [], env: NodeJS.ProcessEnv = {}): Holder {
+    return new Holder(
+      fork(resolve(fixtures, fixture), [url, key, String(ttl), ...args], {
+        env: { ...process.env, ...env },
+        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      }),
+    );
   }
 
   next(type: HolderMessage['type']): Promise<HolderMessage> {

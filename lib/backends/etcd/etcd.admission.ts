@@ -7,7 +7,8 @@ import { isHeldValue, isPendingValue } from './etcd.kinds.js';
 import type { EtcdLine } from './etcd.line.js';
 import { enterAtEnd } from './etcd.no-wait.js';
 import { leaseSeconds } from './etcd.options.js';
-import { EtcdPlaces, type HoldLease, type Place } from './etcd.places.js';
+import { identityValue } from './etcd.identity.js';
+import { EtcdPlaces, type Ask, type HoldLease, type Place } from './etcd.places.js';
 import { standing, standingAfterFirst, type Standing } from './etcd.standing.js';
 
 /** Steps one attempt may take in a row (look, trim, put later entries, take): past it, the caller asks again later. */
@@ -35,47 +36,41 @@ export class EtcdAdmission {
     private readonly places: EtcdPlaces,
   ) {}
 
-  async firstAttempt(
-    keys: readonly string[],
-    owner: string,
-    limits: readonly number[],
-    ttlMs: number,
-    willWait: boolean,
-    what: Operation,
-    looks = 1,
-  ): Promise<AcquireResult> {
+  async firstAttempt(ask: Ask, ttlMs: number, willWait: boolean, what: Operation, looks = 1): Promise<AcquireResult> {
+    const { keys, owner, limits } = ask;
     const [hold, wait] = await Promise.all([this.grant(leaseSeconds(ttlMs), what), willWait ? this.places.waiterLease(what) : undefined]);
+    // Both branches put it: a holder took the keys, a waiter its place, when this was sent.
+    const identity = identityValue(ask.who, Date.now());
     let response;
     try {
-      response = await this.connection.txn(this.line.firstAttempt(keys, owner, limits, hold.id, wait), what);
+      response = await this.connection.txn(this.line.firstAttempt(keys, owner, limits, identity, hold.id, wait), what);
     } catch (error) {
       if (wait !== undefined && this.connection.isLeaseGone(error)) {
         // The waiter lease ran out while nobody waited: a new one, and again.
         this.places.waiterLeaseGone(wait);
         this.connection.revokeQuietly(hold.id, what);
-        return this.firstAttempt(keys, owner, limits, ttlMs, willWait, what);
+        return this.firstAttempt(ask, ttlMs, willWait, what);
       }
       // Applied or not, nobody knows: a caller that waits asks again or releases, and either
       // looks first; for one that does not, the lease goes, and with it a lock it may have won.
       // (etcd refused it outright, for its size or for the user's rights: not applied.)
-      if (wait !== undefined && error instanceof LockBackendError && !error.permanent) this.places.unknown(keys, owner, limits, hold, wait);
+      if (wait !== undefined && error instanceof LockBackendError && !error.permanent) this.places.unknown(ask, identity, hold, wait);
       else this.connection.revokeQuietly(hold.id, what);
       throw error;
     }
     const revision = Number(response.header.revision);
     if (response.succeeded) {
-      this.places.held(keys, owner, limits, revision, hold);
+      this.places.held(ask, identity, revision, hold);
       return { acquired: true, fencingToken: revision, validityMs: ttlMs };
     }
     if (wait === undefined) {
-      const entered = await enterAtEnd(this.connection, this.line, { keys, owner, limits, hold, ttlMs, read: response, what });
-      if (entered === 'again')
-        return looks < MAX_LOOKS ? this.firstAttempt(keys, owner, limits, ttlMs, false, what, looks + 1) : { acquired: false };
-      if (entered.acquired) this.places.held(keys, owner, limits, entered.fencingToken!, hold);
+      const entered = await enterAtEnd(this.connection, this.line, { keys, owner, limits, identity, hold, ttlMs, read: response, what });
+      if (entered === 'again') return looks < MAX_LOOKS ? this.firstAttempt(ask, ttlMs, false, what, looks + 1) : { acquired: false };
+      if (entered.acquired) this.places.held(ask, identity, entered.fencingToken!, hold);
       return entered;
     }
     const placed = this.line.placedRevision(response, keys);
-    const place = this.places.waiting(keys, owner, limits, placed, wait, hold);
+    const place = this.places.waiting(ask, identity, placed, wait, hold);
     return this.decide(place, standingAfterFirst(response, keys, limits, placed), ttlMs, what, 0);
   }
 
@@ -142,7 +137,7 @@ export class EtcdAdmission {
   private async startOver(place: Place, ttlMs: number, what: Operation): Promise<AcquireResult> {
     await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
     this.places.drop(place);
-    return this.firstAttempt(place.keys, place.owner, place.limits, ttlMs, true, what);
+    return this.firstAttempt(place, ttlMs, true, what);
   }
 
   /** Its limit disagrees with the key's: it leaves every line, and is told. */
@@ -165,10 +160,12 @@ export class EtcdAdmission {
     if (place.hold.lost) this.places.replaceHold(place, await this.grant(place.hold.seconds, what));
     const hold = place.hold;
     const request = EtcdPlaces.request(place);
+    // It takes the keys now. Kept before the answer: when it is lost, what settle() finds held was put by this.
+    place.identity = identityValue(place.who, Date.now());
     let response, kept;
     try {
       [response, kept] = await Promise.all([
-        this.connection.txn(this.line.promote(request, hold.id, pending), what),
+        this.connection.txn(this.line.promote(request, place.identity, hold.id, pending), what),
         this.connection.keepAlive(hold.id, what).catch(() => false),
       ]);
     } catch (error) {

@@ -1,4 +1,5 @@
 import { inspect } from 'node:util';
+import { identityBytes } from '../../lock-identity.js';
 import type {
   AcquireResult,
   BackendHealth,
@@ -34,6 +35,7 @@ import { EtcdReleases } from './etcd.releases.js';
  * the line of every key. A request first in every line of its keys holds them; the others wait,
  * each watching only the entry just ahead of it (fair and herd-free). Extending is a keepalive of
  * the lease, releasing revokes it, and a holder that dies loses its keys when the lease runs out.
+ * Who asks sits beside each entry, on the same lease (etcd.identity.ts).
  *
  * Exclusive as long as etcd keeps a quorum: a minority of members may be lost, partitioned or
  * restarted without a second holder, since every step is a Raft write or a linearizable read.
@@ -42,6 +44,7 @@ export class EtcdLockBackend implements LockBackend {
   readonly name = 'etcd';
   readonly fencing = true;
   readonly sharedHolders = true;
+  readonly storesIdentity = true;
 
   private readonly connection: EtcdConnection;
   private readonly line: EtcdLine;
@@ -75,6 +78,8 @@ export class EtcdLockBackend implements LockBackend {
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     if (this.connection.closed) throw this.connection.closedError('acquire', keys);
+    // Checked first: names too long are refused before anything is made.
+    const who = identityBytes(options?.holder, this.name);
     const what = { op: 'acquire', keys };
     // Deleting them later would take this request's own place.
     this.releases.forget(owner);
@@ -88,7 +93,7 @@ export class EtcdLockBackend implements LockBackend {
     }
     if (place) return this.admission.nextAttempt(place, ttlMs, what);
     const limits = keys.map((_, i) => options?.limits?.[i] ?? 1);
-    return this.admission.firstAttempt(keys, owner, limits, ttlMs, options?.willWait ?? true, what);
+    return this.admission.firstAttempt({ keys, owner, limits, who }, ttlMs, options?.willWait ?? true, what);
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
@@ -117,7 +122,14 @@ export class EtcdLockBackend implements LockBackend {
     place.movingTo = to;
     // Unanswered, it may have been applied: the next extend or the release finds out (movingTo stays).
     const values = place.limits.map((limit) => entryValue('held', limit));
-    const move = this.line.moveLease(place.keys, owner, values, from.id, to.id);
+    const move = this.line.moveLease(
+      place.keys,
+      owner,
+      values,
+      place.keys.map(() => place.identity),
+      from.id,
+      to.id,
+    );
     const moved = this.line.moved(await this.connection.txn(move, what), to.id);
     place.movingTo = undefined;
     place.moving = false;
@@ -215,14 +227,20 @@ export class EtcdLockBackend implements LockBackend {
     return (await leases()).every((lease) => lease === place.hold.id);
   }
 
-  /** Extending for an owner this client did not acquire for: its entries say which lease, if held. */
+  /**
+   * Extending for an owner this client did not acquire for: its entries say which lease, if held,
+   * and move with who it is (read with them, where it is on the same lease).
+   */
   private async extendUnknown(keys: readonly string[], owner: string, ttlMs: number, what: Operation): Promise<ExtendResult> {
-    const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(keys, owner), what));
+    const read = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntriesAndIdentities(keys, owner), what));
+    const entries = read.slice(0, keys.length);
     const [first] = entries;
     if (!first || !entries.every((kv) => kv && isHeldValue(kv.value) && kv.lease === first.lease)) return { extended: false };
+    const identities = read.slice(keys.length).map((kv) => (kv?.lease === first.lease ? kv.value : undefined));
     const next = await this.admission.grant(leaseSeconds(ttlMs), what);
     const values = entries.map((kv) => kv!.value);
-    const moved = this.line.moved(await this.connection.txn(this.line.moveLease(keys, owner, values, first.lease, next.id), what), next.id);
+    const move = this.line.moveLease(keys, owner, values, identities, first.lease, next.id);
+    const moved = this.line.moved(await this.connection.txn(move, what), next.id);
     this.connection.revokeQuietly(moved ? first.lease : next.id, what);
     return moved ? { extended: true, validityMs: ttlMs } : { extended: false };
   }

@@ -202,7 +202,7 @@ function tooLarge(keys: readonly string[], cause: Error): InvalidLockKeyError {
   const characters = keys.reduce((sum, key) => sum + key.length, 0);
   return new InvalidLockKeyError(
     `EtcdLockBackend: ${keys.length === 1 ? 'this key' : `these ${keys.length} keys`} (${characters} characters) make a request ` +
-      `larger than etcd takes (--max-request-bytes, 1.5 MiB by default; a request names each key up to six times). ` +
+      `larger than etcd takes (--max-request-bytes, 1.5 MiB by default; a request names each key up to nine times). ` +
       `Use shorter keys, and a maxKeyLength that refuses longer ones before they reach etcd.`,
     { cause },
   );

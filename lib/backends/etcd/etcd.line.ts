@@ -19,6 +19,10 @@ export interface LineRequest {
  * transaction, so they share one create revision: it orders the lines and is the fencing token.
  * Who is in follows from the entries ahead (etcd.kinds.ts); an exclusive caller is in when first.
  * Two requests on overlapping keys are ordered the same way in every line they share.
+ *
+ * Each transaction that puts an entry onto a lease puts its identity key (etcd.identity.ts) onto
+ * the same lease, and each one that deletes an entry deletes its identity key: in the same
+ * request, so who asks costs no request of its own.
  */
 export class EtcdLine {
   constructor(private readonly keys: EtcdKeys) {}
@@ -35,7 +39,14 @@ export class EtcdLine {
    * put its waiting entries on the waiter lease after its owner had started over and won (turning
    * the holder's entry into a waiter's, on a lease the holder does not keep), or after it gave up.
    */
-  firstAttempt(keys: readonly string[], owner: string, limits: readonly number[], holdLease: string, waitLease?: string): ITxnRequest {
+  firstAttempt(
+    keys: readonly string[],
+    owner: string,
+    limits: readonly number[],
+    identity: Buffer,
+    holdLease: string,
+    waitLease?: string,
+  ): ITxnRequest {
     const reads = keys.map((key) => this.lineRead(key));
     const failure: IRequestOp[] =
       waitLease === undefined
@@ -46,10 +57,14 @@ export class EtcdLine {
             })),
             ...reads,
             { request_put: { key: this.keys.anchor(owner), value: entryValue('waiting', 1), lease: holdLease } },
+            ...this.putIdentities(keys, owner, identity, waitLease),
           ];
     return {
       compare: keys.map((key) => ({ ...this.keys.line(key), target: 'Create', result: 'Equal', create_revision: 0 })),
-      success: keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
+      success: [
+        ...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
+        ...this.putIdentities(keys, owner, identity, holdLease),
+      ],
       failure,
     };
   }
@@ -73,6 +88,7 @@ export class EtcdLine {
     keys: readonly string[],
     owner: string,
     limits: readonly number[],
+    identity: Buffer,
     holdLease: string,
     readRevision: number,
     pending: readonly IKeyValue[],
@@ -82,7 +98,11 @@ export class EtcdLine {
         ...keys.map((key): ICompare => ({ ...this.keys.line(key), target: 'Create', result: 'Less', create_revision: readRevision + 1 })),
         ...this.stillPending(pending),
       ],
-      success: [...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)), ...this.deletes(pending)],
+      success: [
+        ...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
+        ...this.putIdentities(keys, owner, identity, holdLease),
+        ...this.deletes(pending),
+      ],
       failure: this.ownEntries(keys, owner).success,
     };
   }
@@ -110,9 +130,10 @@ export class EtcdLine {
    * watches said every exclusive line is clear), it is checked first in its lines; after one,
    * nothing more is needed: who is in only grows, as nobody can come in ahead. "Still waiting"
    * keeps an attempt whose answer was lost from landing after its owner took the keys and moved
-   * them to another lease: it would put them back on the lease that move revokes.
+   * them to another lease: it would put them back on the lease that move revokes. Its identity
+   * keys go onto `holdLease` with them, now saying when it took the keys.
    */
-  promote(request: LineRequest, holdLease: string, pending: readonly IKeyValue[] | undefined): ITxnRequest {
+  promote(request: LineRequest, identity: Buffer, holdLease: string, pending: readonly IKeyValue[] | undefined): ITxnRequest {
     const { keys, owner, limits } = request;
     return {
       compare:
@@ -120,6 +141,7 @@ export class EtcdLine {
       // Its anchor has served: the first attempt it guarded landed long ago.
       success: [
         ...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
+        ...this.putIdentities(keys, owner, identity, holdLease),
         { request_delete_range: { key: this.keys.anchor(owner) } },
         ...this.deletes(pending ?? []),
       ],
@@ -149,13 +171,31 @@ export class EtcdLine {
     return response.responses.map((r) => r.response_range.kvs[0]);
   }
 
-  /** Deletes the owner's entries, answering what they were. */
+  /**
+   * Reads the owner's entries, then who it is beside each (one per key, in order; undefined where
+   * there is none): ownEntriesOf() of the answer has the entries, then the identity keys.
+   */
+  ownEntriesAndIdentities(keys: readonly string[], owner: string): ITxnRequest {
+    return {
+      success: [
+        ...this.ownEntries(keys, owner).success!,
+        ...keys.map((key): IRequestOp => ({ request_range: { key: this.keys.identity(key, owner) } })),
+      ],
+    };
+  }
+
+  /** Deletes the owner's entries, answering what they were (see deletedOf), and who it is beside them. */
   deleteOwn(keys: readonly string[], owner: string): ITxnRequest {
-    return { success: keys.map((key) => ({ request_delete_range: { key: this.keys.entry(key, owner), prev_kv: true } })) };
+    return {
+      success: [
+        ...keys.map((key): IRequestOp => ({ request_delete_range: { key: this.keys.entry(key, owner), prev_kv: true } })),
+        ...keys.map((key): IRequestOp => ({ request_delete_range: { key: this.keys.identity(key, owner) } })),
+      ],
+    };
   }
 
   /**
-   * Deletes the owner's entry of `key` only while it is a waiter's: a deletion sent again for a
+   * Deletes the owner's entry of `key` (and who it is) only while it is a waiter's: a deletion sent again for a
    * waiter whose release failed (see FailedReleases) may land after its owner asked again and took
    * the key, and must leave that lock alone. ("waiting…" and "pending…" sort after "held~",
    * "held…" before it.)
@@ -164,23 +204,38 @@ export class EtcdLine {
     const entry = this.keys.entry(key, owner);
     return {
       compare: [{ key: entry, target: 'Value', result: 'Greater', value: Buffer.from('held~') }],
-      success: [{ request_delete_range: { key: entry } }],
+      success: [{ request_delete_range: { key: entry } }, { request_delete_range: { key: this.keys.identity(key, owner) } }],
     };
   }
 
-  deletedOf(response: ITxnResponse): IKeyValue[] {
-    return response.responses.flatMap((r) => r.response_delete_range.prev_kvs);
+  /** The entries deleteOwn() deleted, as they were (not the identity keys after them). */
+  deletedOf(response: ITxnResponse, keys: readonly string[]): IKeyValue[] {
+    return response.responses.slice(0, keys.length).flatMap((r) => r.response_delete_range.prev_kvs);
   }
 
   /**
    * Moves held entries from one lease to another (a different ttl), if they are still on the
-   * first, each with its value; otherwise reads them, so that a move applied twice (a client that
-   * retried it) is seen as done (see moved()).
+   * first, each with its value, and their identity keys with theirs (`identities`, per key; none
+   * where undefined: an entry of an earlier release has none); otherwise reads the entries, so that
+   * a move applied twice (a client that retried it) is seen as done (see moved()).
    */
-  moveLease(keys: readonly string[], owner: string, values: readonly Buffer[], from: string, to: string): ITxnRequest {
+  moveLease(
+    keys: readonly string[],
+    owner: string,
+    values: readonly Buffer[],
+    identities: readonly (Buffer | undefined)[],
+    from: string,
+    to: string,
+  ): ITxnRequest {
     return {
       compare: keys.map((key) => ({ key: this.keys.entry(key, owner), target: 'Lease', result: 'Equal', lease: from })),
-      success: keys.map((key, i) => this.put(key, owner, values[i], to)),
+      success: [
+        ...keys.map((key, i) => this.put(key, owner, values[i], to)),
+        ...keys.flatMap((key, i): IRequestOp[] => {
+          const value = identities[i];
+          return value ? [{ request_put: { key: this.keys.identity(key, owner), value, lease: to } }] : [];
+        }),
+      ],
       failure: this.ownEntries(keys, owner).success,
     };
   }
@@ -190,13 +245,17 @@ export class EtcdLine {
     return response.succeeded || this.ownEntriesOf(response).every((kv) => kv && isHeldValue(kv.value) && kv.lease === to);
   }
 
-  /** Every entry of a key's line, first first, with its value. */
+  /** Every entry of a key's line, first first, with its value; then every identity key beside them. */
   wholeLine(key: string): ITxnRequest {
-    return { success: [this.lineRead(key)] };
+    return { success: [this.lineRead(key), { request_range: this.keys.identities(key) }] };
   }
 
   private put(key: string, owner: string, value: Buffer, lease: string): IRequestOp {
     return { request_put: { key: this.keys.entry(key, owner), value, lease } };
+  }
+
+  private putIdentities(keys: readonly string[], owner: string, value: Buffer, lease: string): IRequestOp[] {
+    return keys.map((key) => ({ request_put: { key: this.keys.identity(key, owner), value, lease } }));
   }
 
   /** Its entries still exist with its revision (the waiter lease did not run out), as it left them (waiting, or pending). */
@@ -234,8 +293,12 @@ export class EtcdLine {
     ]);
   }
 
+  /** Other callers' entries, and who they are beside them. */
   private deletes(entries: readonly IKeyValue[]): IRequestOp[] {
-    return entries.map((kv) => ({ request_delete_range: { key: kv.key } }));
+    return entries.flatMap((kv): IRequestOp[] => [
+      { request_delete_range: { key: kv.key } },
+      { request_delete_range: { key: this.keys.identityOf(kv.key) } },
+    ]);
   }
 
   /** Its own entries, and every line. */

@@ -11,6 +11,8 @@ export interface NoWaitAttempt {
   keys: readonly string[];
   owner: string;
   limits: readonly number[];
+  /** What its identity keys say, if it enters (etcd.identity.ts). */
+  identity: Buffer;
   hold: HoldLease;
   ttlMs: number;
   read: ITxnResponse;
@@ -24,7 +26,7 @@ export interface NoWaitAttempt {
  * somebody did: the caller may look once more. Its hold lease goes unless it entered.
  */
 export async function enterAtEnd(connection: EtcdConnection, line: EtcdLine, attempt: NoWaitAttempt): Promise<AcquireResult | 'again'> {
-  const { keys, owner, limits, hold, ttlMs, read, what } = attempt;
+  const { keys, owner, limits, identity, hold, ttlMs, read, what } = attempt;
   const lines = standingAtEnd(read, limits);
   const mismatched = lines.findIndex((standing) => 'mismatch' in standing);
   if (mismatched >= 0 || lines.some((standing) => !standing.in)) {
@@ -35,7 +37,7 @@ export async function enterAtEnd(connection: EtcdConnection, line: EtcdLine, att
   const pending = lines.flatMap((standing) => (standing.in ? standing.pending : []));
   let response;
   try {
-    response = await connection.txn(line.enterAtEnd(keys, owner, limits, hold.id, Number(read.header.revision), pending), what);
+    response = await connection.txn(line.enterAtEnd(keys, owner, limits, identity, hold.id, Number(read.header.revision), pending), what);
   } catch (error) {
     // Applied or not: the lease goes, and with it a lock it may have won.
     connection.revokeQuietly(hold.id, what);

@@ -16,12 +16,23 @@ export interface HoldLease {
   lost?: boolean;
 }
 
-/** What this process knows of one owner's entries in etcd. */
-export interface Place {
+/** One acquisition: its keys, its kind, and who asks. */
+export interface Ask {
   readonly keys: readonly string[];
   readonly owner: string;
   /** How many holders each key admits (TryAcquireOptions.limits). */
   readonly limits: readonly number[];
+  /** Who asks (identityBytes of TryAcquireOptions.holder), for its identity keys. */
+  readonly who: Buffer | undefined;
+}
+
+/** What this process knows of one owner's entries in etcd. */
+export interface Place extends Ask {
+  /**
+   * What its identity keys say (etcd.identity.ts): who asks, and when the request that last put
+   * them was sent. A move to another lease puts it again.
+   */
+  identity: Buffer;
   /** Its entries from this index on are pending: it keeps nobody out in the lines after the first that keeps it out. */
   pendingFrom: number;
   /** 'unknown': its last request went unanswered, so whether it applied is not known. */
@@ -79,22 +90,31 @@ export class EtcdPlaces {
     this.keeper.gone(lease);
   }
 
-  held(keys: readonly string[], owner: string, limits: readonly number[], revision: number, hold: HoldLease): void {
-    this.places.set(owner, { keys, owner, limits, pendingFrom: keys.length, state: 'held', revision, hold, clear: false });
+  held(ask: Ask, identity: Buffer, revision: number, hold: HoldLease): void {
+    this.places.set(ask.owner, { ...asked(ask), identity, pendingFrom: ask.keys.length, state: 'held', revision, hold, clear: false });
   }
 
-  waiting(keys: readonly string[], owner: string, limits: readonly number[], revision: number, waitLease: string, hold: HoldLease): Place {
-    const place: Place = { keys, owner, limits, pendingFrom: keys.length, state: 'waiting', revision, waitLease, hold, clear: false };
+  waiting(ask: Ask, identity: Buffer, revision: number, waitLease: string, hold: HoldLease): Place {
+    const place: Place = {
+      ...asked(ask),
+      identity,
+      pendingFrom: ask.keys.length,
+      state: 'waiting',
+      revision,
+      waitLease,
+      hold,
+      clear: false,
+    };
     this.enterLine(place);
-    this.places.set(owner, place);
+    this.places.set(ask.owner, place);
     return place;
   }
 
   /** A first attempt went unanswered: its entries may be held on `hold`, waiting on `waitLease`, or absent. */
-  unknown(keys: readonly string[], owner: string, limits: readonly number[], hold: HoldLease, waitLease: string): void {
-    const place: Place = { keys, owner, limits, pendingFrom: keys.length, state: 'unknown', waitLease, hold, clear: false };
+  unknown(ask: Ask, identity: Buffer, hold: HoldLease, waitLease: string): void {
+    const place: Place = { ...asked(ask), identity, pendingFrom: ask.keys.length, state: 'unknown', waitLease, hold, clear: false };
     this.enterLine(place);
-    this.places.set(owner, place);
+    this.places.set(ask.owner, place);
   }
 
   /** A waiter's attempt to take the keys went unanswered. */
@@ -206,4 +226,9 @@ export class EtcdPlaces {
       this.wake(place.owner);
     }
   }
+}
+
+/** An acquisition's own fields, and none of a place it may be (a place that starts over is passed as its ask). */
+function asked({ keys, owner, limits, who }: Ask): Ask {
+  return { keys, owner, limits, who };
 }

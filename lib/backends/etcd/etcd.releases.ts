@@ -80,7 +80,7 @@ export class EtcdReleases {
       this.later(keys, owner, { leases, waiting: state !== 'held' }, error);
       throw error;
     }
-    const deleted = this.line.deletedOf(response);
+    const deleted = this.line.deletedOf(response, keys);
     const held = deleted.filter((kv) => isHeldValue(kv.value));
     const leases = new Set(held.map((kv) => kv.lease));
     if (place && state !== 'waiting') for (const lease of [place.hold, place.movingTo]) if (lease) leases.add(lease.id);
