@@ -100,6 +100,27 @@ describe('the line of waiters in Redis', () => {
     await expect(entered).resolves.toBe('entered');
   });
 
+  it('readers that a caller of several keys kept out are all told when it leaves the line', async () => {
+    const b = backend({ waiterTimeout: 60_000 });
+    const other = new LockService(backend({ waiterTimeout: 60_000 }), { keyPrefix: '', pollInterval: 30_000 });
+    fixture.cleanup(() => other.onApplicationShutdown());
+    expect((await b.tryAcquire(['j'], 'holder-j', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['i', 'j'], 'x', 60_000)).acquired).toBe(false);
+    // Two readers wait for j behind x; both must be in together to finish (each waits for the other).
+    let inside = 0;
+    // The first in gives up after 8 s without the second, which asks again on its own only at its
+    // poll (30 s) or when its wait ends (25 s).
+    const bothIn = () => until(async () => inside === 2, 8_000, 'both readers inside');
+    const read = () => other.using('j', async () => (inside++, await bothIn()), { mode: 'shared', wait: 25_000, ttl: 60_000 });
+    const readers = [read(), read()];
+    await until(async () => (await fixture.admin.zcard('{j}:queue')) === 3, 5_000, 'two readers in line behind x');
+    await b.release(['j'], 'holder-j');
+    await fixture.admin.set('i', 'holder-i', 'PX', 60_000);
+    // x leaves j's line: both readers at its head are told, not only the first.
+    expect((await b.tryAcquire(['i', 'j'], 'x', 60_000)).acquired).toBe(false);
+    await Promise.all(readers);
+  });
+
   it('a fractional waiterTimeout is rounded up to whole milliseconds, and waiting works', async () => {
     const b = backend({ waiterTimeout: 2_500.5 });
     expect((await b.tryAcquire(['f'], 'holder', 60_000)).acquired).toBe(true);

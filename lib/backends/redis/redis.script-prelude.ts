@@ -102,10 +102,6 @@ end
  * - leave(i, who): `who` out of line i: its place, its record and its identity.
  * - tell(publish, i, process, message): sends `message` to the waiters of `process` on key i, with
  *   PUBLISH on the process's channel or, on Cluster, SPUBLISH on the key's (see RELEASE).
- * - tellFront(i, publish): tells the waiters at the head of line i that can enter a key nobody holds
- *   alone to ask again: the first, and the ones behind it of the same kind while their limit
- *   leaves room for them (readers, permits). For a line whose head was let go without the key being
- *   released; a release itself hands the key over (see admit).
  * - tookAlone(i, who, lease, identity) / tookBeside(...): `who` holds key i now, alone or beside
  *   others: its identity (`identity`, or the one it waited with) is stamped with the server time,
  *   into the key's holder string for the lease, or into its identity hash, kept at least as long.
@@ -172,24 +168,6 @@ local function front(i)
     local deadline, ttl, process, limit = standing(i, head)
     if deadline then return head, deadline, ttl, process, limit end
     leave(i, head)
-  end
-end
-local function tellFront(i, publish)
-  local waiter, _, _, process, limit = front(i)
-  if not waiter then return end
-  local kind, room, k = limit, limit == 'shared' and math.huge or tonumber(limit), 0
-  while waiter and room > 0 do
-    local deadline
-    deadline, _, process, limit = standing(i, waiter)
-    if deadline then
-      if limit ~= kind then return end
-      tell(publish, i, process, waiter)
-      room = room - 1
-      k = k + 1
-    else
-      leave(i, waiter)
-    end
-    waiter = redis.call('ZRANGE', KEYS[2 * n + i], k, k)[1]
   end
 end
 `;

@@ -138,6 +138,26 @@ if wait then
   -- A place it still has is kept (nobody who came later passes it); a line it joins has it at the
   -- back. Places run out together (one deadline in every record), but a line drops a waiter only
   -- when it looks at it: one whose place ran out takes a fresh one in each line.
+  -- Tells the waiters at the head of line i to ask again: the first, and those behind it of its
+  -- kind while its limit leaves room (readers, permits). For a line whose head left without the
+  -- key being released; a release hands the key over itself (see RELEASE's admit).
+  local function tellFront(i)
+    local line, k, kind, room = KEYS[2 * n + i], 0, nil, 1
+    while room > 0 do
+      local waiter = redis.call('ZRANGE', line, k, k)[1]
+      if not waiter then return end
+      local deadline, _, process, limit = standing(i, waiter)
+      if not deadline then
+        leave(i, waiter)
+      elseif kind and limit ~= kind then
+        return
+      else
+        if not kind then kind, room = limit, limit == 'shared' and math.huge or tonumber(limit) end
+        tell(publish, i, process, waiter)
+        room, k = room - 1, k + 1
+      end
+    end
+  end
   local fresh = nil
   for i = 1, n do
     local line, records = KEYS[2 * n + i], KEYS[3 * n + i]
@@ -158,7 +178,7 @@ if wait then
       -- ran out, so they are told to ask again, unless the key is held alone (its release tells).
       leave(i, owner)
       local holder = redis.call('GET', KEYS[i])
-      if not holder or string.byte(holder) == 42 then tellFront(i, publish) end
+      if not holder or string.byte(holder) == 42 then tellFront(i) end
     end
   end
   -- Without a counter, a later hand-over starts one from the clock, so the clock is the bar.
