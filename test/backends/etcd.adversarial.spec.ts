@@ -570,6 +570,19 @@ describe('etcd backend, attacked', () => {
       await nothingLeft(kept, 'nothing of the refused acquisition to be left');
     });
 
+    it('more keys in one call than an etcd transaction takes are refused at once, saying how many fit, leaving nothing', async () => {
+      const kept = await leases();
+      const locks = service();
+      // 42 fit in the transactions of a caller that waits at etcd's default --max-txn-ops (128).
+      const fits = Array.from({ length: 42 }, (_, i) => `many:${String(i).padStart(2, '0')}`);
+      await (await locks.acquire(fits, { wait: 10_000 })).release();
+      // Not retried for the whole wait (a LockBackendError would be): no retry can make it fit.
+      const error = await locks.acquire([...fits, 'many:42'], { wait: 20_000 }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(InvalidLockKeyError);
+      expect((error as Error).message).toMatch(/43 keys .*--max-txn-ops/);
+      await nothingLeft(kept, 'nothing of the refused acquisition to be left');
+    });
+
     it('a ttl of 1 ms never gives a lock that is not already lost, and leaves nothing', async () => {
       quietLogs();
       const kept = await leases();

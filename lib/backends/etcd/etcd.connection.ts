@@ -156,6 +156,7 @@ export class EtcdConnection {
       answer = await send({ deadline: Date.now() + this.options.commandTimeout });
     } catch (error) {
       if (error instanceof Error && /request is too large|larger than max/.test(error.message)) throw tooLarge(keys, error);
+      if (error instanceof Error && /too many operations in txn request/.test(error.message)) throw tooMany(keys, error);
       throw this.failure(op, keys, error);
     }
     this.onAnswer?.();
@@ -204,6 +205,21 @@ function tooLarge(keys: readonly string[], cause: Error): InvalidLockKeyError {
     `EtcdLockBackend: ${keys.length === 1 ? 'this key' : `these ${keys.length} keys`} (${characters} characters) make a request ` +
       `larger than etcd takes (--max-request-bytes, 1.5 MiB by default; a request names each key up to nine times). ` +
       `Use shorter keys, and a maxKeyLength that refuses longer ones before they reach etcd.`,
+    { cause },
+  );
+}
+
+/**
+ * etcd refused a transaction for its number of operations (--max-txn-ops): as for its size, no
+ * retry can fix it. An acquisition takes up to three operations a key (the entry, who asks, the
+ * line it checks), so at etcd's default of 128 a caller that waits names at most 42 keys at once,
+ * one that does not wait 64.
+ */
+function tooMany(keys: readonly string[], cause: Error): InvalidLockKeyError {
+  return new InvalidLockKeyError(
+    `EtcdLockBackend: ${keys.length} keys in one call make a transaction of more operations than etcd takes ` +
+      `(--max-txn-ops, 128 by default: up to 42 keys for a caller that waits, 64 for one that does not). ` +
+      `Lock fewer keys at once, or raise --max-txn-ops on every etcd member.`,
     { cause },
   );
 }
