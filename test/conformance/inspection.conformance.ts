@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
+import { releaseHolders } from '../../lib/forced-release.js';
 import { LockService } from '../../lib/lock.service.js';
 import { eventually, until } from '../support/wait.js';
 import type { ConformanceTarget } from './lock-backend.conformance.js';
@@ -99,6 +100,25 @@ export function describeInspectionConformance(name: string, target: ConformanceT
       ]);
       expect(seen.holders.every((h) => typeof h.acquiredAt === 'number')).toBe(true);
     });
+
+    it('a forced release from another process frees the key there and then, and the holder loses it at its next extension', async () => {
+      const [holder, operator, next] = [await newService('a-1'), await newService('ops'), await newService('c-1')];
+      const held = await holder.acquire('forced', { site: 'Reports.nightly', ttl: 60_000 });
+      handles.push(held);
+      const id = (await operator.inspect('forced'))!.holders[0].id;
+      const released = await releaseHolders(operator, 'forced', { holder: id });
+      expect(released).toEqual([expect.objectContaining(probe.storesIdentity ? { instance: 'a-1', site: 'Reports.nightly' } : {})]);
+      // Free for the next caller, long before the holder's 60 s lease would have run out.
+      const after = await next.tryAcquire('forced', { ttl: 60_000 });
+      expect(after).toBeDefined();
+      handles.push(after!);
+      if (probe.fencing && held.fencingToken !== undefined) expect(after!.fencingToken).toBeGreaterThan(held.fencingToken);
+      await expect(held.extend()).rejects.toMatchObject({ name: 'LockLostError', reason: 'taken' });
+      expect(after!.isHeld).toBe(true);
+      // A second forced release naming the same holder finds nothing: the newcomer keeps the key.
+      expect(await releaseHolders(operator, 'forced', { holder: id })).toEqual([]);
+      expect((await operator.inspect('forced'))!.holders.map((h) => h.instance)).toEqual(probe.storesIdentity ? ['c-1'] : [undefined]);
+    }, 30_000);
 
     it('lists, page by page under churn, every key held throughout exactly once', async () => {
       if (!probe.list) return;

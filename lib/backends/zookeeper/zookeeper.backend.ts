@@ -14,6 +14,7 @@ import { ZooKeeperSession, type LiveSession } from './zookeeper.session.js';
 import { verifyRoot } from './zookeeper.verify.js';
 import { identityBytes } from '../../lock-identity.js';
 import { inspectZooKeeper } from './zookeeper.inspection.js';
+import { releaseElsewhere } from './zookeeper.forced-release.js';
 
 /** The data of a permit caller's node once it went in (see zookeeper.kinds.ts). */
 const IN = Buffer.from('in');
@@ -160,7 +161,8 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   async release(keys: readonly string[], owner: string): Promise<boolean> {
     const request = this.requests.get(owner);
-    if (!request) return false;
+    // Not an owner of this process: another instance's, released by an operator.
+    if (!request) return this.session.run('release', keys, ({ client }) => releaseElsewhere(client, this.paths, keys, owner));
     this.requests.forget(request);
     this.parents.maybeEmpty(keys.map((key) => this.paths.parent(key)));
     const held = request.held;
