@@ -2,7 +2,7 @@ import { describe, expect, it } from '@jest/globals';
 import { Etcd3 } from 'etcd3';
 import { hostname } from 'node:os';
 import { EtcdLockBackend } from '../../lib/backends/etcd/etcd.backend.js';
-import { MAX_IDENTITY_LENGTH, SHARED } from '../../lib/backends/lock-backend.interface.js';
+import { MAX_IDENTITY_LENGTH } from '../../lib/backends/lock-backend.interface.js';
 import { InvalidLockOptionsError } from '../../lib/lock.errors.js';
 import { LockService } from '../../lib/lock.service.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
@@ -209,26 +209,6 @@ describe('etcd: who holds and waits', () => {
     expect(new Set(listed).size).toBe(listed.length);
     expect(read.length).toBeGreaterThan(0);
     expect(read.filter((key) => key.startsWith(`${PREFIX}%`) && !/^%(25|2F)/.test(key.slice(PREFIX.length)))).toEqual([]);
-  });
-
-  it('tells shared holders and waiters of every kind with who they are', async () => {
-    const one = backend();
-    expect((await one.tryAcquire(['r'], 'reader-a', 30_000, { limits: [SHARED], holder: a })).acquired).toBe(true);
-    expect((await one.tryAcquire(['r'], 'reader-b', 30_000, { limits: [SHARED] })).acquired).toBe(true);
-    expect((await one.tryAcquire(['r'], 'writer', 30_000, { holder: c })).acquired).toBe(false);
-    expect((await one.tryAcquire(['r'], 'reader-d', 30_000, { limits: [SHARED], holder: b })).acquired).toBe(false);
-    const state = (await one.inspect('r'))!;
-    expect(state.limit).toBe(SHARED);
-    expect(state.holders!.map(({ owner, instance, site }) => ({ owner, instance, site }))).toEqual([
-      { owner: 'reader-a', ...a },
-      { owner: 'reader-b', instance: undefined, site: undefined },
-    ]);
-    // A caller that named nobody still tells when it went in.
-    expect(state.holders!.every((h) => typeof h.acquiredAt === 'number')).toBe(true);
-    expect(state.waiters).toEqual([
-      { owner: 'writer', ...c, waitingSince: expect.any(Number) },
-      { owner: 'reader-d', ...b, limit: SHARED, waitingSince: expect.any(Number) },
-    ]);
   });
 
   it('stores names of the longest length in any characters; a caller of the backend that passes longer ones is refused before anything is made', async () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import mysql from 'mysql2';
-import { MAX_IDENTITY_LENGTH, SHARED } from '../../lib/backends/lock-backend.interface.js';
+import { MAX_IDENTITY_LENGTH } from '../../lib/backends/lock-backend.interface.js';
 import { MysqlLockBackend } from '../../lib/backends/mysql/mysql.backend.js';
 import { InvalidLockOptionsError } from '../../lib/lock.errors.js';
 import { useMariadbServer } from '../support/mariadb-fixture.js';
@@ -68,21 +68,6 @@ describe('MySQL: who holds and waits', () => {
     expect((await one.inspect('k'))!.waiters!.map((w) => w.owner)).toEqual(['owner-b']);
     expect((await short.tryAcquire(['k'], 'owner-c', 30_000, { holder: c })).acquired).toBe(false);
     expect((await one.inspect('k'))!.waiters![1].waitingSince).toBeGreaterThan(first);
-  });
-
-  it('shared holders and waiters of every kind, each with its own identity and limit', async () => {
-    const one = backend();
-    expect((await one.tryAcquire(['r'], 'reader-a', 30_000, { limits: [SHARED], holder: a })).acquired).toBe(true);
-    expect((await one.tryAcquire(['r'], 'reader-b', 30_000, { limits: [SHARED] })).acquired).toBe(true);
-    expect((await one.tryAcquire(['r'], 'writer', 30_000, { holder: c })).acquired).toBe(false);
-    const state = (await one.inspect('r'))!;
-    expect(state.limit).toBe(SHARED);
-    expect(state.holders!.map(({ owner, instance, site }) => ({ owner, instance, site }))).toEqual([
-      { owner: 'reader-a', ...a },
-      { owner: 'reader-b', instance: undefined, site: undefined },
-    ]);
-    expect(state.holders!.every((h) => typeof h.acquiredAt === 'number')).toBe(true);
-    expect(state.waiters).toEqual([{ owner: 'writer', ...c, waitingSince: expect.any(Number) }]);
   });
 
   it("tells times since the epoch whatever the session's time zone", async () => {

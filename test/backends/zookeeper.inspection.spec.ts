@@ -3,7 +3,6 @@ import { fork, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
 // @ts-expect-error: node-zookeeper-client ships no types; the test only passes it to the fixture.
 import zookeeper from 'node-zookeeper-client';
-import { SHARED } from '../../lib/backends/lock-backend.interface.js';
 import { InvalidLockOptionsError } from '../../lib/lock.errors.js';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
 import { LockService } from '../../lib/lock.service.js';
@@ -77,21 +76,6 @@ describe('ZooKeeper: who holds and waits', () => {
       { owner: 'owner-b', ...b },
       { owner: 'owner-c', ...c, site: undefined },
     ]);
-  });
-
-  it('shared holders and a waiting writer, each with its name', async () => {
-    const one = backend();
-    expect((await one.tryAcquire(['r'], 'reader-a', 30_000, { limits: [SHARED], holder: a })).acquired).toBe(true);
-    expect((await one.tryAcquire(['r'], 'reader-b', 30_000, { limits: [SHARED] })).acquired).toBe(true);
-    expect((await one.tryAcquire(['r'], 'writer', 30_000, { holder: c })).acquired).toBe(false);
-    const state = (await one.inspect('r'))!;
-    expect(state.limit).toBe(SHARED);
-    expect(state.holders!.map(({ owner, instance }) => [owner, instance])).toEqual([
-      ['reader-a', 'web-1'],
-      ['reader-b', undefined],
-    ]);
-    expect(state.holders![0].acquiredAt).toEqual(expect.any(Number));
-    expect(state.waiters).toEqual([{ owner: 'writer', ...c, waitingSince: expect.any(Number) }]);
   });
 
   it('a caller of the backend that passes names longer than LockService allows is refused before anything is made', async () => {

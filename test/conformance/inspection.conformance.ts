@@ -86,11 +86,19 @@ export function describeInspectionConformance(name: string, target: ConformanceT
       handles.push(await cWaits);
     }, 60_000);
 
-    it('tells every holder of a shared key with its identity', async () => {
+    it('tells every holder of a shared key with its identity, and waiters of every kind in line order', async () => {
       if (!probe.storesIdentity || !probe.sharedHolders) return;
-      const [a, b, observer] = [await newService('a-1'), await newService('b-1'), await newService('obs')];
-      handles.push(await a.acquire('read', { mode: 'shared', site: 'Catalog.read' }));
-      handles.push(await b.acquire('read', { mode: 'shared' }));
+      const [a, b, c, d, observer] = await Promise.all(['a-1', 'b-1', 'c-1', 'd-1', 'obs'].map((name) => newService(name)));
+      const readers = [await a.acquire('read', { mode: 'shared', site: 'Catalog.read' }), await b.acquire('read', { mode: 'shared' })];
+      handles.push(...readers);
+      // A writer waits behind the readers, and a reader behind the writer (it does not pass it).
+      const writer = c.acquire('read', { site: 'Catalog.rebuild' });
+      writer.catch(() => undefined);
+      await eventually(async () => expect((await observer.inspect('read'))!.waiters).toHaveLength(1), 10_000);
+      const reader = d.acquire('read', { mode: 'shared', site: 'Catalog.read' });
+      reader.catch(() => undefined);
+      await eventually(async () => expect((await observer.inspect('read'))!.waiters).toHaveLength(2), 10_000);
+
       const seen = (await observer.inspect('read'))!;
       expect(seen.mode).toBe('shared');
       const who = seen.holders.map((h) => [h.instance, h.site]).sort();
@@ -99,7 +107,24 @@ export function describeInspectionConformance(name: string, target: ConformanceT
         ['b-1', undefined],
       ]);
       expect(seen.holders.every((h) => typeof h.acquiredAt === 'number')).toBe(true);
-    });
+      expect(seen.waiters!.map((w) => [w.instance, w.site, w.mode])).toEqual([
+        ['c-1', 'Catalog.rebuild', 'exclusive'],
+        ['d-1', 'Catalog.read', 'shared'],
+      ]);
+      expect(seen.waiters!.every((w) => typeof w.waitingSince === 'number')).toBe(true);
+
+      // The readers leave: the writer holds, the reader still waits.
+      await Promise.all(readers.map((handle) => handle.release()));
+      const writing = await writer;
+      handles.push(writing);
+      await eventually(async () => {
+        const state = (await observer.inspect('read'))!;
+        expect(state.holders.map((h) => [h.instance, h.site])).toEqual([['c-1', 'Catalog.rebuild']]);
+        expect(state.waiters!.map((w) => [w.instance, w.mode])).toEqual([['d-1', 'shared']]);
+      }, 10_000);
+      await writing.release();
+      handles.push(await reader);
+    }, 30_000);
 
     it('a forced release from another process frees the key there and then, and the holder loses it at its next extension', async () => {
       const [holder, operator, next] = [await newService('a-1'), await newService('ops'), await newService('c-1')];
