@@ -402,8 +402,14 @@ export async function run(
           if (state === undefined) continue;
           const owner = state.owner;
           if (o.action === 'evict') {
-            evictedAt.set(key, now());
-            for (const holder of state.holders?.map((h) => h.owner) ?? [owner]) await store.release([key], holder);
+            const holders = state.holders?.map((h) => h.owner) ?? [owner];
+            // A holder of several keys that loses one loses its whole lock: a store may free its
+            // other keys with it (etcd's keys of one lock share one lease), before it hears.
+            const keysOfHolders = [...inside.values()].flatMap((leases) =>
+              [...leases.keys()].filter((lease) => holders.includes(lease.owner)).flatMap((lease) => lease.keys),
+            );
+            for (const evicted of new Set([key, ...keysOfHolders])) evictedAt.set(evicted, now());
+            for (const holder of holders) await store.release([key], holder);
             continue;
           }
           // Another owner's extend and release of a held key: both refused, the key untouched.
