@@ -8,6 +8,7 @@ import { FUNCTIONS_REVISION } from '../../lib/backends/postgres/postgres.functio
 import { acquireSignature, lockNames, SCHEMA_VERSION } from '../../lib/backends/postgres/postgres.schema.js';
 import { LockBackendError, PostgresLockBackend, postgresLockTablesSql } from '../../lib/index.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
+import { until } from '../support/wait.js';
 
 /** The previous release's tables (version 3), as its postgresLockTablesSql() creates them. */
 const VERSION_3_SQL = readFileSync(resolve(import.meta.dirname, '../fixtures/postgres-tables-v3.sql'), 'utf8');
@@ -259,5 +260,53 @@ describe('PostgreSQL lock functions of an earlier revision, on tables of this ve
       warn.mockRestore();
     }
     expect(await revision(db)).toBe(false);
+  });
+});
+
+describe('PostgreSQL key locks of a call of one key', () => {
+  it('are the lock _lock_keys takes, as calls of several keys and every call of the previous release do: acquire, extend and release wait for it', async () => {
+    const { url, db } = await database();
+    const locks = backend(url);
+    expect((await locks.tryAcquire(['k'], 'a', 30_000)).acquired).toBe(true);
+    const calls: Record<string, () => Promise<unknown>> = {
+      acquire: () => locks.tryAcquire(['k'], 'b', 30_000, { willWait: false }),
+      extend: () => locks.extend(['k'], 'a', 30_000),
+      release: () => locks.release(['k'], 'a'),
+    };
+    const waiting = async () =>
+      (await db.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`)).rows[0].n as number;
+    for (const [op, call] of Object.entries(calls)) {
+      const other = await db.connect();
+      try {
+        await other.query('BEGIN');
+        await other.query('SELECT distributed_locks_lock_keys($1)', [['k', 'l']]);
+        let answered = false;
+        const running = call().finally(() => (answered = true));
+        await until(async () => (await waiting()) === 1, 5_000, `the ${op} of k to wait for its key lock`);
+        expect(answered).toBe(false);
+        await other.query('COMMIT');
+        await running;
+      } finally {
+        other.release();
+      }
+    }
+    expect(await locks.inspect('k')).toBeUndefined();
+  });
+});
+
+describe('PostgreSQL lines of a call of one key', () => {
+  it('a waiter that enters by asking again (the lease before it ran out) leaves the line: the next caller is not kept out by it', async () => {
+    const { url, db } = await database();
+    const locks = backend(url, { waiterTimeout: 60_000 });
+    expect((await locks.tryAcquire(['q'], 'a', 300)).acquired).toBe(true);
+    expect((await locks.tryAcquire(['q'], 'b', 300)).acquired).toBe(false);
+    expect((await db.query('SELECT count(*)::int AS n FROM distributed_locks_waiters')).rows[0].n).toBe(1);
+    await until(async () => (await locks.tryAcquire(['q'], 'b', 300)).acquired, 5_000, 'b to enter once the lease of a ran out');
+    expect((await db.query('SELECT count(*)::int AS n FROM distributed_locks_waiters')).rows[0].n).toBe(0);
+    await until(
+      async () => (await locks.tryAcquire(['q'], 'c', 300, { willWait: false })).acquired,
+      5_000,
+      'c to enter once the lease of b ran out',
+    );
   });
 });

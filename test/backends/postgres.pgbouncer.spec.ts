@@ -56,4 +56,25 @@ describe('PostgreSQL backend behind pgbouncer in transaction mode', () => {
       expect.stringMatching(/LISTEN delivered nothing .*pgbouncer.* listenConnection/),
     ]);
   });
+
+  it('sends its statements unnamed from the first named one the pooler refuses, which runs again unnamed', async () => {
+    // One server connection for every client: the second backend's pool finds the first one's
+    // named statements there ("already exists"), as pgbouncer before 1.21 shows them to anyone.
+    const narrow = await PgBouncer.start(fixture.server.port, { poolSize: 1 });
+    fixture.cleanup(() => narrow.stop());
+    const url = narrow.url(new URL(fixture.url).pathname.slice(1));
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    fixture.cleanup(() => warn.mockRestore());
+    const [first, second] = [0, 1].map(() => new PostgresLockBackend(url, { listenConnection: false }));
+    fixture.cleanup(() => Promise.all([first.close(), second.close()]));
+    expect((await first.tryAcquire(['named'], 'a', 30_000)).acquired).toBe(true);
+    const refusals = () => warn.mock.calls.map(([message]) => String(message)).filter((m) => m.includes('named prepared statement'));
+    expect(refusals()).toEqual([]);
+    expect(await second.tryAcquire(['named'], 'b', 30_000, { willWait: false })).toMatchObject({ acquired: false });
+    expect(refusals()).toEqual([expect.stringMatching(/already exists.*sent unnamed from now on/)]);
+    expect(await second.release(['named'], 'b')).toBe(false);
+    expect(await first.release(['named'], 'a')).toBe(true);
+    expect((await second.tryAcquire(['named'], 'b', 30_000)).acquired).toBe(true);
+    expect(refusals()).toHaveLength(1);
+  });
 });

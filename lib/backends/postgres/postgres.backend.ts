@@ -94,6 +94,7 @@ export class PostgresLockBackend implements LockBackend {
     const [row] = await this.connection.run({
       op: 'acquire',
       keys,
+      prepared: true,
       text:
         `SELECT acquired, token, retry_after_ms, mismatch_key, mismatch_limit ` +
         `FROM ${this.connection.names.acquire}($1, $2, $3, $4, $5, $6, $7, $8)`,
@@ -132,6 +133,7 @@ export class PostgresLockBackend implements LockBackend {
     const [row] = await this.connection.run({
       op: 'extend',
       keys,
+      prepared: true,
       text: `SELECT ${this.connection.names.extend}($1, $2, $3) AS extended`,
       values: [keys, owner, Math.ceil(ttlMs)],
     });
@@ -145,6 +147,7 @@ export class PostgresLockBackend implements LockBackend {
       rows = await this.connection.run({
         op: 'release',
         keys,
+        prepared: true,
         text: `SELECT ${this.connection.names.release}($1, $2) AS released`,
         values: [keys, owner],
       });

@@ -5,6 +5,7 @@ import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js'
 import { requirePeer } from '../../peer-require.cjs';
 import { CommandDeadlines } from '../command-deadlines.js';
 import { PoolStarvationWatch } from './postgres.pool-watch.js';
+import { PreparedStatements, type QueryConfig } from './postgres.prepared.js';
 import {
   createTablesFix,
   IN_RECOVERY_NOTE,
@@ -48,6 +49,8 @@ export interface Statement {
   keys: readonly string[];
   text: string;
   values: readonly unknown[];
+  /** Sent as a named prepared statement (see PreparedStatements): the lock operations. */
+  prepared?: boolean;
   /** The answer that came after the statement was reported as failed (timed out). */
   onLateAnswer?: (rows: Record<string, unknown>[]) => void;
 }
@@ -76,6 +79,7 @@ export class PostgresConnection {
   private readonly recovery = new WeakMap<object, boolean | undefined>();
   /** Called after each statement answered in time: PostgreSQL is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
+  private readonly prepared: PreparedStatements;
 
   constructor(
     private readonly connection: CheckedConnection,
@@ -84,6 +88,7 @@ export class PostgresConnection {
     private readonly backendName: string,
   ) {
     this.names = lockNames(options.schema, options.table);
+    this.prepared = new PreparedStatements(this.names.qualified);
     this.deadlines = new CommandDeadlines(options.commandTimeout);
     this.owned = connection.kind === 'config';
     if (connection.kind === 'pool') {
@@ -229,8 +234,19 @@ export class PostgresConnection {
   }
 
   private async query(statement: Statement): Promise<Record<string, unknown>[]> {
+    const config = this.prepared.config(statement.text, statement.values, statement.prepared ? statement.op : undefined);
+    try {
+      return await this.queryOnce(config);
+    } catch (error) {
+      // Refused before it ran: sent again, unnamed.
+      if (!this.prepared.refused(config, error)) throw error;
+      return this.queryOnce(this.prepared.config(statement.text, statement.values, undefined));
+    }
+  }
+
+  private async queryOnce(config: QueryConfig): Promise<Record<string, unknown>[]> {
     const pool = this.openPool();
-    if (!this.poolWatch) return (await pool.query(statement.text, statement.values as unknown[])).rows as Record<string, unknown>[];
+    if (!this.poolWatch) return (await pool.query(config)).rows as Record<string, unknown>[];
     // The app's pool: as pool.query() does, but the wait for a connection is watched.
     const client = await this.poolWatch.connect();
     // pg-pool takes its own 'error' listener off a checked-out connection, and pg emits 'error' on
@@ -247,7 +263,7 @@ export class PostgresConnection {
     const onError = (error: Error) => giveBack(error);
     client.once('error', onError);
     try {
-      const result = await client.query(statement.text, statement.values as unknown[]);
+      const result = await client.query(config);
       giveBack();
       return result.rows as Record<string, unknown>[];
     } catch (error) {

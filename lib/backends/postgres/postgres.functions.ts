@@ -8,7 +8,14 @@ import type { PostgresLockNames } from './postgres.schema.js';
  * in a comment on the function, which PostgreSQL keeps when an earlier release's SQL, run again
  * (a rollback), replaces the body with its own.
  */
-export const FUNCTIONS_REVISION = 'nest-distributed-lock functions, revision 2';
+export const FUNCTIONS_REVISION = 'nest-distributed-lock functions, revision 3';
+
+/**
+ * Revision 3 (one key locked without the nested call, lines read once before they are written)
+ * keeps every rule of revision 2: its body names revision 2 too, so a process of that revision
+ * finds the functions current and leaves them in place.
+ */
+const INCLUDED_REVISIONS = ['nest-distributed-lock functions, revision 2'];
 
 /**
  * The name of the key-locking function's parameter, and the message a process of an older release
@@ -23,9 +30,9 @@ export const OLDER_RELEASE_GUARD = 'lock tables at version 4: update nest-distri
  * The PL/pgSQL functions, each one statement from the client (one round trip), each one
  * transaction. The safety argument of the whole backend is on this page:
  *
- * - Every function first takes a transaction-scoped advisory lock per key (`_lock_keys`), in one
- *   global order, so two calls on a key run one after the other and calls on several keys never
- *   deadlock. Each statement after it sees what the previous call on the key committed (READ
+ * - Every function first takes a transaction-scoped advisory lock per key (`_lock_keys`; a call of
+ *   one key takes the same lock inline, see lockKeysSql), in one global order, so two calls on a
+ *   key run one after the other and calls on several keys never deadlock. Each statement after it sees what the previous call on the key committed (READ
  *   COMMITTED takes a new snapshot per statement), so check-then-write is safe, as in a Lua
  *   script on Redis. The locks end with the transaction: nothing stays behind, and a pooler in
  *   transaction mode (pgbouncer) does not break them, unlike session advisory locks.
@@ -49,6 +56,7 @@ export const OLDER_RELEASE_GUARD = 'lock tables at version 4: update nest-distri
  */
 export function functionsSql(n: PostgresLockNames): string {
   const ms = (ts: string) => `ceil(extract(epoch FROM ${ts} - now_ts) * 1000)::bigint`;
+  const lockKeys = lockKeysSql(n);
   return `
 -- Serialises calls on the same keys until the end of the calling transaction; see above. Its
 -- parameter's name is the message an older release reads (see OLDER_RELEASE_GUARD).
@@ -86,6 +94,7 @@ CREATE OR REPLACE FUNCTION ${n.acquire}(
   OUT acquired boolean, OUT token bigint, OUT retry_after_ms bigint, OUT mismatch_key text, OUT mismatch_limit double precision
 ) LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $fn$
 -- ${FUNCTIONS_REVISION}
+${INCLUDED_REVISIONS.map((revision) => `-- ${revision}`).join('\n')}
 DECLARE
   now_ts timestamptz;
   i integer;
@@ -94,11 +103,12 @@ DECLARE
   held record;
   head record;
   mine text[] := '{}';
-  left_line integer;
+  left_line integer := 0;
   kept_place bigint;
   blocked integer;
+  in_line boolean := false;
 BEGIN
-  PERFORM ${n.lockKeys}(p_keys);
+  ${lockKeys}
   now_ts := clock_timestamp();
   FOR i IN 1 .. cardinality(p_keys) LOOP
     k := p_keys[i];
@@ -137,8 +147,13 @@ BEGIN
   FOR i IN 1 .. coalesce(blocked - 1, cardinality(p_keys)) LOOP
     k := p_keys[i];
     CONTINUE WHEN k = ANY (mine);
-    DELETE FROM ${n.waiters} w WHERE w.key = k AND w.deadline <= now_ts;
+    -- Read first: most lines are empty, and then there is nothing to delete.
     SELECT w.owner, w.deadline INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
+    IF FOUND AND head.deadline <= now_ts THEN
+      DELETE FROM ${n.waiters} w WHERE w.key = k AND w.deadline <= now_ts;
+      SELECT w.owner, w.deadline INTO head FROM ${n.waiters} w WHERE w.key = k ORDER BY w.place LIMIT 1;
+    END IF;
+    in_line := in_line OR FOUND;
     IF FOUND AND head.owner <> p_owner THEN
       retry_after_ms := greatest(retry_after_ms, ${ms('head.deadline')});
       IF blocked IS NOT NULL AND blocked > i OR blocked IS NULL THEN
@@ -192,8 +207,12 @@ BEGIN
     ON CONFLICT (key, owner) DO UPDATE
       SET fencing_token = excluded.fencing_token, expires_at = excluded.expires_at, max_holders = excluded.max_holders,
           holder = excluded.holder, acquired_at = excluded.acquired_at;
-  DELETE FROM ${n.waiters} w WHERE w.key = ANY (p_keys) AND w.owner = p_owner;
-  GET DIAGNOSTICS left_line = ROW_COUNT;
+  -- Every line of these keys was read above but those of keys it held already: when all were
+  -- empty, it had no place to leave.
+  IF in_line OR cardinality(mine) > 0 THEN
+    DELETE FROM ${n.waiters} w WHERE w.key = ANY (p_keys) AND w.owner = p_owner;
+    GET DIAGNOSTICS left_line = ROW_COUNT;
+  END IF;
   -- It stood at the head of lines where others may enter beside it: those behind it that can.
   IF left_line > 0 AND p_limits IS NOT NULL THEN
     FOR i IN 1 .. cardinality(p_keys) LOOP
@@ -228,7 +247,7 @@ CREATE OR REPLACE FUNCTION ${n.extend}(p_keys text[], p_owner text, p_ttl_ms int
 DECLARE
   now_ts timestamptz;
 BEGIN
-  PERFORM ${n.lockKeys}(p_keys);
+  ${lockKeys}
   now_ts := clock_timestamp();
   IF (SELECT count(*) FROM ${n.locks} l WHERE l.key = ANY (p_keys) AND l.owner = p_owner AND l.expires_at > now_ts)
      < cardinality(p_keys) THEN
@@ -310,7 +329,7 @@ DECLARE
   waited boolean;
   released integer := 0;
 BEGIN
-  PERFORM ${n.lockKeys}(p_keys);
+  ${lockKeys}
   now_ts := clock_timestamp();
   FOREACH k IN ARRAY p_keys LOOP
     DELETE FROM ${n.locks} l WHERE l.key = k AND l.owner = p_owner RETURNING l.expires_at INTO expired_at;
@@ -318,6 +337,9 @@ BEGIN
     IF held AND expired_at > now_ts THEN
       released := released + 1;
     END IF;
+    -- Most lines are empty: nobody to take out, nobody to let in.
+    PERFORM FROM ${n.waiters} w WHERE w.key = k LIMIT 1;
+    CONTINUE WHEN NOT FOUND;
     DELETE FROM ${n.waiters} w WHERE w.key = k AND w.owner = p_owner;
     waited := FOUND;
     IF held OR waited THEN
@@ -328,4 +350,17 @@ BEGIN
 END
 $fn$;
 `;
+}
+
+/**
+ * The key locks of a call (see above). A call of one key, under READ COMMITTED, takes the same
+ * lock as `_lock_keys` (the same hash) inline: the nested call and its sort cost more than the
+ * lock. Any other call, or any other isolation level (which `_lock_keys` refuses), goes there.
+ */
+function lockKeysSql(n: PostgresLockNames): string {
+  return `IF cardinality(p_keys) = 1 AND current_setting('transaction_isolation') = 'read committed' THEN
+    PERFORM pg_advisory_xact_lock(hashtextextended('${n.qualified}:' || p_keys[1], 0));
+  ELSE
+    PERFORM ${n.lockKeys}(p_keys);
+  END IF;`;
 }
