@@ -95,6 +95,25 @@ describe('etcd backend on one member', () => {
     expect(await entries()).toEqual([]);
   });
 
+  it('a waiter whose hold lease was restarted a while ago takes its turn with a validity etcd keeps that lease for', async () => {
+    // While it waits, its hold lease (5 s) is restarted once every third of waiterTimeout (3 s).
+    const [a, b] = [backend(), backend(fixture.endpoints[0], { waiterTimeout: 9_000 })];
+    expect((await a.tryAcquire(['aged'], 'owner-a', 60_000)).acquired).toBe(true);
+    expect((await b.tryAcquire(['aged'], 'owner-b', 5_000)).acquired).toBe(false);
+    const woken = new Promise<void>((resolve) => void b.watch(['aged'], resolve, 'owner-b'));
+    // Not a wait for something to happen: the time the lease ages, 2 of its 5 s, before the next restart.
+    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    expect(await a.release(['aged'], 'owner-a')).toBe(true);
+    await woken;
+    const sentAt = performance.now();
+    const won = await b.tryAcquire(['aged'], 'owner-b', 5_000);
+    expect(won).toMatchObject({ acquired: true });
+    const validUntil = sentAt + (won as { validityMs: number }).validityMs;
+    // Nobody restarts it any more: etcd lets it run out, and its keys with it, never before then.
+    await until(async () => (await entries()).length === 0, 15_000, "b's lease to run out");
+    expect(performance.now()).toBeGreaterThanOrEqual(validUntil);
+  });
+
   it('another process acquires once the lease of a holder that was SIGKILLed runs out, with a greater token', async () => {
     const ttl = 2_000;
     const holder = await Holder.start('etcd-lock-holder.mjs', fixture.endpoints.join(','), 'killed', ttl);

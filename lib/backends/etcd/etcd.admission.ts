@@ -15,6 +15,13 @@ import { standing, standingAfterFirst, type Standing } from './etcd.standing.js'
 const MAX_STEPS = 8;
 /** Looks a caller that does not wait takes at lines others keep joining (see enterAtEnd). */
 const MAX_LOOKS = 3;
+/**
+ * A waiter's hold lease with at least this share of the lock's ttl certainly left (the lease
+ * keeper restarted it, or it was granted, a moment ago) is taken as it is, without a keepalive:
+ * the lock's validity is then counted from that restart, and the service takes a lease within 5%
+ * of the ttl as it is (lock-lease.ts, ready()), so nothing is spent on it later either.
+ */
+const FRESH_HOLD = 0.95;
 
 /**
  * How an acquisition gets its keys on etcd: a first attempt, then, for a caller that waits, the
@@ -77,7 +84,8 @@ export class EtcdAdmission {
   /**
    * A waiter asks again. When its watches said everything ahead of it in its exclusive lines went,
    * it goes straight for the keys: one transaction moves its entries onto its hold lease if it is
-   * first, while a keepalive restarts that lease. Otherwise it looks first, in a read-only transaction.
+   * first (with a keepalive of that lease, unless it is fresh). Otherwise it looks first, in a
+   * read-only transaction.
    */
   async nextAttempt(place: Place, ttlMs: number, what: Operation, steps = 0): Promise<AcquireResult> {
     const request = EtcdPlaces.request(place);
@@ -147,7 +155,11 @@ export class EtcdAdmission {
     return { acquired: false, limitMismatch: { key: place.keys[index], limit } };
   }
 
-  /** In on every line of its keys: its entries go onto its hold lease, marked held, while a keepalive restarts that lease. */
+  /**
+   * In on every line of its keys: its entries go onto its hold lease, marked held, while a
+   * keepalive restarts that lease, unless what is certainly left of it is nearly the whole ttl
+   * (FRESH_HOLD): the validity reported is then what is left, counted from the last restart.
+   */
   private async take(
     place: Place,
     ttlMs: number,
@@ -162,11 +174,13 @@ export class EtcdAdmission {
     const request = EtcdPlaces.request(place);
     // It takes the keys now. Kept before the answer: when it is lost, what settle() finds held was put by this.
     place.identity = identityValue(place.who, Date.now());
+    const left = (): number => hold.aliveSince + hold.ttl * 1000 - started;
+    const fresh = left() >= ttlMs * FRESH_HOLD;
     let response, kept;
     try {
       [response, kept] = await Promise.all([
         this.connection.txn(this.line.promote(request, place.identity, hold.id, pending), what),
-        this.connection.keepAlive(hold.id, what).catch(() => false),
+        fresh ? false : this.connection.keepAlive(hold.id, what).catch(() => false),
       ]);
     } catch (error) {
       if (this.connection.isLeaseGone(error) && !retried) {
@@ -183,8 +197,8 @@ export class EtcdAdmission {
       return { acquired: false };
     }
     this.places.promoted(place, place.revision!);
-    // The keepalive sent with it restarted the lease; without its answer, the last one counts.
-    const validityMs = kept ? ttlMs : Math.max(0, Math.min(ttlMs, hold.aliveSince + hold.ttl * 1000 - started));
+    // The keepalive sent with it restarted the lease; without one (fresh) or its answer, the last one counts.
+    const validityMs = kept ? ttlMs : Math.max(0, Math.min(ttlMs, left()));
     return { acquired: true, fencingToken: place.revision, validityMs };
   }
 
