@@ -12,6 +12,8 @@
  * - `model-shared`: the model's programs with shared locks and semaphores on the in-memory store
  *   called directly, where no waiter may be passed by a later caller of its process;
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
+ * - `zookeeper-line-direct`: the test that a waiter behind one that gives up does not take the key
+ *   from the holder (ZooKeeper's hand-over without a look at the line);
  * - `conformance-zookeeper-shared`, `conformance-zookeeper-line`: its shared-lock tests on ZooKeeper
  *   that no writer holds beside anyone, and that a reader does not pass a queued writer (at once,
  *   where a stream of readers passes it only when the timing lets one arrive while it waits);
@@ -125,6 +127,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/shared-locks.review.spec.ts',
     test: 'does not let a reader of another key set of this process pass a writer queued here before it',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-line-direct': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.line.spec.ts',
+    test: 'a waiter behind one that gives up does not take the key from the holder: it looks again, then takes it when the holder goes',
     env: {},
     seeded: false,
   },
@@ -255,6 +264,18 @@ export const MUTANTS = [
     file: 'lib/lock-acquisition.ts',
     replace: [['    return this.won(result, sentAt);', '    return this.won(result, performance.now());']],
     detector: 'model',
+  },
+  {
+    name: 'zookeeper-any-predecessor-first',
+    bug: 'a ZooKeeper waiter of one key takes it without a look once the node just ahead goes, even when that node was not first: a waiter that gave up lets the one behind it in beside the holder',
+    file: 'lib/backends/zookeeper/zookeeper.line.ts',
+    replace: [
+      [
+        'const firstAhead = firstOfLine !== undefined && waitFor[0].path.endsWith(`/${firstOfLine}`) ? waitFor[0].path : undefined;',
+        'const firstAhead = firstOfLine !== undefined ? waitFor[0].path : undefined;',
+      ],
+    ],
+    detector: 'zookeeper-line-direct',
   },
   {
     name: 'zookeeper-sequence-as-token',

@@ -9,6 +9,7 @@ import zookeeper from 'node-zookeeper-client';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { connectedClient } from '../fixtures/zookeeper-fenced-store.mjs';
 import { until } from '../support/wait.js';
+import { tappedClients } from '../support/zookeeper-client-tap.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 
 const fixture = useZooKeeper();
@@ -80,6 +81,77 @@ describe('ZooKeeper lines', () => {
     }
     await release();
   }, 60_000);
+
+  it('a waiter just behind the holder takes the key when it goes without reading the line again, also once it moved up', async () => {
+    // Per process: the line reads (getChildren) and the watches set (exists) it sends.
+    const reads = [0, 0, 0];
+    const watches = [0, 0, 0];
+    const counted = (i: number) =>
+      service(
+        new ZooKeeperLockBackend(
+          fixture.connectionString,
+          { root: fixture.root, sessionTimeout: 4_000 },
+          tappedClients(fixture.connectionString, 4_000, {
+            getChildren: (_path, send) => (reads[i]++, send()),
+            exists: (_path, watcher, send) => (watcher && watches[i]++, send()),
+          }),
+        ),
+      );
+    const [first, second, third] = [counted(0), counted(1), counted(2)];
+    const holder = await first.acquire('direct', { ttl: 60_000, site: 'Holder.run' });
+    const next = second.acquire('direct', { wait: 20_000, ttl: 60_000, site: 'Next.run' });
+    await until(() => watches[1] === 1, 10_000, 'the second to watch the holder');
+    const last = third.acquire('direct', { wait: 20_000, ttl: 60_000, site: 'Last.run' });
+    await until(() => watches[2] === 1, 10_000, 'the third to watch the second');
+
+    // The second stood just behind the first node of the line: it takes the key as soon as it goes.
+    let before = reads[1];
+    await holder.release();
+    const held = await next;
+    expect(reads[1] - before).toBe(0);
+    // The second went in (its node written): the third, just behind it, hears of it and knows it is next.
+    await until(() => watches[2] === 2, 10_000, 'the third to watch the second again after it went in');
+    before = reads[2];
+    await held.release();
+    const lastHeld = await last;
+    expect(reads[2] - before).toBe(0);
+    expect(lastHeld.fencingToken).toBeGreaterThan(held.fencingToken!);
+    await lastHeld.release();
+  });
+
+  it('a waiter behind one that gives up does not take the key from the holder: it looks again, then takes it when the holder goes', async () => {
+    const reads = [0, 0];
+    const watches = [0, 0];
+    const counted = (i: number) =>
+      new ZooKeeperLockBackend(
+        fixture.connectionString,
+        { root: fixture.root, sessionTimeout: 4_000 },
+        tappedClients(fixture.connectionString, 4_000, {
+          getChildren: (_path, send) => (reads[i]++, send()),
+          exists: (_path, watcher, send) => (watcher && watches[i]++, send()),
+        }),
+      );
+    const holder = await service(countingBackend().backend).acquire('behind-leaver', { ttl: 60_000 });
+    const impatient = service(counted(0))
+      .acquire('behind-leaver', { wait: 500 })
+      .catch((e: unknown) => e);
+    await until(() => watches[0] === 1, 10_000, 'the first waiter to watch the holder');
+    let took = false;
+    const patient = service(counted(1))
+      .acquire('behind-leaver', { wait: 20_000, ttl: 60_000 })
+      .then((handle) => ((took = true), handle));
+    await until(() => watches[1] === 1, 10_000, 'the second waiter to watch the first');
+    await impatient;
+    // It looked at the line again and now watches the holder; it holds nothing while the holder does.
+    await until(() => watches[1] === 2 || took, 10_000, 'the second waiter to look again');
+    expect(took).toBe(false);
+    expect(holder.isHeld).toBe(true);
+    const before = reads[1];
+    await holder.release();
+    const handle = await patient;
+    expect(reads[1] - before).toBe(0);
+    await handle.release();
+  });
 
   it('a waiter that gives up leaves the line: the one behind it is next', async () => {
     const holder = await service(countingBackend().backend).acquire('give-up', { ttl: 60_000 });

@@ -5,6 +5,7 @@ import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
 import { nodeZooKeeperClients, type ZooKeeperClient, type ZooKeeperOp } from './zookeeper.client.js';
 import { isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { parseEntry } from './zookeeper.kinds.js';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { checkConnectionString, redactConnection, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
@@ -300,10 +301,16 @@ export class ZooKeeperLockBackend implements LockBackend {
       if (!(await this.places.settle(session, request))) return false;
       const created = !request.nodes;
       if (created && !(await this.places.create(session, request))) return false;
-      const [where, stat] = await Promise.all([
-        position(session.client, this.paths, request),
-        request.czxid === undefined ? session.client.exists(request.nodes![0]) : undefined,
-      ]);
+      // The first node of its line, just ahead of it, went: first now, without a look.
+      const ahead = request.firstAhead;
+      request.firstAhead = undefined;
+      const clear = !created && ahead?.gone === true && ahead.node === request.nodes![0] && request.czxid !== undefined;
+      const [where, stat] = clear
+        ? [{ first: true as const, marks: [] }, undefined]
+        : await Promise.all([
+            position(session.client, this.paths, request),
+            request.czxid === undefined ? session.client.exists(request.nodes![0]) : undefined,
+          ]);
       if (stat) request.czxid = stat.czxid;
       if ('gone' in where) {
         await this.discard(request, request.nodes!);
@@ -344,6 +351,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         request.marked ??= new Set();
         for (const path of unmarked) request.marked.add(path);
       }
+      if (where.firstAhead) request.firstAhead = { path: where.firstAhead, node: request.nodes![0], gone: false };
       // A node we wait for went while we looked: look again, a few times (the caller retries later).
       if (!(await this.watchNodes(session, request, where.waitFor)) || round >= 10) return false;
     }
@@ -382,18 +390,30 @@ export class ZooKeeperLockBackend implements LockBackend {
    */
   private watched(request: LineRequest, path: string, event: 'deleted' | 'changed'): void {
     if (event === 'changed' && request.watched.get(path) === false && this.requests.isCurrent(request)) {
+      // An exclusive node just ahead of an exclusive request of one key is written only as it goes
+      // in: it is first in the line now (see LineRequest.firstAhead).
+      const node = request.nodes?.[0];
+      if (
+        node &&
+        request.keys.length === 1 &&
+        (request.limits[0] ?? 1) === 1 &&
+        parseEntry(path.slice(path.lastIndexOf('/') + 1))?.limit === 1
+      )
+        request.firstAhead = { path, node, gone: false };
       this.session
         .run('acquire', request.keys, ({ client }) => client.exists(path, (next) => this.watched(request, path, next)))
         .then(
-          (stat) => stat === undefined && this.wake(request, path),
+          (stat) => stat === undefined && this.wake(request, path, true),
           () => this.wake(request, path),
         );
       return;
     }
-    this.wake(request, path);
+    this.wake(request, path, event === 'deleted');
   }
 
-  private wake(request: LineRequest, path: string): void {
+  /** `deleted`: the node is known to be gone (not a watch that failed). */
+  private wake(request: LineRequest, path: string, deleted = false): void {
+    if (deleted && request.firstAhead?.path === path) request.firstAhead.gone = true;
     request.watched.delete(path);
     this.requests.wake(request);
   }

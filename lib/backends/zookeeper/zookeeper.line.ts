@@ -48,6 +48,13 @@ export interface LineRequest {
    * them waits for that mark to start watching the holders, and would sleep through its turn.
    */
   marked?: Set<string>;
+  /**
+   * A request of one key, exclusive: the node just ahead of its own (`node`) when that one is
+   * first in the line (it was first at the last look, or its data was set since: an exclusive node
+   * is written only as it goes in). Sequence numbers only grow, so nothing can come in ahead: once
+   * it is deleted (`gone`), the request is first, and takes the key without reading its line again.
+   */
+  firstAhead?: { path: string; node: string; gone: boolean };
   /** A predecessor went while nobody listened: the next watch() calls its callback at once. */
   woken: boolean;
   waker: (() => void) | undefined;
@@ -108,7 +115,7 @@ export function inLineOrder(children: readonly string[]): string[] {
 /** Where a request stands: in every line, refused by one, or the nodes it waits for. */
 export type Position =
   | { first: true; marks: string[] }
-  | { first: false; waitFor: { path: string; marks: boolean }[]; marks: string[] }
+  | { first: false; waitFor: { path: string; marks: boolean }[]; marks: string[]; firstAhead?: string }
   | { mismatch: { key: string; limit: number } }
   | { gone: true };
 
@@ -143,7 +150,11 @@ export async function position(client: ZooKeeperClient, paths: LinePaths, reques
     }
   }
   if (mismatch) return { mismatch };
-  return waitFor.length === 0 ? { first: true, marks } : { first: false, waitFor, marks };
+  if (waitFor.length === 0) return { first: true, marks };
+  // One exclusive key, behind only the first node of its line (see LineRequest.firstAhead).
+  const firstOfLine = nodes.length === 1 && (request.limits[0] ?? 1) === 1 ? inLineOrder(lines[0])[0] : undefined;
+  const firstAhead = firstOfLine !== undefined && waitFor[0].path.endsWith(`/${firstOfLine}`) ? waitFor[0].path : undefined;
+  return { first: false, waitFor, marks, ...(firstAhead && { firstAhead }) };
 }
 
 /**
