@@ -86,7 +86,8 @@ export default class EtcdStore implements ChaosStore {
   }
 }
 
-export function createBackend(options: unknown): LockBackend {
+export function createBackend(options: unknown, waiterTimeout: number): LockBackend {
   const { endpoints, commandTimeout } = options as Options;
-  return new EtcdLockBackend(endpoints, { commandTimeout });
+  // The waiter lease's ttl (whole seconds, at least etcd's minimum): a waiter's place goes with it.
+  return new EtcdLockBackend(endpoints, { commandTimeout, waiterTimeout });
 }
