@@ -39,6 +39,22 @@ function countingBackend(): { backend: LockBackend; attempts: () => number; fail
   return { backend, attempts: () => attempts, failed: () => failed, wakes: () => wakes };
 }
 
+/** Backends (sessions of their own, as other processes) that count, per process, the line reads (getChildren) and the watches set (exists) they send. */
+function lookCounting(): { reads: number[]; watches: number[]; backend: (i: number) => ZooKeeperLockBackend } {
+  const reads = [0, 0, 0];
+  const watches = [0, 0, 0];
+  const backend = (i: number) =>
+    new ZooKeeperLockBackend(
+      fixture.connectionString,
+      { root: fixture.root, sessionTimeout: 4_000 },
+      tappedClients(fixture.connectionString, 4_000, {
+        getChildren: (_path, send) => (reads[i]++, send()),
+        exists: (_path, watcher, send) => (watcher && watches[i]++, send()),
+      }),
+    );
+  return { reads, watches, backend };
+}
+
 function service(backend: LockBackend): LockService {
   // No polling: only a release can move a waiter.
   const locks = new LockService(backend, { keyPrefix: 'line:', pollInterval: 60_000 });
@@ -83,21 +99,8 @@ describe('ZooKeeper lines', () => {
   }, 60_000);
 
   it('a waiter just behind the holder takes the key when it goes without reading the line again, also once it moved up', async () => {
-    // Per process: the line reads (getChildren) and the watches set (exists) it sends.
-    const reads = [0, 0, 0];
-    const watches = [0, 0, 0];
-    const counted = (i: number) =>
-      service(
-        new ZooKeeperLockBackend(
-          fixture.connectionString,
-          { root: fixture.root, sessionTimeout: 4_000 },
-          tappedClients(fixture.connectionString, 4_000, {
-            getChildren: (_path, send) => (reads[i]++, send()),
-            exists: (_path, watcher, send) => (watcher && watches[i]++, send()),
-          }),
-        ),
-      );
-    const [first, second, third] = [counted(0), counted(1), counted(2)];
+    const { reads, watches, backend } = lookCounting();
+    const [first, second, third] = [service(backend(0)), service(backend(1)), service(backend(2))];
     const holder = await first.acquire('direct', { ttl: 60_000, site: 'Holder.run' });
     const next = second.acquire('direct', { wait: 20_000, ttl: 60_000, site: 'Next.run' });
     await until(() => watches[1] === 1, 10_000, 'the second to watch the holder');
@@ -120,17 +123,7 @@ describe('ZooKeeper lines', () => {
   });
 
   it('a waiter behind one that gives up does not take the key from the holder: it looks again, then takes it when the holder goes', async () => {
-    const reads = [0, 0];
-    const watches = [0, 0];
-    const counted = (i: number) =>
-      new ZooKeeperLockBackend(
-        fixture.connectionString,
-        { root: fixture.root, sessionTimeout: 4_000 },
-        tappedClients(fixture.connectionString, 4_000, {
-          getChildren: (_path, send) => (reads[i]++, send()),
-          exists: (_path, watcher, send) => (watcher && watches[i]++, send()),
-        }),
-      );
+    const { reads, watches, backend: counted } = lookCounting();
     const holder = await service(countingBackend().backend).acquire('behind-leaver', { ttl: 60_000 });
     const impatient = service(counted(0))
       .acquire('behind-leaver', { wait: 500 })
