@@ -189,7 +189,10 @@ export class LockAcquisition {
         // taken at once; otherwise the lock would sit with a waiter asleep until its wait ends.
         const named = this.inLine && this.host.backend.watching !== undefined;
         if (named) await this.watchThenTryNow(waiter);
-        await waiter.sleep(this.deadline - performance.now(), this.signal);
+        // Such a turn comes as a message, which can be lost (a subscriber that reconnected): it then
+        // asks again every pollInterval too, as the first here does, or the lock would sit with it.
+        const remaining = this.deadline - performance.now();
+        await waiter.sleep(named ? Math.min(this.pause(), remaining) : remaining, this.signal);
         if (
           named &&
           this.unwatch &&

@@ -12,6 +12,8 @@
  * - `model-shared`: the model's programs with shared locks and semaphores on the in-memory store
  *   called directly, where no waiter may be passed by a later caller of its process;
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
+ * - `lost-wakeups`: the test that a waiter first in the store's line but not in its process's queue
+ *   takes its turn when its wake-up is lost;
  * - `zookeeper-line-direct`: the test that a waiter behind one that gives up does not take the key
  *   from the holder (ZooKeeper's hand-over without a look at the line);
  * - `conformance-zookeeper-shared`, `conformance-zookeeper-line`: its shared-lock tests on ZooKeeper
@@ -134,6 +136,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/zookeeper.line.spec.ts',
     test: 'a waiter behind one that gives up does not take the key from the holder: it looks again, then takes it when the holder goes',
+    env: {},
+    seeded: false,
+  },
+  'lost-wakeups': {
+    kind: 'jest',
+    file: 'test/lost-wakeups.spec.ts',
+    test: "a waiter first in the store's line but not in its process's queue still takes its turn when every wake-up is lost",
     env: {},
     seeded: false,
   },
@@ -276,6 +285,18 @@ export const MUTANTS = [
       ],
     ],
     detector: 'zookeeper-line-direct',
+  },
+  {
+    name: 'queued-waiter-never-polls',
+    bug: "a waiter in the store's line that is not first in its process's queue sleeps until its wait ends: a lost wake-up keeps the lock with it",
+    file: 'lib/lock-acquisition.ts',
+    replace: [
+      [
+        'await waiter.sleep(named ? Math.min(this.pause(), remaining) : remaining, this.signal);',
+        'await waiter.sleep(remaining, this.signal);',
+      ],
+    ],
+    detector: 'lost-wakeups',
   },
   {
     name: 'zookeeper-sequence-as-token',
