@@ -1,6 +1,6 @@
 import type { ZooKeeperClient } from './zookeeper.client.js';
 import { lineStanding, parseEntry } from './zookeeper.kinds.js';
-import { inLineOrder, isNoNode, LinePaths } from './zookeeper.line.js';
+import { childrenOf, inLineOrder, isNoNode, LinePaths } from './zookeeper.line.js';
 
 /**
  * Releases an owner that this process did not make: another instance's holder or waiter, named by
@@ -19,9 +19,7 @@ export async function releaseElsewhere(
   keys: readonly string[],
   owner: string,
 ): Promise<boolean> {
-  const lines = await Promise.all(
-    keys.map((key) => client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)))),
-  );
+  const lines = await Promise.all(keys.map((key) => childrenOf(client, paths.parent(key))));
   const nodes = keys.flatMap((key, i) => {
     const line = inLineOrder(lines[i]);
     return line

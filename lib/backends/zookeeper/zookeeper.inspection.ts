@@ -2,7 +2,7 @@ import { decodeIdentity } from '../../lock-identity.js';
 import type { LockHolderState, LockState, LockWaiterState } from '../lock-backend.interface.js';
 import type { ZooKeeperClient } from './zookeeper.client.js';
 import { lineStanding, parseEntry } from './zookeeper.kinds.js';
-import { inLineOrder, isNoNode, type LinePaths } from './zookeeper.line.js';
+import { childrenOf, inLineOrder, type LinePaths } from './zookeeper.line.js';
 
 /** How many waiters inspect tells, first first. */
 const WAITERS_SHOWN = 100;
@@ -27,7 +27,7 @@ export async function inspectZooKeeper(
   ttlOf: (owner: string) => number,
 ): Promise<LockState | undefined> {
   const parent = paths.parent(key);
-  const children = await client.getChildren(parent).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)));
+  const children = await childrenOf(client, parent);
   const line = inLineOrder(children);
   // Who is in: a prefix of the line, less callers about to leave it as they disagree on its limit.
   const inside = new Set<string>();

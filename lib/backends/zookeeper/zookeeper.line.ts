@@ -129,11 +129,7 @@ export type Position =
 export async function position(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<Position> {
   const nodes = request.nodes!;
   // A parent gone (an operator deleted the whole line) took our node with it: gone, not an error.
-  const lines = await Promise.all(
-    request.keys.map((key) =>
-      client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error))),
-    ),
-  );
+  const lines = await Promise.all(request.keys.map((key) => childrenOf(client, paths.parent(key))));
   const waitFor: { path: string; marks: boolean }[] = [];
   const marks: string[] = [];
   let mismatch: { key: string; limit: number } | undefined;
@@ -201,11 +197,7 @@ export async function findNodes(client: ZooKeeperClient, paths: LinePaths, reque
   await client.multi([{ op: 'check', path: paths.parent(request.keys[0]) }]).catch((error: unknown) => {
     if (!isNoNode(error)) throw error;
   });
-  const lines = await Promise.all(
-    request.keys.map((key) =>
-      client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error))),
-    ),
-  );
+  const lines = await Promise.all(request.keys.map((key) => childrenOf(client, paths.parent(key))));
   return request.keys.map((key, i) =>
     inLineOrder(lines[i])
       .filter((child) => LinePaths.owner(child) === request.owner)
@@ -221,6 +213,11 @@ export async function removeNodes(client: ZooKeeperClient, nodes: readonly strin
     if (!isNoNode(error)) throw error;
     await Promise.all(nodes.map((path) => client.remove(path).catch((e: unknown) => (isNoNode(e) ? undefined : Promise.reject(e)))));
   }
+}
+
+/** A node's children; none when the node is gone (an operator deleted a whole line, or it was cleaned up). */
+export function childrenOf(client: ZooKeeperClient, path: string): Promise<string[]> {
+  return client.getChildren(path).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)));
 }
 
 export function isNoNode(error: unknown): boolean {

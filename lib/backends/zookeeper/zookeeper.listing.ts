@@ -1,7 +1,7 @@
 import { decodeKeyCursor, encodeKeyCursor } from '../key-cursor.js';
 import type { LockListOptions, LockListPage } from '../lock-backend.interface.js';
 import type { ZooKeeperClient } from './zookeeper.client.js';
-import { isNoNode, type LinePaths } from './zookeeper.line.js';
+import { childrenOf, type LinePaths } from './zookeeper.line.js';
 
 /**
  * list() on ZooKeeper: the children of the root, one node per key with a line (ZooKeeper has no
@@ -11,7 +11,7 @@ import { isNoNode, type LinePaths } from './zookeeper.line.js';
  */
 export async function listZooKeeper(client: ZooKeeperClient, paths: LinePaths, options: LockListOptions): Promise<LockListPage> {
   const after = options.cursor === undefined ? undefined : decodeKeyCursor(options.cursor, 'zookeeper');
-  const names = await client.getChildren(paths.root).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)));
+  const names = await childrenOf(client, paths.root);
   const candidates = names
     .map(decodeName)
     .filter((key): key is string => key !== undefined && key.startsWith(options.prefix) && (after === undefined || key > after))
@@ -20,9 +20,7 @@ export async function listZooKeeper(client: ZooKeeperClient, paths: LinePaths, o
   for (let from = 0; from < candidates.length && held.length <= options.limit;) {
     const batch = candidates.slice(from, from + options.limit + 1 - held.length);
     from += batch.length;
-    const lines = await Promise.all(
-      batch.map((key) => client.getChildren(paths.parent(key)).catch((error: unknown) => (isNoNode(error) ? [] : Promise.reject(error)))),
-    );
+    const lines = await Promise.all(batch.map((key) => childrenOf(client, paths.parent(key))));
     batch.forEach((key, i) => lines[i].length > 0 && held.push(key));
   }
   if (held.length <= options.limit) return { keys: held };
