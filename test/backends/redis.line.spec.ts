@@ -82,11 +82,16 @@ describe('the line of waiters in Redis', () => {
     expect((await b.tryAcquire(['d'], 'holder-c', 60_000)).acquired).toBe(true);
   });
 
+  /** Another process whose waiters ask again on their own only every 30 s: they enter sooner only when told. */
+  function slowPollingProcess(): LockService {
+    const service = new LockService(backend({ waiterTimeout: 60_000 }), { keyPrefix: '', pollInterval: 30_000 });
+    fixture.cleanup(() => service.onApplicationShutdown());
+    return service;
+  }
+
   it('a waiter that a caller of several keys kept out of a free key is told when that caller leaves its line', async () => {
     const b = backend({ waiterTimeout: 60_000 });
-    // It asks again on its own only every 30 s: it enters sooner only when told.
-    const other = new LockService(backend({ waiterTimeout: 60_000 }), { keyPrefix: '', pollInterval: 30_000 });
-    fixture.cleanup(() => other.onApplicationShutdown());
+    const other = slowPollingProcess();
     expect((await b.tryAcquire(['h'], 'holder-h', 60_000)).acquired).toBe(true);
     expect((await b.tryAcquire(['g', 'h'], 'x', 60_000)).acquired).toBe(false);
     // Another process waits for h behind x, and is told to wait as long as x's place lasts (60 s).
@@ -102,8 +107,7 @@ describe('the line of waiters in Redis', () => {
 
   it('readers that a caller of several keys kept out are all told when it leaves the line', async () => {
     const b = backend({ waiterTimeout: 60_000 });
-    const other = new LockService(backend({ waiterTimeout: 60_000 }), { keyPrefix: '', pollInterval: 30_000 });
-    fixture.cleanup(() => other.onApplicationShutdown());
+    const other = slowPollingProcess();
     expect((await b.tryAcquire(['j'], 'holder-j', 60_000)).acquired).toBe(true);
     expect((await b.tryAcquire(['i', 'j'], 'x', 60_000)).acquired).toBe(false);
     // Two readers wait for j behind x; both must be in together to finish (each waits for the other).
