@@ -5,7 +5,19 @@ import pg from 'pg';
 import { LockService, PostgresLockBackend, RedisLockBackend } from '../lib/index.js';
 import { PostgresServer } from '../test/support/postgres-server.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { compareRates, hotKeyRow, type HotKeyScenario, round, timedSections, type Report } from './harness.js';
+import {
+  againstHandoffFloor,
+  compareRates,
+  handoffFloorRow,
+  type HandoffFloor,
+  hotKeyRow,
+  type HotKeyScenario,
+  measureHandoffFloor,
+  round,
+  timedSections,
+  type Report,
+} from './harness.js';
+import { until } from '../test/support/wait.js';
 
 /** One acquire+release pair, or a hot-key worker's lock: resolves to the release. */
 type LockOnce = (key: string) => Promise<() => Promise<unknown>>;
@@ -107,8 +119,11 @@ async function hotKey(
   service: (backend: PostgresLockBackend | RedisLockBackend) => LockService,
   redis: RedisServer,
 ): Promise<void> {
-  const { workers, sections, sectionMs } = HOT_KEY;
-  const run = async (impl: string, lockFor: (worker: number) => LockOnce) => {
+  const { workers, sections, sectionMs, scenario } = HOT_KEY;
+  // Both floors drift over a run: measured on both sides of the hot-key rows, the lower one kept.
+  const floors = await handoffFloors(url, sectionMs);
+  const rows: { impl: string; elapsed: number; waits: number[]; inside: number[]; floor?: 'notify' | 'advisory' }[] = [];
+  const run = async (impl: string, lockFor: (worker: number) => LockOnce, floor?: 'notify' | 'advisory') => {
     const key = `hot:${impl}`;
     const rounds = (count: number, waits: number[], inside: number[]) =>
       Promise.all(Array.from({ length: workers }, (_, w) => timedSections(() => lockFor(w)(key), count, sectionMs, waits, inside)));
@@ -117,7 +132,7 @@ async function hotKey(
     const inside: number[] = [];
     const started = performance.now();
     await rounds(sections, waits, inside);
-    report.add(hotKeyRow(HOT_KEY, impl, performance.now() - started, waits, inside));
+    rows.push({ impl, elapsed: performance.now() - started, waits, inside, floor });
   };
   const viaService = (locks: LockService) => async (key: string) => {
     const handle = await locks.acquire(key, { wait: 60_000 });
@@ -125,9 +140,9 @@ async function hotKey(
   };
   // Every worker is its own "instance": a pool, a LISTEN connection and a service of its own.
   const perWorker = Array.from({ length: workers }, () => viaService(service(new PostgresLockBackend(pool(2)))));
-  await run('ours (8 instances)', (w) => perWorker[w]);
+  await run('ours (8 instances)', (w) => perWorker[w], 'notify');
   const shared = viaService(service(new PostgresLockBackend(pool(2))));
-  await run('ours (one instance, 8 callers)', () => shared);
+  await run('ours (one instance, 8 callers)', () => shared, 'notify');
   // Blocking session advisory locks, a connection per worker: PostgreSQL's own lock queue.
   const advisory = await Promise.all(
     Array.from({ length: workers }, async () => {
@@ -136,15 +151,70 @@ async function hotKey(
       return client;
     }),
   );
-  await run('session advisory lock (8 connections)', (w) => async (key) => {
-    await advisory[w].query('SELECT pg_advisory_lock(hashtext($1))', [key]);
-    return () => advisory[w].query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
-  });
+  await run(
+    'session advisory lock (8 connections)',
+    (w) => async (key) => {
+      await advisory[w].query('SELECT pg_advisory_lock(hashtext($1))', [key]);
+      return () => advisory[w].query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
+    },
+    'advisory',
+  );
   await Promise.all(advisory.map((client) => client.end()));
   const redisClients = Array.from({ length: workers }, () => new Redis(redis.port, '127.0.0.1'));
   const redisWorkers = redisClients.map((client) => viaService(service(new RedisLockBackend(client))));
   await run('Redis backend (8 instances)', (w) => redisWorkers[w]);
   for (const client of redisClients) client.disconnect();
+  const after = await handoffFloors(url, sectionMs);
+  const lower = (a: HandoffFloor, b: HandoffFloor) => (a.p50Ms <= b.p50Ms ? a : b);
+  const floor = { notify: lower(floors.notify, after.notify), advisory: lower(floors.advisory, after.advisory) };
+  for (const { impl, elapsed, waits, inside, floor: kind } of rows) {
+    const row = hotKeyRow(HOT_KEY, impl, elapsed, waits, inside);
+    report.add(kind ? againstHandoffFloor(row, HOT_KEY, elapsed, inside, floor[kind]) : row);
+  }
+  report.add(handoffFloorRow(scenario, 'handoff floor (a commit that notifies, until another connection has the message)', floor.notify));
+  report.add(handoffFloorRow(scenario, 'handoff floor of advisory locks (unlock, until the blocked lock call returns)', floor.advisory));
+}
+
+/**
+ * The least a hand-over between two connections costs on this server, two ways. Ours tells the
+ * next waiter by NOTIFY, which PostgreSQL sends when the releasing transaction commits: its floor
+ * is a commit that writes the key's row and notifies, until another connection's LISTEN has the
+ * message. A blocking advisory lock is woken inside the server: its floor is an unlock, until the
+ * waiting connection's lock call returns.
+ */
+async function handoffFloors(url: string, sectionMs: number): Promise<{ notify: HandoffFloor; advisory: HandoffFloor }> {
+  const [holder, waiter] = [new pg.Client({ connectionString: url }), new pg.Client({ connectionString: url })];
+  await holder.connect();
+  await waiter.connect();
+  try {
+    await holder.query("INSERT INTO floor_locks VALUES ('floor:handoff', 'holder', now()) ON CONFLICT DO NOTHING");
+    await waiter.query('LISTEN floor_handoff');
+    const notify = await measureHandoffFloor(async () => async () => {
+      const heard = new Promise<void>((resolve) => waiter.once('notification', () => resolve()));
+      const release = holder.query("UPDATE floor_locks SET owner = 'next' WHERE key = 'floor:handoff'; SELECT pg_notify('floor_handoff', 'next')");
+      await Promise.all([release, heard]);
+    }, sectionMs);
+    await waiter.query('UNLISTEN floor_handoff');
+    const key = 'floor:advisory';
+    let waiterHolds = false;
+    const advisory = await measureHandoffFloor(async () => {
+      // The last round's waiter lets go first: not part of a hand-over.
+      if (waiterHolds) await waiter.query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
+      await holder.query('SELECT pg_advisory_lock(hashtext($1))', [key]);
+      const taken = waiter.query('SELECT pg_advisory_lock(hashtext($1))', [key]);
+      const blocked = "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+      await until(async () => (await holder.query(blocked)).rows[0].n === 1, 5_000, 'the waiter to block on the advisory lock');
+      return async () => {
+        await Promise.all([holder.query('SELECT pg_advisory_unlock(hashtext($1))', [key]), taken]);
+        waiterHolds = true;
+      };
+    }, sectionMs);
+    await waiter.query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
+    return { notify, advisory };
+  } finally {
+    await holder.end();
+    await waiter.end();
+  }
 }
 
 /** 8 callers of one instance, each on keys of its own: how many acquisitions a second the table takes. */
