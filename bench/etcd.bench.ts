@@ -12,6 +12,8 @@ import {
   hotKeyRow,
   type HotKeyScenario,
   measureHandoffFloor,
+  measureOurHandoff,
+  ourHandoffRow,
   round,
   timedSections,
   type Report,
@@ -159,6 +161,12 @@ async function hotKey(
   for (const client of redisClients) client.disconnect();
   const floorAfter = await measureHandoffFloor(handoffOnce, sectionMs);
   const floor = floorBefore.p50Ms <= floorAfter.p50Ms ? floorBefore : floorAfter;
+  const ours = await measureOurHandoff(
+    service(new EtcdLockBackend(cluster.endpoints)),
+    service(new EtcdLockBackend(cluster.endpoints)),
+    'handoff:ours',
+    sectionMs,
+  );
   await watcher.cancel();
   holder.close();
   waiter.close();
@@ -167,4 +175,5 @@ async function hotKey(
     report.add(ours ? againstHandoffFloor(row, hotKey, elapsed, inside, floor) : row);
   }
   report.add(handoffFloorRow(scenario, "handoff floor (delete, until the next waiter's watch has it)", floor));
+  report.add(ourHandoffRow(scenario, 'ours, one hand-over between two instances (p50)', ours, floor));
 }

@@ -1,5 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { LockHandle, LockService } from '../lib/index.js';
+import { until } from '../test/support/wait.js';
 
 /** One measured line: what ran, which implementation, and its figures. */
 export interface Row {
@@ -173,6 +175,32 @@ export async function measureHandoffFloor(
   const p50Ms = median(handoffs);
   const section = median(sections);
   return { p50Ms, bestVsIdeal: section / (section + p50Ms) };
+}
+
+/**
+ * One hand-over of ours between two instances (services with a client each), measured as the
+ * floor is: the first holds `key`, the second waits for it in the store's line; after an idle
+ * section the first releases, and the time runs until the second has the lock. Without the seven
+ * other workers of a hot key, this is the hand-over's own cost, apart from a busy machine's
+ * scheduling of many processes.
+ */
+export async function measureOurHandoff(holder: LockService, waiter: LockService, key: string, sectionMs: number): Promise<HandoffFloor> {
+  let held: LockHandle | undefined;
+  return measureHandoffFloor(async () => {
+    // The last round's new holder lets go first: not part of a hand-over.
+    await held?.release();
+    const first = await holder.acquire(key, { ttl: 30_000 });
+    const second = waiter.acquire(key, { wait: 30_000, ttl: 30_000 });
+    await until(async () => ((await holder.inspect(key))?.waiters?.length ?? 0) > 0, 10_000, 'the second instance to wait in line');
+    return async () => {
+      [, held] = await Promise.all([first.release(), second]);
+    };
+  }, sectionMs).finally(() => held?.release());
+}
+
+/** Our hand-over's row, against the store's floor measured in the same run. */
+export function ourHandoffRow(scenario: string, impl: string, ours: HandoffFloor, floor: HandoffFloor): Row {
+  return { scenario, impl, handoffP50Us: round(ours.p50Ms * 1000, 1), handoffVsFloor: round(ours.p50Ms / floor.p50Ms) };
 }
 
 /** The floor's own row in a hot-key table. */

@@ -13,6 +13,8 @@ import {
   hotKeyRow,
   type HotKeyScenario,
   measureHandoffFloor,
+  measureOurHandoff,
+  ourHandoffRow,
   round,
   timedSections,
   type Report,
@@ -167,12 +169,19 @@ async function hotKey(
   const after = await handoffFloors(url, sectionMs);
   const lower = (a: HandoffFloor, b: HandoffFloor) => (a.p50Ms <= b.p50Ms ? a : b);
   const floor = { notify: lower(floors.notify, after.notify), advisory: lower(floors.advisory, after.advisory) };
+  const ours = await measureOurHandoff(
+    service(new PostgresLockBackend(pool(2))),
+    service(new PostgresLockBackend(pool(2))),
+    'handoff:ours',
+    sectionMs,
+  );
   for (const { impl, elapsed, waits, inside, floor: kind } of rows) {
     const row = hotKeyRow(HOT_KEY, impl, elapsed, waits, inside);
     report.add(kind ? againstHandoffFloor(row, HOT_KEY, elapsed, inside, floor[kind]) : row);
   }
   report.add(handoffFloorRow(scenario, 'handoff floor (a commit that notifies, until another connection has the message)', floor.notify));
   report.add(handoffFloorRow(scenario, 'handoff floor of advisory locks (unlock, until the blocked lock call returns)', floor.advisory));
+  report.add(ourHandoffRow(scenario, 'ours, one hand-over between two instances (p50)', ours, floor.notify));
 }
 
 /**

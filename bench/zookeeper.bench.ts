@@ -14,6 +14,8 @@ import {
   hotKeyRow,
   type HotKeyScenario,
   measureHandoffFloor,
+  measureOurHandoff,
+  ourHandoffRow,
   round,
   timedSections,
   type Report,
@@ -196,6 +198,10 @@ async function hotKey(
   for (const client of redisClients) client.disconnect();
   const lower = (a: HandoffFloor, b: HandoffFloor) => (a.p50Ms <= b.p50Ms ? a : b);
   const floors = { one: lower(before.one, await floorOne()), three: lower(before.three, await floorThree()) };
+  const ours = {
+    one: await measureOurHandoff(zk(single.connectionString), zk(single.connectionString), 'handoff:ours', sectionMs),
+    three: await measureOurHandoff(zk(followers[0]), zk(followers[1]), 'handoff:ours', sectionMs),
+  };
   for (const { impl, elapsed, waits, inside, floor } of rows) {
     const row = hotKeyRow(HOT_KEY, impl, elapsed, waits, inside);
     report.add(floor ? againstHandoffFloor(row, HOT_KEY, elapsed, inside, floors[floor]) : row);
@@ -208,6 +214,8 @@ async function hotKey(
       floors.three,
     ),
   );
+  report.add(ourHandoffRow(scenario, 'ours, one hand-over between two instances (p50), one server', ours.one, floors.one));
+  report.add(ourHandoffRow(scenario, 'ours, one hand-over between two instances (p50), three servers, follower to follower', ours.three, floors.three));
 }
 
 /**
