@@ -3,9 +3,10 @@ import type { LockListOptions, LockListPage } from '../lock-backend.interface.js
 import { listZooKeeper } from './zookeeper.listing.js';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { nodeZooKeeperClients, type ZooKeeperClient, type ZooKeeperOp } from './zookeeper.client.js';
-import { isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient, type ZooKeeperOp } from './zookeeper.client.js';
+import { isNoNode, LinePaths, position, removeNodes, type LineRequest, type Versioned } from './zookeeper.line.js';
 import { parseEntry } from './zookeeper.kinds.js';
+import { pendingData } from './zookeeper.pending.js';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { checkConnectionString, redactConnection, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
@@ -19,6 +20,8 @@ import { releaseElsewhere } from './zookeeper.forced-release.js';
 
 /** The data of a permit caller's node once it went in (see zookeeper.kinds.ts). */
 const IN = Buffer.from('in');
+/** The data of a node that turned from pending to waiting for a request that does not say who asks. */
+const NONE = Buffer.alloc(0);
 
 /**
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
@@ -97,7 +100,8 @@ export class ZooKeeperLockBackend implements LockBackend {
     const willWait = options?.willWait ?? true;
     if (this.closed) throw this.session.error('acquire', keys, 'the backend is closed (the application shut down).');
     const data = identityBytes(options?.holder, this.name);
-    this.paths.checkSize(keys, owner, data?.length);
+    // A node after the first key carries PENDING before who asks (zookeeper.pending.ts).
+    this.paths.checkSize(keys, owner, keys.length > 1 ? pendingData(data).length : data?.length);
     const sentAt = performance.now();
     const request = this.requests.open(keys, owner);
     // Opened by watch() before the first attempt, or by an earlier attempt: the kind (and who asks)
@@ -306,7 +310,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       request.firstAhead = undefined;
       const clear = !created && ahead?.gone === true && ahead.node === request.nodes![0] && request.czxid !== undefined;
       const [where, stat] = clear
-        ? [{ first: true as const, marks: [] }, undefined]
+        ? [{ first: true as const, marks: [], flips: [], passed: [] }, undefined]
         : await Promise.all([
             position(session.client, this.paths, request),
             request.czxid === undefined ? session.client.exists(request.nodes![0]) : undefined,
@@ -325,12 +329,22 @@ export class ZooKeeperLockBackend implements LockBackend {
       if (where.first) {
         // Reads alone could come from a follower cut off from the leader, which may have ended our
         // session already; nodes made by this attempt were a write, else one is made now. Nodes to
-        // mark as in are marked by that write (or one made for them). Nodes that carry who asks are
-        // all written by it, so their mtime tells inspect when they went in (see zookeeper.inspection.ts).
+        // mark as in are marked by that write (or one made for them), pending ones turn held and
+        // pending nodes ahead go with it. Nodes that carry who asks are all written by it, so their
+        // mtime tells inspect when they went in (see zookeeper.inspection.ts).
         const written = !created && request.data ? request.nodes! : where.marks;
-        if ((!created || where.marks.length > 0) && !(await this.stillThere(session, request.nodes!, written, request.data))) {
-          await this.discard(request, request.nodes!);
-          continue;
+        const writes = where.marks.length + where.flips.length + where.passed.length;
+        if (!created || writes > 0) {
+          const wrote = await this.write(session, request.nodes!, { ...where, marks: written }, request.data);
+          if (wrote === 'gone') {
+            await this.discard(request, request.nodes!);
+            continue;
+          }
+          // A pending node ahead turned waiting, or went, meanwhile: look again.
+          if (wrote === 'changed') {
+            if (round < 10) continue;
+            return false;
+          }
         }
         request.held = true;
         return true;
@@ -342,16 +356,24 @@ export class ZooKeeperLockBackend implements LockBackend {
       }
       // In on some keys while it waits for others: marked there now, once, so that a permit caller
       // right behind it that waits for its mark starts watching the holders (its turn may be due).
+      // Its pending nodes up to the line that keeps it out turn waiting, and the pending nodes
+      // ahead of it in the lines it is in on go, in the same write.
       const unmarked = where.marks.filter((path) => !request.marked?.has(path));
-      if (unmarked.length > 0) {
-        if (!(await this.stillThere(session, request.nodes!, unmarked, request.data))) {
+      if (unmarked.length + where.flips.length + where.passed.length > 0) {
+        const wrote = await this.write(session, request.nodes!, { ...where, marks: unmarked }, request.data);
+        if (wrote === 'gone') {
           await this.discard(request, request.nodes!);
           continue;
+        }
+        if (wrote === 'changed') {
+          if (round < 10) continue;
+          return false;
         }
         request.marked ??= new Set();
         for (const path of unmarked) request.marked.add(path);
       }
       if (where.firstAhead) request.firstAhead = { path: where.firstAhead, node: request.nodes![0], gone: false };
+      request.adjacent = where.adjacent;
       // A node we wait for went while we looked: look again, a few times (the caller retries later).
       if (!(await this.watchNodes(session, request, where.waitFor)) || round >= 10) return false;
     }
@@ -362,7 +384,11 @@ export class ZooKeeperLockBackend implements LockBackend {
    * watch is set on a node that is still there and not marked yet where a mark counts. True means
    * one went (or went in) meanwhile: look again.
    */
-  private async watchNodes(session: LiveSession, request: LineRequest, waitFor: { path: string; marks: boolean }[]): Promise<boolean> {
+  private async watchNodes(
+    session: LiveSession,
+    request: LineRequest,
+    waitFor: { path: string; marks: boolean; version: number }[],
+  ): Promise<boolean> {
     const stats = await Promise.all(
       waitFor.map(async ({ path, marks }) => {
         const known = request.watched.has(path);
@@ -380,7 +406,9 @@ export class ZooKeeperLockBackend implements LockBackend {
         return stat;
       }),
     );
-    return stats.some((stat, i) => stat === undefined || (waitFor[i].marks && stat.version > 0));
+    // Marked since the look: its data was set after the version read then (a node that counts is
+    // written only as it goes in; it may have been written before, as it turned from pending).
+    return stats.some((stat, i) => stat === undefined || (waitFor[i].marks && stat.version > waitFor[i].version));
   }
 
   /**
@@ -390,11 +418,12 @@ export class ZooKeeperLockBackend implements LockBackend {
    */
   private watched(request: LineRequest, path: string, event: 'deleted' | 'changed'): void {
     if (event === 'changed' && request.watched.get(path) === false && this.requests.isCurrent(request)) {
-      // An exclusive node just ahead of an exclusive request of one key is written only as it goes
-      // in: it is first in the line now (see LineRequest.firstAhead).
+      // An exclusive node just ahead of an exclusive request of one key, and not pending when it
+      // looked, is written only as it goes in: it is first in the line now (see LineRequest.firstAhead).
       const node = request.nodes?.[0];
       if (
         node &&
+        request.adjacent === path &&
         request.keys.length === 1 &&
         (request.limits[0] ?? 1) === 1 &&
         parseEntry(path.slice(path.lastIndexOf('/') + 1))?.limit === 1
@@ -453,6 +482,34 @@ export class ZooKeeperLockBackend implements LockBackend {
     } catch (error) {
       if (isNoNode(error)) return false;
       throw error;
+    }
+  }
+
+  /**
+   * One write of the request's look (see Position): every node of its own checked (the leader
+   * itself answers for the session), those in `marks` set to `data` (or IN), its pending ones in
+   * `flips` turned waiting at the version read, and the pending nodes in `passed` deleted at the
+   * version read. 'gone': a node of its own is gone; 'changed': a node it read changed meanwhile
+   * (a pending node ahead turned waiting, or went), or one of its own did: it looks again.
+   */
+  private async write(
+    session: LiveSession,
+    nodes: readonly string[],
+    { marks, flips, passed }: { marks: readonly string[]; flips: readonly Versioned[]; passed: readonly Versioned[] },
+    data: Buffer | undefined,
+  ): Promise<'done' | 'gone' | 'changed'> {
+    const own = nodes.map((path): ZooKeeperOp => {
+      const flip = flips.find((node) => node.path === path);
+      if (flip) return { op: 'set', path, data: marks.includes(path) ? (data ?? IN) : (data ?? NONE), version: flip.version };
+      return marks.includes(path) ? { op: 'set', path, data: data ?? IN } : { op: 'check', path };
+    });
+    try {
+      await session.client.multi([...own, ...passed.map(({ path, version }): ZooKeeperOp => ({ op: 'remove', path, version }))]);
+      return 'done';
+    } catch (error) {
+      if (!isNoNode(error) && !(error instanceof ZooKeeperError && error.code === 'BAD_VERSION')) throw error;
+      // Which node failed the multi is not said: a gone node of its own is found by the next look.
+      return flips.length + passed.length > 0 ? 'changed' : 'gone';
     }
   }
 
