@@ -35,7 +35,8 @@ export interface ConformanceTarget {
   /**
    * A caller of several keys that another caller passed on a later key (took it while this one
    * waited for an earlier key) starts over at the back of every line, its place in the earlier
-   * line given up: etcd's, whose fencing token is its entries' create revision. Kept, that place
+   * line given up: etcd's, whose fencing token is its entries' create revision, and ZooKeeper's,
+   * whose token is its nodes' czxid. Kept, that place
    * would let it enter the later key after the one who passed it with a lower token. The test that
    * it keeps its place runs as it.failing.
    */

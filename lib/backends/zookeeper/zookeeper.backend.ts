@@ -26,7 +26,8 @@ const NONE = Buffer.alloc(0);
 /**
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
  * `<root>/<key>/<owner>-<sequence>`, all in one multi(), and holds its keys when its nodes are
- * first in every line. A waiter watches only the node just before its own, so a release wakes one
+ * first in every line. Its nodes after the first line that keeps it out are pending, and keep
+ * nobody out (zookeeper.pending.ts). A waiter watches only the node just before its own, so a release wakes one
  * waiter (no herd), and waiters are served in the order their requests reached ZooKeeper.
  *
  * The fencing token is the nodes' czxid: the zxid of the transaction that created them, global

@@ -7,7 +7,8 @@ import type { LiveSession } from './zookeeper.session.js';
 /**
  * One request of this process: its place in the line of each of its keys. All its nodes were
  * created by one multi(), so they share one zxid: in every line, requests stand in the order in
- * which ZooKeeper applied them, and no two requests can wait for each other.
+ * which ZooKeeper applied them. Those after the first line that keeps it out are pending (see
+ * zookeeper.pending.ts): every wait is for a node with a smaller zxid, so none is a cycle.
  */
 export interface LineRequest {
   readonly owner: string;
