@@ -110,6 +110,33 @@ describe('ZooKeeper pending nodes', () => {
     await r.release([b], 'r');
   }, 30_000);
 
+  it('a waiter of one key told that the node it watches went in does not take the key without a look when a pending node stands between them', async () => {
+    const [a, b] = keys();
+    const [g, h, y, x, r] = [process(), process(), process(), process(), process()];
+    const who = { holder: { instance: 'y' } };
+    expect((await take(g, [a], 'g')).acquired).toBe(true);
+    expect((await take(h, [b], 'h')).acquired).toBe(true);
+    // b's line: h, y, x (pending), r. r watches y, the nearest node that counts.
+    expect((await y.tryAcquire([b], 'y', 60_000, who)).acquired).toBe(false);
+    expect((await take(x, [a, b], 'x')).acquired).toBe(false);
+    let woken = 0;
+    const stop = await r.watch([b], () => woken++, 'r');
+    expect((await take(r, [b], 'r')).acquired).toBe(false);
+    // y goes in: its node is written (who asks), which r hears of.
+    await h.release([b], 'h');
+    await until(async () => (await y.tryAcquire([b], 'y', 60_000, who)).acquired, 10_000, 'y to take b');
+    // x is in on a, and waits in b's line: its node there turns waiting, ahead of r.
+    await g.release([a], 'g');
+    expect((await take(x, [a, b], 'x')).acquired).toBe(false);
+    await y.release([b], 'y');
+    await until(() => woken > 0, 10_000, 'r to be woken by the release of b');
+    expect((await take(r, [b], 'r')).acquired).toBe(false);
+    expect((await take(x, [a, b], 'x')).acquired).toBe(true);
+    stop();
+    await x.release([a, b], 'x');
+    await r.release([b], 'r');
+  }, 30_000);
+
   it('inspect, list and a forced release take a pending node for a waiter, not a holder', async () => {
     const [a, b] = keys();
     const [g, x, operator] = [process(), process(), process()];
