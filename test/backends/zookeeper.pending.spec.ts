@@ -137,6 +137,28 @@ describe('ZooKeeper pending nodes', () => {
     await r.release([b], 'r');
   }, 30_000);
 
+  it('a permit waiter behind a node that turned waiting does not take that write for its mark: it looks once, and waits', async () => {
+    const [a, sem] = keys();
+    let reads = 0;
+    const c = process({ getChildren: (_path, send) => (reads++, send()) });
+    const [h1, h2, b] = [process(), process(), process()];
+    const permits = { limits: [2] };
+    expect((await h1.tryAcquire([sem], 'h1', 60_000, permits)).acquired).toBe(true);
+    expect((await h2.tryAcquire([sem], 'h2', 60_000, permits)).acquired).toBe(true);
+    // b is in on a and waits for a permit: its node in sem's line turned waiting (its data was set).
+    expect((await b.tryAcquire([a, sem], 'b', 60_000, { limits: [1, 2] })).acquired).toBe(false);
+    // c, behind b, watches b for its mark: b's earlier write is none.
+    expect((await c.tryAcquire([sem], 'c', 60_000, permits)).acquired).toBe(false);
+    expect(reads).toBe(1);
+    for (const [backend, owner, keys] of [
+      [h1, 'h1', [sem]],
+      [h2, 'h2', [sem]],
+      [b, 'b', [a, sem]],
+      [c, 'c', [sem]],
+    ] as const)
+      await backend.release([...keys], owner);
+  }, 30_000);
+
   it('inspect, list and a forced release take a pending node for a waiter, not a holder', async () => {
     const [a, b] = keys();
     const [g, x, operator] = [process(), process(), process()];
