@@ -431,14 +431,14 @@ export const MUTANTS = [
   {
     name: 'zookeeper-pending-passed-kept',
     bug: 'a ZooKeeper caller enters past a pending node without deleting it: the pending caller enters after it with a smaller token',
-    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    file: 'lib/backends/zookeeper/zookeeper.writes.ts',
     replace: [["...passed.map(({ path, version }): ZooKeeperOp => ({ op: 'remove', path, version }))", '']],
     detector: 'zookeeper-pending-tokens',
   },
   {
     name: 'zookeeper-pending-removed-any-version',
     bug: 'a ZooKeeper caller deletes a pending node ahead of it at any version: one that turned waiting, or held, meanwhile goes too',
-    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    file: 'lib/backends/zookeeper/zookeeper.writes.ts',
     replace: [["({ op: 'remove', path, version })", "({ op: 'remove', path })"]],
     detector: 'zookeeper-pending-versions',
   },

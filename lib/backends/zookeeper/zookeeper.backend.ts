@@ -3,8 +3,9 @@ import type { LockListOptions, LockListPage } from '../lock-backend.interface.js
 import { listZooKeeper } from './zookeeper.listing.js';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient, type ZooKeeperOp } from './zookeeper.client.js';
-import { isNoNode, LinePaths, position, removeNodes, type LineRequest, type Versioned } from './zookeeper.line.js';
+import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
+import { LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { stillThere, writeLook } from './zookeeper.writes.js';
 import { parseEntry } from './zookeeper.kinds.js';
 import { pendingData } from './zookeeper.pending.js';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
@@ -17,11 +18,6 @@ import { verifyRoot } from './zookeeper.verify.js';
 import { identityBytes } from '../../lock-identity.js';
 import { inspectZooKeeper } from './zookeeper.inspection.js';
 import { releaseElsewhere } from './zookeeper.forced-release.js';
-
-/** The data of a permit caller's node once it went in (see zookeeper.kinds.ts). */
-const IN = Buffer.from('in');
-/** The data of a node that turned from pending to waiting for a request that does not say who asks. */
-const NONE = Buffer.alloc(0);
 
 /**
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
@@ -152,7 +148,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     // A write, so the leader itself says the session is alive: a follower cut off from it could
     // still answer a read for a session the leader already ended. A node gone is 'taken'.
     const ok = await this.session.run('extend', keys, (session) =>
-      session.generation === request.generation ? this.stillThere(session, nodes) : Promise.resolve(false),
+      session.generation === request.generation ? stillThere(session.client, nodes) : Promise.resolve(false),
     );
     if (!ok || !this.requests.isCurrent(request)) {
       this.requests.forget(request);
@@ -242,7 +238,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       certifiedAt = performance.now();
       const generation = request.generation;
       const still = await this.session.run('acquire', request.keys, (session) =>
-        session.generation === generation ? this.stillThere(session, nodes) : Promise.resolve(false),
+        session.generation === generation ? stillThere(session.client, nodes) : Promise.resolve(false),
       );
       if (!still) {
         request.held = false;
@@ -336,7 +332,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         const written = !created && request.data ? request.nodes! : where.marks;
         const writes = where.marks.length + where.flips.length + where.passed.length;
         if (!created || writes > 0) {
-          const wrote = await this.write(session, request.nodes!, { ...where, marks: written }, request.data);
+          const wrote = await writeLook(session.client, request.nodes!, { ...where, marks: written }, request.data);
           if (wrote === 'gone') {
             await this.discard(request, request.nodes!);
             continue;
@@ -361,7 +357,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       // ahead of it in the lines it is in on go, in the same write.
       const unmarked = where.marks.filter((path) => !request.marked?.has(path));
       if (unmarked.length + where.flips.length + where.passed.length > 0) {
-        const wrote = await this.write(session, request.nodes!, { ...where, marks: unmarked }, request.data);
+        const wrote = await writeLook(session.client, request.nodes!, { ...where, marks: unmarked }, request.data);
         if (wrote === 'gone') {
           await this.discard(request, request.nodes!);
           continue;
@@ -462,56 +458,6 @@ export class ZooKeeperLockBackend implements LockBackend {
     }
     const leftover: LineRequest = { ...request, nodes: [...nodes], uncertain: false };
     await this.requests.remove(leftover).catch(() => this.requests.removeLater(leftover, false));
-  }
-
-  /**
-   * A write that fails unless every node is still there: the leader itself answers for the
-   * session. `marks`: nodes whose data it sets too, as a sign that they went in (their version
-   * counts, not their data: who asks, when the request carries it, is written again).
-   */
-  private async stillThere(
-    session: LiveSession,
-    nodes: readonly string[],
-    marks: readonly string[] = [],
-    data: Buffer = IN,
-  ): Promise<boolean> {
-    try {
-      await session.client.multi(
-        nodes.map((path): ZooKeeperOp => (marks.includes(path) ? { op: 'set', path, data } : { op: 'check', path })),
-      );
-      return true;
-    } catch (error) {
-      if (isNoNode(error)) return false;
-      throw error;
-    }
-  }
-
-  /**
-   * One write of the request's look (see Position): every node of its own checked (the leader
-   * itself answers for the session), those in `marks` set to `data` (or IN), its pending ones in
-   * `flips` turned waiting at the version read, and the pending nodes in `passed` deleted at the
-   * version read. 'gone': a node of its own is gone; 'changed': a node it read changed meanwhile
-   * (a pending node ahead turned waiting, or went), or one of its own did: it looks again.
-   */
-  private async write(
-    session: LiveSession,
-    nodes: readonly string[],
-    { marks, flips, passed }: { marks: readonly string[]; flips: readonly Versioned[]; passed: readonly Versioned[] },
-    data: Buffer | undefined,
-  ): Promise<'done' | 'gone' | 'changed'> {
-    const own = nodes.map((path): ZooKeeperOp => {
-      const flip = flips.find((node) => node.path === path);
-      if (flip) return { op: 'set', path, data: marks.includes(path) ? (data ?? IN) : (data ?? NONE), version: flip.version };
-      return marks.includes(path) ? { op: 'set', path, data: data ?? IN } : { op: 'check', path };
-    });
-    try {
-      await session.client.multi([...own, ...passed.map(({ path, version }): ZooKeeperOp => ({ op: 'remove', path, version }))]);
-      return 'done';
-    } catch (error) {
-      if (!isNoNode(error) && !(error instanceof ZooKeeperError && error.code === 'BAD_VERSION')) throw error;
-      // Which node failed the multi is not said: a gone node of its own is found by the next look.
-      return flips.length + passed.length > 0 ? 'changed' : 'gone';
-    }
   }
 
   /**
