@@ -23,8 +23,9 @@ import { releaseElsewhere } from './zookeeper.forced-release.js';
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
  * `<root>/<key>/<owner>-<sequence>`, all in one multi(), and holds its keys when its nodes are
  * first in every line. Its nodes after the first line that keeps it out are pending, and keep
- * nobody out (zookeeper.pending.ts). A waiter watches only the node just before its own, so a release wakes one
- * waiter (no herd), and waiters are served in the order their requests reached ZooKeeper.
+ * nobody out (zookeeper.pending.ts). A waiter watches only the node just before its own, so a
+ * release wakes one waiter (no herd), and waiters are served in the order their requests reached
+ * ZooKeeper.
  *
  * The fencing token is the nodes' czxid: the zxid of the transaction that created them, global
  * and increasing across every key, leader change and parent node. (The sequence suffix restarts
