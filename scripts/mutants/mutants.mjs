@@ -23,9 +23,12 @@
  *   permits on MariaDB and on etcd;
  * - `etcd-shared-tokens`: the test that an etcd waiter's token is its entry's create revision, as the
  *   previous release's processes on the same cluster give theirs;
- * - `conformance-redis-multikey-line`: the conformance suite's test that a holder of a key takes the
- *   next one while another process's caller of both waits for the first (a liveness bug, which the
- *   safety-only model and chaos runs would not count);
+ * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
+ *   test that a holder of a key takes the next one while another process's caller of both waits for
+ *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
+ * - `zookeeper-pending-tokens`, `zookeeper-pending-versions`: the tests that a ZooKeeper caller that
+ *   enters past a pending node deletes it (its caller then gets a greater token), and only at the
+ *   version it read (a node that turned waiting meanwhile stays);
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
@@ -108,6 +111,27 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/redis.conformance.spec.ts',
     test: 'lets a holder take its next key (sorted order) while a caller of both keys, in another process, waits for the first',
+    env: {},
+    seeded: false,
+  },
+  'conformance-zookeeper-multikey-line': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.conformance.spec.ts',
+    test: 'lets a holder take its next key (sorted order) while a caller of both keys, in another process, waits for the first',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-pending-tokens': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.pending.spec.ts',
+    test: "a caller that enters past a pending node deletes it, and the pending caller starts over with a token above the passer's",
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-pending-versions': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.pending.spec.ts',
+    test: 'a pending node that turned waiting between a look and the write that deletes it stays: the passer looks again and waits',
     env: {},
     seeded: false,
   },
@@ -396,6 +420,27 @@ export const MUTANTS = [
     file: 'lib/backends/redis/redis.scripts.ts',
     replace: [['    if i <= blocked then\n', '    if true then\n']],
     detector: 'conformance-redis-multikey-line',
+  },
+  {
+    name: 'zookeeper-multikey-waiter-in-every-line',
+    bug: 'a waiting ZooKeeper caller of several keys counts in the line of every key, also after the first that keeps it out: its later nodes are not pending',
+    file: 'lib/backends/zookeeper/zookeeper.line.ts',
+    replace: [['data: i === 0 ? request.data : pendingData(request.data),', 'data: request.data,']],
+    detector: 'conformance-zookeeper-multikey-line',
+  },
+  {
+    name: 'zookeeper-pending-passed-kept',
+    bug: 'a ZooKeeper caller enters past a pending node without deleting it: the pending caller enters after it with a smaller token',
+    file: 'lib/backends/zookeeper/zookeeper.writes.ts',
+    replace: [["...passed.map(({ path, version }): ZooKeeperOp => ({ op: 'remove', path, version }))", '']],
+    detector: 'zookeeper-pending-tokens',
+  },
+  {
+    name: 'zookeeper-pending-removed-any-version',
+    bug: 'a ZooKeeper caller deletes a pending node ahead of it at any version: one that turned waiting, or held, meanwhile goes too',
+    file: 'lib/backends/zookeeper/zookeeper.writes.ts',
+    replace: [["({ op: 'remove', path, version })", "({ op: 'remove', path })"]],
+    detector: 'zookeeper-pending-versions',
   },
   {
     name: 'mysql-reader-beside-writer',

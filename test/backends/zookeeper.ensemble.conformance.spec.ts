@@ -8,5 +8,5 @@ describeBackendConformance('zookeeper (three servers)', {
   // Each "process" gets a session of its own, on whichever member the client picks: writes go
   // through the leader, and a waiter may watch through a follower.
   connect: async () => new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 2_000 }),
-  placesInEveryLine: true,
+  passedStartsOver: true,
 });

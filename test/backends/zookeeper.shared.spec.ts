@@ -195,26 +195,27 @@ describe('ZooKeeper shared locks and semaphores', () => {
       return b;
     };
     const [h1b, h2b, wb, bb, cb] = [open(), open(), open(), open(), open()];
-    // A writer holds 'other'; two permit holders hold 'sem' (2 permits).
-    expect((await wb.tryAcquire(['other'], 'w', 60_000)).acquired).toBe(true);
+    // A writer holds 'sem-other'; two permit holders hold 'sem' (2 permits).
+    expect((await wb.tryAcquire(['sem-other'], 'w', 60_000)).acquired).toBe(true);
     expect((await h1b.tryAcquire(['sem'], 'h1', 60_000, { limits: [2] })).acquired).toBe(true);
     expect((await h2b.tryAcquire(['sem'], 'h2', 60_000, { limits: [2] })).acquired).toBe(true);
-    // B asks for 'other' and a permit of 'sem': it waits. C asks for a permit of 'sem': it waits behind B.
-    expect((await bb.tryAcquire(['other', 'sem'], 'b', 60_000, { limits: [1, 2] })).acquired).toBe(false);
+    // B asks for a permit of 'sem' and for 'sem-other' (its keys in sorted order): it waits in the
+    // line of 'sem' (pending in the other's). C asks for a permit of 'sem': it waits behind B.
+    expect((await bb.tryAcquire(['sem', 'sem-other'], 'b', 60_000, { limits: [2, 1] })).acquired).toBe(false);
     let bWakes = 0;
-    await bb.watch(['other', 'sem'], () => bWakes++, 'b');
+    await bb.watch(['sem', 'sem-other'], () => bWakes++, 'b');
     expect((await cb.tryAcquire(['sem'], 'c', 60_000, { limits: [2] })).acquired).toBe(false);
     let cWakes = 0;
     await cb.watch(['sem'], () => cWakes++, 'c');
 
     // Both permit holders leave; B looks again each time, as the service would when woken: it is
-    // in on 'sem' and still waits for 'other'.
+    // in on 'sem' and still waits for 'sem-other'.
     await h1b.release(['sem'], 'h1');
     await until(() => bWakes > 0, 10_000, 'B to be woken by h1');
-    expect((await bb.tryAcquire(['other', 'sem'], 'b', 60_000, { limits: [1, 2] })).acquired).toBe(false);
+    expect((await bb.tryAcquire(['sem', 'sem-other'], 'b', 60_000, { limits: [2, 1] })).acquired).toBe(false);
     await h2b.release(['sem'], 'h2');
     await until(() => bWakes > 1, 10_000, 'B to be woken by h2');
-    expect((await bb.tryAcquire(['other', 'sem'], 'b', 60_000, { limits: [1, 2] })).acquired).toBe(false);
+    expect((await bb.tryAcquire(['sem', 'sem-other'], 'b', 60_000, { limits: [2, 1] })).acquired).toBe(false);
 
     // C fits beside B now: it must be woken, not left asleep until its poll.
     await until(() => cWakes > 0, 5_000, 'C to be woken');

@@ -33,16 +33,10 @@ export interface ConformanceTarget {
    */
   withoutLine?: boolean;
   /**
-   * A known limitation, not a choice: a waiting caller of several keys takes a place in the line of
-   * every one (ZooKeeper: one multi() makes all its nodes, and their common czxid is the fencing
-   * token), so a holder of its first key cannot take the next one while it waits. The tests of it
-   * run as it.failing, and turn red once it is fixed.
-   */
-  placesInEveryLine?: boolean;
-  /**
    * A caller of several keys that another caller passed on a later key (took it while this one
    * waited for an earlier key) starts over at the back of every line, its place in the earlier
-   * line given up: etcd's, whose fencing token is its entries' create revision. Kept, that place
+   * line given up: etcd's, whose fencing token is its entries' create revision, and ZooKeeper's,
+   * whose token is its nodes' czxid. Kept, that place
    * would let it enter the later key after the one who passed it with a lower token. The test that
    * it keeps its place runs as it.failing.
    */
@@ -279,30 +273,25 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
       expect(done).toBe(20);
     });
 
-    const multiKeyLine = target.placesInEveryLine ? it.failing : it;
+    it('lets a holder take its next key (sorted order) while a caller of both keys, in another process, waits for the first', async () => {
+      // The order docs/reentrancy.md asks for: the holder of a takes b next. A caller of [a, b]
+      // that waits for a stands in a's line only: a place in b's line too would keep the holder
+      // out of b while the caller waits for a, and both would wait until one's wait ran out.
+      const watched = await waitingBackend(target.connect);
+      const [holder, other] = [await newService(), await newService({}, watched.backend)];
+      const [keyA, keyB] = ['next:a', 'next:b'].map((key) => target.multiKey?.(key) ?? key);
+      const heldA = await holder.acquire(keyA, { ttl: 60_000 });
+      const both = other.acquire([keyA, keyB], { wait: 30_000, ttl: 60_000 });
+      both.catch(() => undefined);
+      await until(watched.waiting, 10_000, 'the caller of both keys to wait');
+      const heldB = await holder.acquire(keyB, { wait: 2_000, ttl: 60_000 });
+      await heldB.release();
+      await heldA.release();
+      await (await both).release();
+      for (const key of [keyA, keyB]) expect(await other.isLocked(key)).toBe(false);
+    });
 
-    multiKeyLine(
-      'lets a holder take its next key (sorted order) while a caller of both keys, in another process, waits for the first',
-      async () => {
-        // The order docs/reentrancy.md asks for: the holder of a takes b next. A caller of [a, b]
-        // that waits for a stands in a's line only: a place in b's line too would keep the holder
-        // out of b while the caller waits for a, and both would wait until one's wait ran out.
-        const watched = await waitingBackend(target.connect);
-        const [holder, other] = [await newService(), await newService({}, watched.backend)];
-        const [keyA, keyB] = ['next:a', 'next:b'].map((key) => target.multiKey?.(key) ?? key);
-        const heldA = await holder.acquire(keyA, { ttl: 60_000 });
-        const both = other.acquire([keyA, keyB], { wait: 30_000, ttl: 60_000 });
-        both.catch(() => undefined);
-        await until(watched.waiting, 10_000, 'the caller of both keys to wait');
-        const heldB = await holder.acquire(keyB, { wait: 2_000, ttl: 60_000 });
-        await heldB.release();
-        await heldA.release();
-        await (await both).release();
-        for (const key of [keyA, keyB]) expect(await other.isLocked(key)).toBe(false);
-      },
-    );
-
-    (target.withoutLine ? it.skip : target.passedStartsOver ? it.failing : multiKeyLine)(
+    (target.withoutLine ? it.skip : target.passedStartsOver ? it.failing : it)(
       'keeps a caller of several keys in line up to the first key that keeps it out, and in no line after it',
       async () => {
         const [x, holder, later] = [await target.connect(), await target.connect(), await target.connect()];
@@ -353,7 +342,7 @@ export function describeBackendConformance(name: string, target: ConformanceTarg
           // (Where a caller passed on a later key starts over, it would then wait behind the caller
           // of a: this part is left out there.)
           let other: number | undefined;
-          if (!target.placesInEveryLine && !target.passedStartsOver) {
+          if (!target.passedStartsOver) {
             const result = await h.tryAcquire([keyB], 'other', 60_000);
             expect(result.acquired).toBe(true);
             other = result.acquired ? result.fencingToken : undefined;

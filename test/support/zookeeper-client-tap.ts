@@ -50,8 +50,8 @@ class TappedClient implements ZooKeeperClient {
     return this.inner.create(path, mode);
   }
 
-  remove(path: string): Promise<void> {
-    return this.inner.remove(path);
+  remove(path: string, version?: number): Promise<void> {
+    return this.inner.remove(path, version);
   }
 
   exists(path: string, watcher?: (event: ZooKeeperNodeEvent) => void): Promise<ZooKeeperStat | undefined> {

@@ -3,9 +3,11 @@ import type { LockListOptions, LockListPage } from '../lock-backend.interface.js
 import { listZooKeeper } from './zookeeper.listing.js';
 import { inspect } from 'node:util';
 import type { AcquireResult, BackendHealth, ExtendResult, LockBackend, LockState, TryAcquireOptions } from '../lock-backend.interface.js';
-import { nodeZooKeeperClients, type ZooKeeperClient, type ZooKeeperOp } from './zookeeper.client.js';
-import { isNoNode, LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { nodeZooKeeperClients, type ZooKeeperClient } from './zookeeper.client.js';
+import { LinePaths, position, removeNodes, type LineRequest } from './zookeeper.line.js';
+import { stillThere, writeLook } from './zookeeper.writes.js';
 import { parseEntry } from './zookeeper.kinds.js';
+import { pendingData } from './zookeeper.pending.js';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { checkConnectionString, redactConnection, resolveOptions, type ZooKeeperLockBackendOptions } from './zookeeper.options.js';
 import { ParentNodes } from './zookeeper.parents.js';
@@ -17,14 +19,13 @@ import { identityBytes } from '../../lock-identity.js';
 import { inspectZooKeeper } from './zookeeper.inspection.js';
 import { releaseElsewhere } from './zookeeper.forced-release.js';
 
-/** The data of a permit caller's node once it went in (see zookeeper.kinds.ts). */
-const IN = Buffer.from('in');
-
 /**
  * Locks as ZooKeeper's lock recipe: a request creates an ephemeral sequential node per key,
  * `<root>/<key>/<owner>-<sequence>`, all in one multi(), and holds its keys when its nodes are
- * first in every line. A waiter watches only the node just before its own, so a release wakes one
- * waiter (no herd), and waiters are served in the order their requests reached ZooKeeper.
+ * first in every line. Its nodes after the first line that keeps it out are pending, and keep
+ * nobody out (zookeeper.pending.ts). A waiter watches only the node just before its own, so a
+ * release wakes one waiter (no herd), and waiters are served in the order their requests reached
+ * ZooKeeper.
  *
  * The fencing token is the nodes' czxid: the zxid of the transaction that created them, global
  * and increasing across every key, leader change and parent node. (The sequence suffix restarts
@@ -97,7 +98,8 @@ export class ZooKeeperLockBackend implements LockBackend {
     const willWait = options?.willWait ?? true;
     if (this.closed) throw this.session.error('acquire', keys, 'the backend is closed (the application shut down).');
     const data = identityBytes(options?.holder, this.name);
-    this.paths.checkSize(keys, owner, data?.length);
+    // A node after the first key carries PENDING before who asks (zookeeper.pending.ts).
+    this.paths.checkSize(keys, owner, keys.length > 1 ? pendingData(data).length : data?.length);
     const sentAt = performance.now();
     const request = this.requests.open(keys, owner);
     // Opened by watch() before the first attempt, or by an earlier attempt: the kind (and who asks)
@@ -147,7 +149,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     // A write, so the leader itself says the session is alive: a follower cut off from it could
     // still answer a read for a session the leader already ended. A node gone is 'taken'.
     const ok = await this.session.run('extend', keys, (session) =>
-      session.generation === request.generation ? this.stillThere(session, nodes) : Promise.resolve(false),
+      session.generation === request.generation ? stillThere(session.client, nodes) : Promise.resolve(false),
     );
     if (!ok || !this.requests.isCurrent(request)) {
       this.requests.forget(request);
@@ -237,7 +239,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       certifiedAt = performance.now();
       const generation = request.generation;
       const still = await this.session.run('acquire', request.keys, (session) =>
-        session.generation === generation ? this.stillThere(session, nodes) : Promise.resolve(false),
+        session.generation === generation ? stillThere(session.client, nodes) : Promise.resolve(false),
       );
       if (!still) {
         request.held = false;
@@ -306,7 +308,7 @@ export class ZooKeeperLockBackend implements LockBackend {
       request.firstAhead = undefined;
       const clear = !created && ahead?.gone === true && ahead.node === request.nodes![0] && request.czxid !== undefined;
       const [where, stat] = clear
-        ? [{ first: true as const, marks: [] }, undefined]
+        ? [{ first: true as const, marks: [], flips: [], passed: [] }, undefined]
         : await Promise.all([
             position(session.client, this.paths, request),
             request.czxid === undefined ? session.client.exists(request.nodes![0]) : undefined,
@@ -325,12 +327,22 @@ export class ZooKeeperLockBackend implements LockBackend {
       if (where.first) {
         // Reads alone could come from a follower cut off from the leader, which may have ended our
         // session already; nodes made by this attempt were a write, else one is made now. Nodes to
-        // mark as in are marked by that write (or one made for them). Nodes that carry who asks are
-        // all written by it, so their mtime tells inspect when they went in (see zookeeper.inspection.ts).
+        // mark as in are marked by that write (or one made for them), pending ones turn held and
+        // pending nodes ahead go with it. Nodes that carry who asks are all written by it, so their
+        // mtime tells inspect when they went in (see zookeeper.inspection.ts).
         const written = !created && request.data ? request.nodes! : where.marks;
-        if ((!created || where.marks.length > 0) && !(await this.stillThere(session, request.nodes!, written, request.data))) {
-          await this.discard(request, request.nodes!);
-          continue;
+        const writes = where.marks.length + where.flips.length + where.passed.length;
+        if (!created || writes > 0) {
+          const wrote = await writeLook(session.client, request.nodes!, { ...where, marks: written }, request.data);
+          if (wrote === 'gone') {
+            await this.discard(request, request.nodes!);
+            continue;
+          }
+          // A pending node ahead turned waiting, or went, meanwhile: look again.
+          if (wrote === 'changed') {
+            if (round < 10) continue;
+            return false;
+          }
         }
         request.held = true;
         return true;
@@ -342,16 +354,24 @@ export class ZooKeeperLockBackend implements LockBackend {
       }
       // In on some keys while it waits for others: marked there now, once, so that a permit caller
       // right behind it that waits for its mark starts watching the holders (its turn may be due).
+      // Its pending nodes up to the line that keeps it out turn waiting, and the pending nodes
+      // ahead of it in the lines it is in on go, in the same write.
       const unmarked = where.marks.filter((path) => !request.marked?.has(path));
-      if (unmarked.length > 0) {
-        if (!(await this.stillThere(session, request.nodes!, unmarked, request.data))) {
+      if (unmarked.length + where.flips.length + where.passed.length > 0) {
+        const wrote = await writeLook(session.client, request.nodes!, { ...where, marks: unmarked }, request.data);
+        if (wrote === 'gone') {
           await this.discard(request, request.nodes!);
           continue;
+        }
+        if (wrote === 'changed') {
+          if (round < 10) continue;
+          return false;
         }
         request.marked ??= new Set();
         for (const path of unmarked) request.marked.add(path);
       }
       if (where.firstAhead) request.firstAhead = { path: where.firstAhead, node: request.nodes![0], gone: false };
+      request.adjacent = where.adjacent;
       // A node we wait for went while we looked: look again, a few times (the caller retries later).
       if (!(await this.watchNodes(session, request, where.waitFor)) || round >= 10) return false;
     }
@@ -362,7 +382,11 @@ export class ZooKeeperLockBackend implements LockBackend {
    * watch is set on a node that is still there and not marked yet where a mark counts. True means
    * one went (or went in) meanwhile: look again.
    */
-  private async watchNodes(session: LiveSession, request: LineRequest, waitFor: { path: string; marks: boolean }[]): Promise<boolean> {
+  private async watchNodes(
+    session: LiveSession,
+    request: LineRequest,
+    waitFor: { path: string; marks: boolean; version: number }[],
+  ): Promise<boolean> {
     const stats = await Promise.all(
       waitFor.map(async ({ path, marks }) => {
         const known = request.watched.has(path);
@@ -380,7 +404,9 @@ export class ZooKeeperLockBackend implements LockBackend {
         return stat;
       }),
     );
-    return stats.some((stat, i) => stat === undefined || (waitFor[i].marks && stat.version > 0));
+    // Marked since the look: its data was set after the version read then (a node that counts is
+    // written only as it goes in; it may have been written before, as it turned from pending).
+    return stats.some((stat, i) => stat === undefined || (waitFor[i].marks && stat.version > waitFor[i].version));
   }
 
   /**
@@ -390,11 +416,12 @@ export class ZooKeeperLockBackend implements LockBackend {
    */
   private watched(request: LineRequest, path: string, event: 'deleted' | 'changed'): void {
     if (event === 'changed' && request.watched.get(path) === false && this.requests.isCurrent(request)) {
-      // An exclusive node just ahead of an exclusive request of one key is written only as it goes
-      // in: it is first in the line now (see LineRequest.firstAhead).
+      // An exclusive node just ahead of an exclusive request of one key, and not pending when it
+      // looked, is written only as it goes in: it is first in the line now (see LineRequest.firstAhead).
       const node = request.nodes?.[0];
       if (
         node &&
+        request.adjacent === path &&
         request.keys.length === 1 &&
         (request.limits[0] ?? 1) === 1 &&
         parseEntry(path.slice(path.lastIndexOf('/') + 1))?.limit === 1
@@ -432,28 +459,6 @@ export class ZooKeeperLockBackend implements LockBackend {
     }
     const leftover: LineRequest = { ...request, nodes: [...nodes], uncertain: false };
     await this.requests.remove(leftover).catch(() => this.requests.removeLater(leftover, false));
-  }
-
-  /**
-   * A write that fails unless every node is still there: the leader itself answers for the
-   * session. `marks`: nodes whose data it sets too, as a sign that they went in (their version
-   * counts, not their data: who asks, when the request carries it, is written again).
-   */
-  private async stillThere(
-    session: LiveSession,
-    nodes: readonly string[],
-    marks: readonly string[] = [],
-    data: Buffer = IN,
-  ): Promise<boolean> {
-    try {
-      await session.client.multi(
-        nodes.map((path): ZooKeeperOp => (marks.includes(path) ? { op: 'set', path, data } : { op: 'check', path })),
-      );
-      return true;
-    } catch (error) {
-      if (isNoNode(error)) return false;
-      throw error;
-    }
   }
 
   /**

@@ -14,7 +14,8 @@ export interface ZooKeeperClient {
   /** All-or-nothing: the created paths, in the order of the create operations. */
   multi(ops: readonly ZooKeeperOp[]): Promise<string[]>;
   create(path: string, mode: 'persistent'): Promise<void>;
-  remove(path: string): Promise<void>;
+  /** With a version, fails (BAD_VERSION) unless the node's data was set exactly that many times. */
+  remove(path: string, version?: number): Promise<void>;
   /**
    * The node's stat, or undefined when there is none. `watcher` is called once when the node
    * changes (`'changed'`: its data was set) or goes (`'deleted'`), and is set only on a node that
@@ -39,11 +40,12 @@ export type ZooKeeperClientState = 'connected' | 'disconnected' | 'expired';
 
 export type ZooKeeperOp =
   | { op: 'create'; path: string; data?: Buffer; mode: 'persistent' | 'ephemeral' | 'ephemeral-sequential' }
-  | { op: 'remove'; path: string }
+  /** With a version, fails the whole multi() (BAD_VERSION) unless the node's data was set exactly that many times. */
+  | { op: 'remove'; path: string; version?: number }
   /** Fails the whole multi() when the node is gone. */
   | { op: 'check'; path: string }
-  /** Sets the node's data (any version); fails the whole multi() when the node is gone. */
-  | { op: 'set'; path: string; data: Buffer };
+  /** Sets the node's data (at `version` when given, else any); fails the whole multi() when the node is gone. */
+  | { op: 'set'; path: string; data: Buffer; version?: number };
 
 export interface ZooKeeperStat {
   /** The zxid of the transaction that created the node: global and increasing. */
@@ -58,7 +60,8 @@ export interface ZooKeeperStat {
 /** A server's answer to one operation, by its name in ZooKeeper's KeeperException.Code. */
 export class ZooKeeperError extends Error {
   constructor(
-    readonly code: 'NO_NODE' | 'NODE_EXISTS' | 'NOT_EMPTY' | 'CONNECTION_LOSS' | 'SESSION_EXPIRED' | 'NO_AUTH' | 'AUTH_FAILED' | string,
+    readonly code:
+      'NO_NODE' | 'BAD_VERSION' | 'NODE_EXISTS' | 'NOT_EMPTY' | 'CONNECTION_LOSS' | 'SESSION_EXPIRED' | 'NO_AUTH' | 'AUTH_FAILED' | string,
     message: string,
   ) {
     super(message);
@@ -86,6 +89,8 @@ interface NzkClient {
   connectionManager: { socket?: { destroy(): void } };
 }
 interface NzkTransaction {
+  /** The operations queued, as the package sends them. */
+  ops: { version?: number }[];
   create(path: string, data: Buffer | undefined, acl: NzkAcl[], mode: number): NzkTransaction;
   remove(path: string, version: number): NzkTransaction;
   check(path: string, version: number): NzkTransaction;
@@ -163,9 +168,13 @@ class NodeZooKeeperClient implements ZooKeeperClient {
     const transaction = this.client.transaction();
     for (const op of ops) {
       if (op.op === 'create') transaction.create(op.path, op.data, this.acl, CREATE_MODE[op.mode]);
-      else if (op.op === 'remove') transaction.remove(op.path, -1);
-      else if (op.op === 'set') transaction.setData(op.path, op.data, -1);
+      else if (op.op === 'remove') transaction.remove(op.path, op.version ?? -1);
+      else if (op.op === 'set') transaction.setData(op.path, op.data, op.version ?? -1);
       else transaction.check(op.path, -1);
+      // The package's transaction takes a version of 0 for "any" (`version || -1`): the one asked
+      // for is set on the operation it queued.
+      if ((op.op === 'remove' || op.op === 'set') && op.version !== undefined)
+        transaction.ops[transaction.ops.length - 1].version = op.version;
     }
     return new Promise((resolve, reject) =>
       transaction.commit((error, results) => {
@@ -181,8 +190,8 @@ class NodeZooKeeperClient implements ZooKeeperClient {
     );
   }
 
-  remove(path: string): Promise<void> {
-    return new Promise((resolve, reject) => this.client.remove(path, -1, (error) => (error ? reject(toError(error)) : resolve())));
+  remove(path: string, version = -1): Promise<void> {
+    return new Promise((resolve, reject) => this.client.remove(path, version, (error) => (error ? reject(toError(error)) : resolve())));
   }
 
   exists(path: string, watcher?: (event: ZooKeeperNodeEvent) => void): Promise<ZooKeeperStat | undefined> {

@@ -1,6 +1,7 @@
 import type { ZooKeeperClient } from './zookeeper.client.js';
 import { lineStanding, parseEntry } from './zookeeper.kinds.js';
 import { childrenOf, inLineOrder, isNoNode, LinePaths } from './zookeeper.line.js';
+import { readEntries } from './zookeeper.pending.js';
 
 /**
  * Releases an owner that this process did not make: another instance's holder or waiter, named by
@@ -19,16 +20,21 @@ export async function releaseElsewhere(
   keys: readonly string[],
   owner: string,
 ): Promise<boolean> {
-  const lines = await Promise.all(keys.map((key) => childrenOf(client, paths.parent(key))));
-  const nodes = keys.flatMap((key, i) => {
-    const line = inLineOrder(lines[i]);
-    return line
-      .filter((name) => LinePaths.owner(name) === owner)
-      .map((name) => {
-        const standing = lineStanding(line, name, parseEntry(name)!.limit);
-        return { path: `${paths.parent(key)}/${name}`, in: 'in' in standing && standing.in };
+  const lines = await Promise.all(
+    keys.map(async (key) => {
+      const parent = paths.parent(key);
+      const line = inLineOrder(await childrenOf(client, parent));
+      const owned = line.filter((name) => LinePaths.owner(name) === owner);
+      // Who is in: read off the nodes that are not pending, up to the owner's last (zookeeper.pending.ts).
+      const entries = await readEntries(client, parent, line.slice(0, line.indexOf(owned[owned.length - 1]) + 1));
+      const counted = entries.filter((entry) => !entry.pending).map((entry) => entry.name);
+      return owned.map((name) => {
+        const standing = counted.includes(name) ? lineStanding(counted, name, parseEntry(name)!.limit) : undefined;
+        return { path: `${parent}/${name}`, in: standing !== undefined && 'in' in standing && standing.in };
       });
-  });
+    }),
+  );
+  const nodes = lines.flat();
   const deleted = await Promise.all(
     nodes.map((node) =>
       client.remove(node.path).then(

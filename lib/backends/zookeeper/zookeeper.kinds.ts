@@ -4,7 +4,8 @@ import { SHARED } from '../lock-backend.interface.js';
  * Shared locks and semaphores in one ZooKeeper line, as ZooKeeper's own recipe for shared locks:
  * every caller of a key, whatever its kind, has a sequential ephemeral node in the key's line, and
  * the node's name carries its kind. Who holds the key, and which single node a waiter watches, both
- * follow from the line alone, so every process reads the same answer from the same children.
+ * follow from the line alone (less its pending nodes, zookeeper.pending.ts), so every process reads
+ * the same answer from the same children.
  *
  * Names: `<owner>-<sequence>` for an exclusive lock (the writer: the names exclusive locks always
  * had, so processes of an earlier version on the same ensemble still agree on them),

@@ -1,12 +1,14 @@
 import { InvalidLockKeyError } from '../../lock.errors.js';
 import { ZooKeeperError, type ZooKeeperClient } from './zookeeper.client.js';
 import { kindSuffix, lineStanding, parseEntry } from './zookeeper.kinds.js';
+import { isPendingData, pendingData, readAhead } from './zookeeper.pending.js';
 import type { LiveSession } from './zookeeper.session.js';
 
 /**
  * One request of this process: its place in the line of each of its keys. All its nodes were
  * created by one multi(), so they share one zxid: in every line, requests stand in the order in
- * which ZooKeeper applied them, and no two requests can wait for each other.
+ * which ZooKeeper applied them. Those after the first line that keeps it out are pending (see
+ * zookeeper.pending.ts): every wait is for a node with a smaller zxid, so none is a cycle.
  */
 export interface LineRequest {
   readonly owner: string;
@@ -55,6 +57,13 @@ export interface LineRequest {
    * it is deleted (`gone`), the request is first, and takes the key without reading its line again.
    */
   firstAhead?: { path: string; node: string; gone: boolean };
+  /**
+   * A request of one key, exclusive: the node just ahead of its own in the whole line, when it is
+   * the one watched (no pending node between them). Its data being set means it went in, and is
+   * first: the hand-over without a look (firstAhead) holds only for it, as a pending node between
+   * could turn waiting meanwhile.
+   */
+  adjacent?: string;
   /** A predecessor went while nobody listened: the next watch() calls its callback at once. */
   woken: boolean;
   waker: (() => void) | undefined;
@@ -112,45 +121,90 @@ export function inLineOrder(children: readonly string[]): string[] {
   return children.filter((name) => /-\d{10}$/.test(name)).sort((a, b) => Number(a.slice(-10)) - Number(b.slice(-10)));
 }
 
+/** A node with the version its data had when read: written or deleted only if still at it. */
+export interface Versioned {
+  path: string;
+  version: number;
+}
+
+/**
+ * What a look at the lines asks of the request before it stands where it found itself: `passed`,
+ * the pending nodes ahead of it in the lines it is in on, to delete; `flips`, its own pending nodes
+ * up to the first line that keeps it out (every key before them is its), to turn waiting; `marks`,
+ * its nodes to mark as in (a permit caller behind may watch them).
+ */
+interface Writes {
+  marks: string[];
+  flips: Versioned[];
+  passed: Versioned[];
+}
+
 /** Where a request stands: in every line, refused by one, or the nodes it waits for. */
 export type Position =
-  | { first: true; marks: string[] }
-  | { first: false; waitFor: { path: string; marks: boolean }[]; marks: string[]; firstAhead?: string }
+  | ({ first: true } & Writes)
+  | ({ first: false; waitFor: { path: string; marks: boolean; version: number }[]; firstAhead?: string; adjacent?: string } & Writes)
   | { mismatch: { key: string; limit: number } }
   | { gone: true };
 
 /**
- * Looks at every line of the request (one getChildren per key, sent together): in all of them
- * means held (zookeeper.kinds.ts says who is in). A node missing from its line means the request
- * lost its place (its session ended, or its lease ran out and its holder deleted it). `marks`: the
- * request's own nodes to mark as in (a permit caller behind may watch them): when it takes the lock,
- * and on the keys it is in on while it waits for others.
+ * Looks at every line of the request (one getChildren per key, sent together, then the data of
+ * the nodes ahead that can decide, see readAhead): in all of them means held (zookeeper.kinds.ts
+ * says who is in, zookeeper.pending.ts which nodes count). A node missing from its line means the
+ * request lost its place (its session ended, its lease ran out and its holder deleted it, or it
+ * was pending and a caller entered past it). It waits in the first line that keeps it out, and is
+ * pending in the lines after it.
  */
 export async function position(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<Position> {
   const nodes = request.nodes!;
   // A parent gone (an operator deleted the whole line) took our node with it: gone, not an error.
-  const lines = await Promise.all(request.keys.map((key) => childrenOf(client, paths.parent(key))));
-  const waitFor: { path: string; marks: boolean }[] = [];
-  const marks: string[] = [];
-  let mismatch: { key: string; limit: number } | undefined;
-  for (let i = 0; i < nodes.length; i++) {
-    const parent = paths.parent(request.keys[i]);
-    const standing = lineStanding(inLineOrder(lines[i]), nodes[i].slice(parent.length + 1), request.limits[i] ?? 1);
-    if ('gone' in standing) return { gone: true };
-    if (standing.in) {
-      if (standing.mark) marks.push(nodes[i]);
-    } else if ('mismatch' in standing) {
-      mismatch ??= { key: request.keys[i], limit: standing.mismatch };
-    } else {
-      for (const name of standing.waitFor) waitFor.push({ path: `${parent}/${name}`, marks: standing.marks });
-    }
+  const [lines, own] = await Promise.all([
+    Promise.all(request.keys.map((key) => childrenOf(client, paths.parent(key)))),
+    // Its own nodes after the first: pending or not, and their version (the first never is).
+    Promise.all(nodes.map((node, i) => (i === 0 ? undefined : client.getData(node)))),
+  ]);
+  const looks = await Promise.all(
+    nodes.map(async (node, i) => {
+      const parent = paths.parent(request.keys[i]);
+      const line = inLineOrder(lines[i]);
+      const name = node.slice(parent.length + 1);
+      const at = line.indexOf(name);
+      if (at < 0 || (i > 0 && !own[i])) return undefined;
+      const limit = request.limits[i] ?? 1;
+      const ahead = await readAhead(client, parent, line.slice(0, at), limit === 1);
+      const standing = lineStanding([...ahead.counted, ...line.slice(at)], name, limit);
+      return { parent, line, at, ahead, standing };
+    }),
+  );
+  if (looks.some((look) => look === undefined || 'gone' in look.standing)) return { gone: true };
+  const found = looks as NonNullable<(typeof looks)[number]>[];
+  const mismatched = found.findIndex(({ standing }) => 'mismatch' in standing);
+  if (mismatched >= 0)
+    return { mismatch: { key: request.keys[mismatched], limit: (found[mismatched].standing as { mismatch: number }).mismatch } };
+  const blocked = found.findIndex(({ standing }) => 'in' in standing && !standing.in);
+  const upTo = blocked < 0 ? nodes.length : blocked;
+  const writes: Writes = { marks: [], flips: [], passed: [] };
+  for (let i = 0; i < upTo; i++) {
+    const { parent, ahead, standing } = found[i];
+    writes.passed.push(...ahead.pending.map((entry) => ({ path: `${parent}/${entry.name}`, version: entry.version })));
+    if ('mark' in standing && standing.mark) writes.marks.push(nodes[i]);
   }
-  if (mismatch) return { mismatch };
-  if (waitFor.length === 0) return { first: true, marks };
-  // One exclusive key, behind only the first node of its line (see LineRequest.firstAhead).
-  const firstOfLine = nodes.length === 1 && (request.limits[0] ?? 1) === 1 ? inLineOrder(lines[0])[0] : undefined;
+  for (let i = 1; i <= upTo && i < nodes.length; i++) {
+    if (isPendingData(own[i]!.data)) writes.flips.push({ path: nodes[i], version: own[i]!.stat.version });
+  }
+  if (blocked < 0) return { first: true, ...writes };
+  const { parent, line, at, ahead, standing } = found[blocked];
+  const waitFor = (standing as { waitFor: string[]; marks: boolean }).waitFor.map((name) => ({
+    path: `${parent}/${name}`,
+    marks: (standing as { marks: boolean }).marks,
+    version: ahead.versions.get(name) ?? 0,
+  }));
+  // One exclusive key, the node just ahead of it in the whole line watched (no pending node
+  // between), and that node first of its line (see LineRequest.firstAhead).
+  const single = nodes.length === 1 && (request.limits[0] ?? 1) === 1;
+  const adjacent = single && at > 0 && waitFor[0].path === `${parent}/${line[at - 1]}` ? waitFor[0].path : undefined;
+  const firstOfLine = adjacent !== undefined ? line[0] : undefined;
   const firstAhead = firstOfLine !== undefined && waitFor[0].path.endsWith(`/${firstOfLine}`) ? waitFor[0].path : undefined;
-  return { first: false, waitFor, marks, ...(firstAhead && { firstAhead }) };
+  return { first: false, waitFor, ...writes, ...(firstAhead && { firstAhead }), ...(adjacent && { adjacent }) };
 }
 
 /**
@@ -174,7 +228,8 @@ export async function createNodes(
             ({
               op: 'create',
               path: paths.prefix(key, request.owner, request.limits[i] ?? 1),
-              data: request.data,
+              // Pending after its first key (see zookeeper.pending.ts).
+              data: i === 0 ? request.data : pendingData(request.data),
               mode: 'ephemeral-sequential',
             }) as const,
         ),
