@@ -198,11 +198,16 @@ async function handoffFloors(url: string, sectionMs: number): Promise<{ notify: 
   try {
     await holder.query("INSERT INTO floor_locks VALUES ('floor:handoff', 'holder', now()) ON CONFLICT DO NOTHING");
     await waiter.query('LISTEN floor_handoff');
-    const notify = await measureHandoffFloor(async () => async () => {
-      const heard = new Promise<void>((resolve) => waiter.once('notification', () => resolve()));
-      const release = holder.query("UPDATE floor_locks SET owner = 'next' WHERE key = 'floor:handoff'; SELECT pg_notify('floor_handoff', 'next')");
-      await Promise.all([release, heard]);
-    }, sectionMs);
+    const notify = await measureHandoffFloor(
+      async () => async () => {
+        const heard = new Promise<void>((resolve) => waiter.once('notification', () => resolve()));
+        const release = holder.query(
+          "UPDATE floor_locks SET owner = 'next' WHERE key = 'floor:handoff'; SELECT pg_notify('floor_handoff', 'next')",
+        );
+        await Promise.all([release, heard]);
+      },
+      sectionMs,
+    );
     await waiter.query('UNLISTEN floor_handoff');
     const key = 'floor:advisory';
     let waiterHolds = false;

@@ -215,7 +215,14 @@ async function hotKey(
     ),
   );
   report.add(ourHandoffRow(scenario, 'ours, one hand-over between two instances (p50), one server', ours.one, floors.one));
-  report.add(ourHandoffRow(scenario, 'ours, one hand-over between two instances (p50), three servers, follower to follower', ours.three, floors.three));
+  report.add(
+    ourHandoffRow(
+      scenario,
+      'ours, one hand-over between two instances (p50), three servers, follower to follower',
+      ours.three,
+      floors.three,
+    ),
+  );
 }
 
 /**
