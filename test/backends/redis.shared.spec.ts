@@ -188,6 +188,29 @@ describe('Redis backend: shared locks and semaphores', () => {
     expect(await holdersOf(b, 'sem')).toEqual(['long', 'third']);
   });
 
+  it("a holder's lease lasts its whole ttl from when it asked, by the server's clock to the µs", async () => {
+    // The server's ms drop the µs: an end counted from them, ended as soon as the clock reaches it,
+    // was up to a ms short, and the store freed a permit while its holder's lease (counted from
+    // before it asked) still ran.
+    const b = backend();
+    const serverMs = async () => {
+      const [seconds, micros] = await fixture.admin.time();
+      return Number(seconds) * 1000 + Number(micros) / 1000;
+    };
+    const { holders } = lockKeyLayout('sem');
+    for (let round = 0; round < 20; round++) {
+      const owner = `p${round}`;
+      const asked = await serverMs();
+      expect((await attempt(b, 'sem', owner, 2, 1_000)).acquired).toBe(true);
+      // Over once the server's ms reach the end: not before `ttl` from the ask.
+      expect(Number(await fixture.admin.zscore(holders, owner))).toBeGreaterThanOrEqual(asked + 1_000);
+      const extendedAt = await serverMs();
+      expect(await b.extend(['sem'], owner, 2_000)).toEqual({ extended: true });
+      expect(Number(await fixture.admin.zscore(holders, owner))).toBeGreaterThanOrEqual(extendedAt + 2_000);
+      expect(await b.release(['sem'], owner)).toBe(true);
+    }
+  });
+
   it('an extension renews its holder alone, and the key lives as long as its longest lease', async () => {
     const b = backend();
     expect((await attempt(b, 'doc', 'r1', SHARED, 2_000)).acquired).toBe(true);
@@ -278,8 +301,9 @@ describe('Redis backend: shared locks and semaphores', () => {
     expect((await attempt(b, 'gone', 'r1', SHARED, 400)).acquired).toBe(true);
     expect((await attempt(b, 'gone', 'r2', SHARED, 400)).acquired).toBe(true);
     await b.release(['gone'], 'r1');
-    // Every key of it (the lock, the holder set, the counter) expires with the longest lease.
-    for (const key of await fixture.admin.keys('*')) expect(await fixture.admin.pttl(key)).toBeLessThanOrEqual(400);
+    // Every key of it (the lock, the holder set, the counter) expires with the longest lease (whose
+    // end, in the server's whole ms, is one ms on: see leaseEnd).
+    for (const key of await fixture.admin.keys('*')) expect(await fixture.admin.pttl(key)).toBeLessThanOrEqual(401);
     await until(async () => (await fixture.admin.dbsize()) === 0, 5_000, 'every key to expire');
   });
 });

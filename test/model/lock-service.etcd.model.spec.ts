@@ -1,8 +1,8 @@
-import { afterAll, beforeAll, describe, it } from '@jest/globals';
+import { afterAll, beforeAll, describe } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { EtcdLockBackend } from '../../lib/backends/etcd/etcd.backend.js';
 import { useEtcdCluster } from '../support/etcd-fixture.js';
-import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
+import { itKeepsEveryPromise, type RealStore } from './real-store.model.js';
 
 // The random programs of the model on a real etcd (one member) and real time: its line, leases and
 // hand-overs under the injected faults (see lock-service.redis.model.spec.ts).
@@ -18,17 +18,5 @@ describe('LockService on a real etcd against the model of its promises, with fau
     // Its waiters end with their wait; none is tracked past the case.
     waiting: () => 0,
   };
-  const runs = Number(process.env.MODEL_RUNS_ETCD ?? 0);
-  (runs > 0 ? it : it.skip)(
-    'keeps every promise on random programs of two processes over one etcd',
-    () => checkModelOn('etcd', store, runs),
-    modelTimeout(runs),
-  );
-  // MODEL_SEEDS=1,2: the same programs from each seed, a test each (as the mutation runs use them).
-  for (const seed of runs > 0 ? modelSeeds() : [])
-    it(
-      `keeps every promise on random programs of two processes over one etcd, seed ${seed}`,
-      () => checkModelOn('etcd', store, runs, seed),
-      modelTimeout(runs),
-    );
+  itKeepsEveryPromise('etcd', store, Number(process.env.MODEL_RUNS_ETCD ?? 0));
 });

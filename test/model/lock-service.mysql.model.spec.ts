@@ -1,8 +1,8 @@
-import { afterAll, beforeAll, describe, it } from '@jest/globals';
+import { afterAll, beforeAll, describe } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { MysqlLockBackend } from '../../lib/index.js';
 import { emptyLockTables, useMariadbServer } from '../support/mariadb-fixture.js';
-import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
+import { itKeepsEveryPromise, type RealStore } from './real-store.model.js';
 
 // The random programs of the model on a real MariaDB and real time: its procedures' owner checks,
 // line and hand-overs under the injected faults (see lock-service.redis.model.spec.ts).
@@ -18,16 +18,5 @@ describe('LockService on a real MariaDB against the model of its promises, with 
     connect: () => new MysqlLockBackend(fixture.url),
     waiting: (store) => (store as unknown as { line: { watchers: Map<string, unknown> } }).line.watchers.size,
   };
-  const runs = Number(process.env.MODEL_RUNS_MYSQL ?? 0);
-  (runs > 0 ? it : it.skip)(
-    'keeps every promise on random programs of two processes over one MariaDB',
-    () => checkModelOn('MariaDB', store, runs),
-    modelTimeout(runs),
-  );
-  for (const seed of runs > 0 ? modelSeeds() : [])
-    it(
-      `keeps every promise on random programs of two processes over one MariaDB, seed ${seed}`,
-      () => checkModelOn('MariaDB', store, runs, seed),
-      modelTimeout(runs),
-    );
+  itKeepsEveryPromise('MariaDB', store, Number(process.env.MODEL_RUNS_MYSQL ?? 0));
 });

@@ -1,8 +1,8 @@
-import { afterAll, beforeAll, describe, it } from '@jest/globals';
+import { afterAll, beforeAll, describe } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { PostgresLockBackend } from '../../lib/index.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
-import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
+import { itKeepsEveryPromise, type RealStore } from './real-store.model.js';
 
 // The random programs of the model on a real PostgreSQL and real time: its functions' owner
 // checks, line and hand-overs under the injected faults (see lock-service.redis.model.spec.ts).
@@ -24,17 +24,5 @@ describe('LockService on a real PostgreSQL against the model of its promises, wi
     connect: () => new PostgresLockBackend(fixture.url),
     waiting: (store) => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size,
   };
-  const runs = Number(process.env.MODEL_RUNS_POSTGRES ?? 0);
-  (runs > 0 ? it : it.skip)(
-    'keeps every promise on random programs of two processes over one PostgreSQL',
-    () => checkModelOn('PostgreSQL', store, runs),
-    modelTimeout(runs),
-  );
-  // MODEL_SEEDS=1,2: the same programs from each seed, a test each (as the mutation runs use them).
-  for (const seed of runs > 0 ? modelSeeds() : [])
-    it(
-      `keeps every promise on random programs of two processes over one PostgreSQL, seed ${seed}`,
-      () => checkModelOn('PostgreSQL', store, runs, seed),
-      modelTimeout(runs),
-    );
+  itKeepsEveryPromise('PostgreSQL', store, Number(process.env.MODEL_RUNS_POSTGRES ?? 0));
 });

@@ -1,8 +1,8 @@
-import { afterAll, beforeAll, describe, it } from '@jest/globals';
+import { afterAll, beforeAll, describe } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { RedisLockBackend } from '../../lib/index.js';
 import { useRedisServer } from '../support/redis-fixture.js';
-import { checkModelOn, modelSeeds, modelTimeout, type RealStore } from './real-store.model.js';
+import { itKeepsEveryPromise, type RealStore } from './real-store.model.js';
 
 // The same random programs as on fake time, on a real redis-server and real time: the Redis
 // backend's line, hand-overs and late answers under the same injected faults. Fewer cases, as each
@@ -20,17 +20,5 @@ describe('LockService on a real Redis against the model of its promises, with fa
     connect: () => new RedisLockBackend(fixture.server.url),
     waiting: (store) => (store as unknown as { line: { wakers: Map<string, unknown> } }).line.wakers.size,
   };
-  const runs = Number(process.env.MODEL_RUNS_REDIS ?? 0);
-  (runs > 0 ? it : it.skip)(
-    'keeps every promise on random programs of two processes over one Redis',
-    () => checkModelOn('Redis', store, runs),
-    modelTimeout(runs),
-  );
-  // MODEL_SEEDS=1,2: the same programs from each seed, a test each (as the mutation runs use them).
-  for (const seed of runs > 0 ? modelSeeds() : [])
-    it(
-      `keeps every promise on random programs of two processes over one Redis, seed ${seed}`,
-      () => checkModelOn('Redis', store, runs, seed),
-      modelTimeout(runs),
-    );
+  itKeepsEveryPromise('Redis', store, Number(process.env.MODEL_RUNS_REDIS ?? 0));
 });

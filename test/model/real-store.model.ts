@@ -1,8 +1,9 @@
+import { it } from '@jest/globals';
 import fc from 'fast-check';
 import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
 import * as lib from '../../lib/index.js';
 import { runningTimeClock } from '../support/running-time.clock.js';
-import { run, scenario } from './lock-service.model.js';
+import { run, scenario, sharedScenario, type Scenario } from './lock-service.model.js';
 
 /**
  * The random programs of the model on a real store and real time, as `npm run test:model:redis`
@@ -31,14 +32,38 @@ export function modelTimeout(runs: number): number {
 /** The seeds of MODEL_SEEDS=1,2 (one test each), else none. */
 export const modelSeeds = (): number[] => process.env.MODEL_SEEDS?.split(',').map(Number) ?? [];
 
+/** The model's programs: of exclusive locks, or of read/write locks and a semaphore. */
+export type Programs = 'exclusive' | 'shared';
+const PROGRAMS: Record<Programs, { scenario: fc.Arbitrary<Scenario>; what: string }> = {
+  exclusive: { scenario, what: 'two processes' },
+  shared: { scenario: sharedScenario, what: 'shared locks and semaphores of two processes' },
+};
+
+/**
+ * The tests of a real store's spec: for each kind of program, one test of `runs` cases (skipped
+ * when `runs` is 0, as in `npm test`), and with MODEL_SEEDS=1,2 one test per seed of the same
+ * programs (the mutation runs select these by title: see scripts/mutants/mutants.mjs).
+ */
+export function itKeepsEveryPromise(name: string, store: RealStore, runs: number): void {
+  for (const [programs, { what }] of Object.entries(PROGRAMS) as [Programs, (typeof PROGRAMS)[Programs]][]) {
+    const title = `keeps every promise on random programs of ${what} over one ${name}`;
+    (runs > 0 ? it : it.skip)(title, () => checkModelOn(name, store, runs, { programs }), modelTimeout(runs));
+    for (const seed of runs > 0 ? modelSeeds() : [])
+      it(`${title}, seed ${seed}`, () => checkModelOn(name, store, runs, { programs, seed }), modelTimeout(runs));
+  }
+}
+
 export async function checkModelOn(
   name: string,
   store: RealStore,
   runs: number,
-  seed = Number(process.env.MODEL_SEED ?? Math.floor(Math.random() * 2 ** 31)),
+  {
+    programs = 'exclusive',
+    seed = Number(process.env.MODEL_SEED ?? Math.floor(Math.random() * 2 ** 31)),
+  }: { programs?: Programs; seed?: number } = {},
 ): Promise<void> {
-  process.stderr.write(`Model on a real ${name}: ${runs} cases, seed ${seed} (replay: MODEL_SEED=${seed})\n`);
-  const property = fc.asyncProperty(scenario, async (s) => {
+  process.stderr.write(`Model (${programs} programs) on a real ${name}: ${runs} cases, seed ${seed} (replay: MODEL_SEED=${seed})\n`);
+  const property = fc.asyncProperty(PROGRAMS[programs].scenario, async (s) => {
     await store.reset();
     const backend = store.connect();
     const clock = runningTimeClock(500);

@@ -40,7 +40,9 @@ export function inspectReply(key: string, reply: InspectReply): LockState | unde
   // Several holders (the lock holds `*shared` or `*<permits>`): their own leases, longest last.
   const holders: LockHolderState[] = [];
   for (let i = 0; i < shared.length; i += 3) {
-    holders.push({ owner: shared[i]!, ttlMs: Number(shared[i + 1]) - now, ...identityOf(stamped(shared[i + 2])) });
+    // A lease ends when the server's clock in whole ms reaches its end (see leaseEnd): what is left
+    // for sure is one ms less than the difference, `now` having dropped the µs.
+    holders.push({ owner: shared[i]!, ttlMs: Number(shared[i + 1]) - now - 1, ...identityOf(stamped(shared[i + 2])) });
   }
   if (holders.length === 0) return undefined;
   const limit = value === '*shared' ? SHARED : Number(value.slice(1));

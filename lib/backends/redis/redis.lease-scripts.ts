@@ -57,7 +57,7 @@ for i = 1, n do
     redis.call('PEXPIRE', KEYS[i], ttl)
     redis.call('PEXPIRE', KEYS[2 * n + i], ttl)
   else
-    redis.call('ZADD', KEYS[n + i], 'XX', ms() + ttl, owner)
+    redis.call('ZADD', KEYS[n + i], 'XX', leaseEnd(ttl), owner)
     settle(KEYS[i], KEYS[n + i], values[i], KEYS[3 * n + i])
     if redis.call('PTTL', KEYS[3 * n + i]) < ttl then redis.call('PEXPIRE', KEYS[3 * n + i], ttl) end
   end

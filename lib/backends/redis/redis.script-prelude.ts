@@ -37,16 +37,21 @@ end
  * client's).
  *
  * - ms(): the server time in ms.
+ * - leaseEnd(ttl): the end of a lease of `ttl` ms asked now: the first ms() at which it is over. ms()
+ *   drops the µs, and a holder counts until ms() reaches its end, so the end is one ms on: the lease
+ *   then lasts at least `ttl` from this call, as a key's own PX does (Redis expires a key once its
+ *   clock is past the end), and never less than the ttl its holder counts from before it asked.
  * - limitSize(limit): how many holders a limit ('1', '<permits>', 'shared') admits.
  * - live(holders, who): drops holders whose lease ran out (and their identity in `who`); how many are left.
  * - settle(lock, holders, marker, who): after holders came or went, the marker and the set live as long
  *   as the longest lease, or both go with the last holder. So neither outlives its holders.
  */
 export const HOLDERS = `
-local ms, limitSize, live, settle
+local ms, leaseEnd, limitSize, live, settle
 local function holding()
   if ms then return end
   ms = function() return math.floor(clock() / 1000) end
+  leaseEnd = function(ttl) return ms() + ttl + 1 end
   limitSize = function(limit) return limit == 'shared' and math.huge or tonumber(limit) end
   live = function(holders, who)
     -- Who they were goes with them: the identity hash would otherwise keep every holder whose

@@ -201,7 +201,7 @@ for i = 1, n do
     if not own[i] then tookAlone(i, owner, ttl, identity) end
   else
     -- A lease of its own, by this server's clock; the key lives as long as its longest lease.
-    redis.call('ZADD', KEYS[4 * n + i], ms() + tonumber(ttl), owner)
+    redis.call('ZADD', KEYS[4 * n + i], leaseEnd(tonumber(ttl)), owner)
     settle(KEYS[i], KEYS[4 * n + i], '*' .. limits[i], whoKey(i))
     if not mine[i] then tookBeside(i, owner, ttl, identity) end
   end
@@ -306,7 +306,7 @@ local function admit(i, count, marker, waiter, ttl, process, limit)
         redis.call('SET', lock, waiter, 'PX', lease)
         tookAlone(i, waiter, lease)
       else
-        redis.call('ZADD', holders, ms() + lease, waiter)
+        redis.call('ZADD', holders, leaseEnd(lease), waiter)
         tookBeside(i, waiter, lease)
         marker = kind
       end
