@@ -198,6 +198,34 @@ describe('ZooKeeper lines', () => {
     expect(await backend.release(['late'], 'owner-a')).toBe(true);
   });
 
+  it('a lock whose lease ran out loses its nodes no earlier than its ttl after the acquire was sent', async () => {
+    // ZooKeeper has no lease of its own: the backend deletes a holder's nodes when its ttl has run
+    // out, by a timer. Node fires timers up to about 2 ms before their time as performance.now()
+    // counts it, and a deletion before the end of the lease the holder counts from its send time
+    // would let another in while the holder still holds by its own count.
+    let sent = 0;
+    const early: number[] = [];
+    const backend = new ZooKeeperLockBackend(
+      fixture.connectionString,
+      { root: fixture.root, sessionTimeout: 4_000 },
+      tappedClients(fixture.connectionString, 4_000, {
+        multi: (ops, send) => {
+          if (ops.every((op) => op.op === 'remove')) early.push(sent - performance.now());
+          return send();
+        },
+      }),
+    );
+    fixture.cleanup(() => backend.close());
+    for (let i = 0; i < 40; i++) {
+      const removals = early.length;
+      const ttl = 10 + (i % 7);
+      sent = performance.now() + ttl;
+      expect((await backend.tryAcquire([`expiry:${i}`], `owner-${i}`, ttl, { willWait: false })).acquired).toBe(true);
+      await until(() => early.length > removals, 5_000, 'the expired lock’s nodes to be deleted');
+    }
+    expect(early.filter((ms) => ms > 0)).toEqual([]);
+  });
+
   it('a key’s parent node goes a few seconds after its line emptied, and comes back when the key is locked again', async () => {
     type Raw = { exists(path: string, callback: (error: Error | null, stat: unknown) => void): void; close(): void };
     const raw = (await connectedClient(zookeeper, fixture.connectionString)) as Raw;
