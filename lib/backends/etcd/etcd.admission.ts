@@ -34,7 +34,9 @@ const FRESH_HOLD = 0.95;
  * and takes back those after the first line that keeps it out; once it is in on every line it
  * stands in, it puts the rest, only while their lines hold nothing newer than its token (its first
  * entries' revision, which stays its token), else it starts over at the back. So every line stays
- * ordered by token, and whoever enters a key after a holder has a greater token.
+ * ordered by token, and whoever enters a key after a holder has a greater token. Readers and permit
+ * callers, who may enter beside others, also wait for every entry ahead of them to hold
+ * (etcd.kinds.ts): nobody holds and leaves a key before an entry with a smaller token takes it.
  */
 export class EtcdAdmission {
   constructor(
@@ -117,7 +119,8 @@ export class EtcdAdmission {
     const pendingFrom = blocked >= 0 ? blocked + 1 : place.keys.length;
     if (pendingFrom !== place.pendingFrom && !(await this.repend(place, pendingFrom, what))) return this.startOver(place, ttlMs, what);
     if (blocked >= 0) {
-      this.places.stand(place, (lines[blocked] as { waitFor: Buffer[] }).waitFor, standing.readRevision);
+      const { waitFor, untilHeld } = lines[blocked] as { waitFor: Buffer[]; untilHeld?: boolean };
+      this.places.stand(place, waitFor, standing.readRevision, untilHeld);
       return { acquired: false };
     }
     if (steps >= MAX_STEPS) return { acquired: false };

@@ -137,10 +137,13 @@ export class EtcdPlaces {
     place.revision = revision;
   }
 
-  /** Where a waiter stands now: it watches the entries ahead whose going may let it in, read at `readRevision`. */
-  stand(place: Place, waitFor: readonly Buffer[], readRevision: number): void {
+  /**
+   * Where a waiter stands now: it watches the entries ahead whose going (or being held, with
+   * `untilHeld`) may let it in, read at `readRevision`.
+   */
+  stand(place: Place, waitFor: readonly Buffer[], readRevision: number, untilHeld = false): void {
     place.clear = waitFor.length === 0;
-    place.watches?.arm(waitFor, readRevision);
+    place.watches?.arm(waitFor, readRevision, untilHeld);
   }
 
   /** A waiter's hold lease was found gone: a new one replaces it. */
