@@ -23,6 +23,9 @@
  *   permits on MariaDB and on etcd;
  * - `etcd-shared-tokens`: the test that an etcd waiter's token is its entry's create revision, as the
  *   previous release's processes on the same cluster give theirs;
+ * - `etcd-token-order`: the tests that a later etcd reader or permit caller does not hold and leave
+ *   a key before an entry ahead of it (smaller token) that is in but not held yet takes it;
+ * - `etcd-permit-wake`: the test that a permit waiter kept out by such an entry is woken when it holds;
  * - `conformance-redis-multikey-line`: the conformance suite's test that a holder of a key takes the
  *   next one while another process's caller of both waits for the first (a liveness bug, which the
  *   safety-only model and chaos runs would not count);
@@ -101,6 +104,20 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.shared.spec.ts',
     test: "gives a waiter its entry's create revision as token (its place, as the previous release does), not the revision it entered at",
+    env: {},
+    seeded: false,
+  },
+  'etcd-token-order': {
+    kind: 'jest',
+    file: 'test/backends/etcd.token-order.spec.ts',
+    test: 'token order on etcd',
+    env: {},
+    seeded: false,
+  },
+  'etcd-permit-wake': {
+    kind: 'jest',
+    file: 'test/backends/etcd.shared.spec.ts',
+    test: 'wakes a permit waiter behind a caller of several keys that is in on its key but waits for another once that caller holds it',
     env: {},
     seeded: false,
   },
@@ -370,6 +387,25 @@ export const MUTANTS = [
       ],
     ],
     detector: 'etcd-shared-tokens',
+  },
+  {
+    name: 'etcd-reader-beside-taker',
+    bug: 'an etcd reader or permit caller enters beside an entry ahead of it that is in but does not hold yet: it may hold and leave before that entry takes the key with its smaller token',
+    file: 'lib/backends/etcd/etcd.kinds.ts',
+    replace: [
+      [
+        '    if (taking !== undefined) return { in: false, waitFor: [taking.key], untilHeld: true };',
+        '    if (taking !== undefined && limit === 1) return { in: false, waitFor: [taking.key], untilHeld: true };',
+      ],
+    ],
+    detector: 'etcd-token-order',
+  },
+  {
+    name: 'etcd-held-wake-lost',
+    bug: 'an etcd waiter that waits for an entry ahead to hold the key is not woken when it is marked held',
+    file: 'lib/backends/etcd/etcd.predecessor-watch.ts',
+    replace: [['    return isPendingValue(value) || (watch.untilHeld && isHeldValue(value));', '    return isPendingValue(value);']],
+    detector: 'etcd-permit-wake',
   },
   {
     name: 'local-reader-passes-writer',
