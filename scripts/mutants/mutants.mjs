@@ -394,8 +394,8 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.kinds.ts',
     replace: [
       [
-        '    if (taking !== undefined) return { in: false, waitFor: [taking.key], untilHeld: true };',
-        '    if (taking !== undefined && limit === 1) return { in: false, waitFor: [taking.key], untilHeld: true };',
+        '    if (notHeld.length > 0) return { in: false, waitFor: [notHeld[notHeld.length - 1].key], untilHeld: { notHeld, pending } };',
+        '    if (notHeld.length > 0 && limit === 1) return { in: false, waitFor: [notHeld[notHeld.length - 1].key], untilHeld: { notHeld, pending } };',
       ],
     ],
     detector: 'etcd-token-order',
@@ -406,6 +406,18 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.predecessor-watch.ts',
     replace: [['    return isPendingValue(value) || (watch.untilHeld && isHeldValue(value));', '    return isPendingValue(value);']],
     detector: 'etcd-permit-wake',
+  },
+  {
+    name: 'etcd-held-not-checked',
+    bug: 'an etcd reader told that the entry ahead it waited for holds or went takes the key without checking that every entry ahead that did not hold holds now',
+    file: 'lib/backends/etcd/etcd.line.ts',
+    replace: [
+      [
+        '          : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending), ...this.nowHeld(held)],',
+        '          : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending)],',
+      ],
+    ],
+    detector: 'etcd-token-order',
   },
   {
     name: 'local-reader-passes-writer',

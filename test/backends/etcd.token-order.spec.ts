@@ -58,6 +58,18 @@ function firstAttempt(backend: EtcdLockBackend): Promise<boolean> {
   });
 }
 
+/** What each attempt of the backend answered (acquired or not), in order. */
+function answers(backend: EtcdLockBackend): boolean[] {
+  const answered: boolean[] = [];
+  const original = backend.tryAcquire.bind(backend);
+  backend.tryAcquire = async (...args) => {
+    const result = await original(...args);
+    answered.push(result.acquired);
+    return result;
+  };
+  return answered;
+}
+
 /** A caller of `a` alone whose section ends at once: its token, and a revision its section ended by. */
 function shortSection(locks: LockService, options: object): Promise<{ token: number; endedBy: number }> {
   return locks.acquire('a', { ...options, wait: 10_000 }).then(async (handle) => {
@@ -102,6 +114,26 @@ describe.each([
     const began = Number((await lease.put(slow).value(`held ${word}`).exec()).header.revision);
     const single = await section;
     expect(single.token).toBeGreaterThan(placed);
+    expect(single.endedBy).toBeGreaterThan(began);
+  });
+
+  it('a later caller told that the entry it waited for went does not enter beside an earlier one that does not hold yet', async () => {
+    const [later] = [service()];
+    const lease = fixture.admin.lease(30, { autoKeepAlive: false });
+    fixture.cleanup(() => lease.revoke());
+    // Two callers let in that have not taken the key yet; the later caller waits for the nearer one.
+    const [first, second] = [`${PREFIX}a/first`, `${PREFIX}a/second`];
+    await lease.put(first).value(`waiting ${word}`).exec();
+    await lease.put(second).value(`waiting ${word}`).exec();
+    const answered = answers(later.backend);
+    const section = shortSection(later.locks, kind);
+    await until(() => answered.length === 1, 10_000, 'the later caller to wait');
+    // The nearer one gives up: the later caller, woken, goes for the key, but the first does not hold yet.
+    await fixture.admin.delete().key(second).exec();
+    await until(() => answered.length === 2, 10_000, 'the later caller to ask again');
+    const began = Number((await lease.put(first).value(`held ${word}`).exec()).header.revision);
+    const single = await section;
+    expect(answered.slice(0, 2)).toEqual([false, false]);
     expect(single.endedBy).toBeGreaterThan(began);
   });
 });

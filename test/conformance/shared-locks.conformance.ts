@@ -115,7 +115,9 @@ export function describeSharedConformance(name: string, target: ConformanceTarge
       let maxReaders = 0;
       let maxPermits = 0;
       const broken: string[] = [];
-      const pause = () => new Promise((resolve) => setTimeout(resolve, 2));
+      // Long enough for a reader to come in beside another where readers let in together take the
+      // key one after another (etcd: a watch event and a transaction each).
+      const pause = () => new Promise((resolve) => setTimeout(resolve, 10));
       await Promise.all(
         Array.from({ length: 24 }, (_, i) =>
           (async () => {

@@ -49,7 +49,15 @@ export function isPendingValue(value: Buffer): boolean {
  *   their being marked held lets it in too.
  */
 export type KeyStanding =
-  { in: true; pending: IKeyValue[] } | { in: false; mismatch: number } | { in: false; waitFor: Buffer[]; untilHeld?: boolean };
+  { in: true; pending: IKeyValue[] } | { in: false; mismatch: number } | { in: false; waitFor: Buffer[]; untilHeld?: UntilHeld };
+
+/** In as far as the limits go, it waits for the entries ahead that do not hold yet to hold the key. */
+export interface UntilHeld {
+  /** Every entry ahead that does not hold yet (pending ones aside): once they all hold, it is in. */
+  notHeld: IKeyValue[];
+  /** The pending entries ahead, which it deletes as it enters. */
+  pending: IKeyValue[];
+}
 
 /**
  * The rule of who enters, the same as every backend's (docs/shared-locks.md), read off the line:
@@ -74,6 +82,8 @@ export type KeyStanding =
  * below one that left before it began. So it watches the nearest such entry until it is held (or
  * gone, or pending): readers woken together enter one after another, each once the one ahead holds,
  * and a caller of several keys in on its first key keeps later readers of it out until it holds.
+ * Told that entry holds, a waiter goes straight for the key, in a transaction that checks every
+ * entry that did not hold at its look holds now (etcd.admission.ts): one request per turn.
  */
 export function keyStanding(all: readonly IKeyValue[], limit: number): KeyStanding {
   const ahead = all.filter((kv) => !isPendingValue(kv.value));
@@ -84,9 +94,10 @@ export function keyStanding(all: readonly IKeyValue[], limit: number): KeyStandi
   }
   const position = ahead.length;
   if (position < Math.min(limit, ...limits)) {
-    const taking = nearestNotHeld(ahead);
-    if (taking !== undefined) return { in: false, waitFor: [taking.key], untilHeld: true };
-    return { in: true, pending: all.filter((kv) => isPendingValue(kv.value)) };
+    const pending = all.filter((kv) => isPendingValue(kv.value));
+    const notHeld = ahead.filter((kv) => !isHeldValue(kv.value));
+    if (notHeld.length > 0) return { in: false, waitFor: [notHeld[notHeld.length - 1].key], untilHeld: { notHeld, pending } };
+    return { in: true, pending };
   }
   if (limit === 1) return { in: false, waitFor: [ahead[position - 1].key] };
   const writer = limits.lastIndexOf(1);
@@ -108,10 +119,4 @@ function effectiveLimits(ahead: readonly IKeyValue[]): number[] {
     key ??= limit;
     return limit === key ? limit : 1;
   });
-}
-
-/** The last entry of `ahead` that does not hold the key yet (pending ones are left out already). */
-function nearestNotHeld(ahead: readonly IKeyValue[]): IKeyValue | undefined {
-  for (let i = ahead.length - 1; i >= 0; i--) if (!isHeldValue(ahead[i].value)) return ahead[i];
-  return undefined;
 }

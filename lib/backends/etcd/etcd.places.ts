@@ -1,5 +1,6 @@
 import type { EtcdConnection, Operation } from './etcd.connection.js';
 import { EtcdLeaseKeeper } from './etcd.lease-keeper.js';
+import type { UntilHeld } from './etcd.kinds.js';
 import type { LineRequest } from './etcd.line.js';
 import { PredecessorWatches } from './etcd.predecessor-watch.js';
 
@@ -47,8 +48,13 @@ export interface Place extends Ask {
   movingTo?: HoldLease;
   /** A move to another lease is out (its grant or its transaction), or went unanswered. */
   moving?: boolean;
-  /** Its watches saw every entry ahead of it go: the next attempt goes straight for the keys. */
+  /** Its watches saw every entry ahead of it go (or hold, with `untilHeld`): the next attempt goes straight for the keys. */
   clear: boolean;
+  /**
+   * Its last look found it in on every line of its keys but for entries ahead in the last one that
+   * did not hold yet: once they hold, it takes the keys without another look.
+   */
+  untilHeld?: UntilHeld;
   watches?: PredecessorWatches;
 }
 
