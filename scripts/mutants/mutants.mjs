@@ -23,8 +23,10 @@
  *   permits on MariaDB and on etcd;
  * - `etcd-shared-tokens`: the test that an etcd waiter's token is its entry's create revision, as the
  *   previous release's processes on the same cluster give theirs;
- * - `etcd-token-order`: the tests that a later etcd reader or permit caller does not hold and leave
- *   a key before an entry ahead of it (smaller token) that is in but not held yet takes it;
+ * - `etcd-token-order`: the test that a later etcd reader does not hold and leave a key before a
+ *   caller of several keys ahead of it (smaller token), in on it but waiting for another, takes it;
+ * - `etcd-token-order-woken`: the test that such a reader, woken as the entry ahead it waited for
+ *   went, does not enter beside an earlier one that does not hold yet;
  * - `etcd-permit-wake`: the test that a permit waiter kept out by such an entry is woken when it holds;
  * - `conformance-redis-multikey-line`: the conformance suite's test that a holder of a key takes the
  *   next one while another process's caller of both waits for the first (a liveness bug, which the
@@ -110,7 +112,14 @@ export const DETECTORS = {
   'etcd-token-order': {
     kind: 'jest',
     file: 'test/backends/etcd.token-order.spec.ts',
-    test: 'token order on etcd',
+    test: 'a later caller of the first key of a caller of two keys that waits for the second does not hold and leave before it',
+    env: {},
+    seeded: false,
+  },
+  'etcd-token-order-woken': {
+    kind: 'jest',
+    file: 'test/backends/etcd.token-order.spec.ts',
+    test: 'a later caller told that the entry it waited for went does not enter beside an earlier one that does not hold yet',
     env: {},
     seeded: false,
   },
@@ -417,7 +426,7 @@ export const MUTANTS = [
         '          : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending)],',
       ],
     ],
-    detector: 'etcd-token-order',
+    detector: 'etcd-token-order-woken',
   },
   {
     name: 'local-reader-passes-writer',

@@ -131,7 +131,7 @@ describe('etcd shared locks and semaphores', () => {
     const both = services[3].acquire(['k', 'z'], { permits: 2, wait: 30_000 });
     both.catch(() => undefined);
     await until(async () => (await line('k')).length === 3, 10_000, 'the caller of both to wait');
-    const waiter = waiting.acquire('k', { permits: 2, wait: 10_000 });
+    const waiter = waiting.acquire('k', { permits: 2, wait: 30_000 });
     waiter.catch(() => undefined);
     await until(async () => (await line('k')).length === 4, 10_000, 'the permit waiter to wait');
     await holders[0].release();
@@ -144,13 +144,15 @@ describe('etcd shared locks and semaphores', () => {
     expect(answers).toEqual([false, false]);
     await other.release();
     const held = await both;
-    // Woken when the entry of the caller of both is marked held.
+    const since = performance.now();
     const handle = await waiter;
+    // Woken when the entry of the caller of both is marked held, not let in by its last attempt as its wait runs out.
+    expect(performance.now() - since).toBeLessThan(5_000);
     expect(handle.isHeld).toBe(true);
     expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
     await held.release();
     await handle.release();
-  });
+  }, 60_000);
 
   for (const [kind, options] of [
     ['an exclusive', {}],
