@@ -23,6 +23,11 @@
  *   permits on MariaDB and on etcd;
  * - `etcd-shared-tokens`: the test that an etcd waiter's token is its entry's create revision, as the
  *   previous release's processes on the same cluster give theirs;
+ * - `etcd-token-order`: the test that a later etcd reader does not hold and leave a key before a
+ *   caller of several keys ahead of it (smaller token), in on it but waiting for another, takes it;
+ * - `etcd-token-order-woken`: the test that such a reader, woken as the entry ahead it waited for
+ *   went, does not enter beside an earlier one that does not hold yet;
+ * - `etcd-permit-wake`: the test that a permit waiter kept out by such an entry is woken when it holds;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -104,6 +109,27 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.shared.spec.ts',
     test: "gives a waiter its entry's create revision as token (its place, as the previous release does), not the revision it entered at",
+    env: {},
+    seeded: false,
+  },
+  'etcd-token-order': {
+    kind: 'jest',
+    file: 'test/backends/etcd.token-order.spec.ts',
+    test: 'a later caller of the first key of a caller of two keys that waits for the second does not hold and leave before it',
+    env: {},
+    seeded: false,
+  },
+  'etcd-token-order-woken': {
+    kind: 'jest',
+    file: 'test/backends/etcd.token-order.spec.ts',
+    test: 'a later caller told that the entry it waited for went does not enter beside an earlier one that does not hold yet',
+    env: {},
+    seeded: false,
+  },
+  'etcd-permit-wake': {
+    kind: 'jest',
+    file: 'test/backends/etcd.shared.spec.ts',
+    test: 'wakes a permit waiter behind a caller of several keys that is in on its key but waits for another once that caller holds it',
     env: {},
     seeded: false,
   },
@@ -394,6 +420,37 @@ export const MUTANTS = [
       ],
     ],
     detector: 'etcd-shared-tokens',
+  },
+  {
+    name: 'etcd-reader-beside-taker',
+    bug: 'an etcd reader or permit caller enters beside an entry ahead of it that is in but does not hold yet: it may hold and leave before that entry takes the key with its smaller token',
+    file: 'lib/backends/etcd/etcd.kinds.ts',
+    replace: [
+      [
+        '    if (notHeld.length > 0) return { in: false, waitFor: [notHeld[notHeld.length - 1].key], untilHeld: { notHeld, pending } };',
+        '    if (notHeld.length > 0 && limit === 1) return { in: false, waitFor: [notHeld[notHeld.length - 1].key], untilHeld: { notHeld, pending } };',
+      ],
+    ],
+    detector: 'etcd-token-order',
+  },
+  {
+    name: 'etcd-held-wake-lost',
+    bug: 'an etcd waiter that waits for an entry ahead to hold the key is not woken when it is marked held',
+    file: 'lib/backends/etcd/etcd.predecessor-watch.ts',
+    replace: [['    return isPendingValue(value) || (watch.untilHeld && isHeldValue(value));', '    return isPendingValue(value);']],
+    detector: 'etcd-permit-wake',
+  },
+  {
+    name: 'etcd-held-not-checked',
+    bug: 'an etcd reader told that the entry ahead it waited for holds or went takes the key without checking that every entry ahead that did not hold holds now',
+    file: 'lib/backends/etcd/etcd.line.ts',
+    replace: [
+      [
+        '          : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending), ...this.nowHeld(held)],',
+        '          : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending)],',
+      ],
+    ],
+    detector: 'etcd-token-order-woken',
   },
   {
     name: 'local-reader-passes-writer',

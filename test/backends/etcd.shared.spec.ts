@@ -113,27 +113,46 @@ describe('etcd shared locks and semaphores', () => {
     expect((await line('late')).map((e) => e.owner).sort()).toEqual(['a', 'c']);
   });
 
-  it('wakes a permit waiter behind a caller of several keys that is in on its key but waits for another', async () => {
+  it('wakes a permit waiter behind a caller of several keys that is in on its key but waits for another once that caller holds it', async () => {
     // Polls once a minute: only a wake-up lets the waiter in within its wait.
-    const services = Array.from({ length: 5 }, () => service({ pollInterval: 60_000 }));
+    const services = Array.from({ length: 4 }, () => service({ pollInterval: 60_000 }));
+    const waiterBackend = backend();
+    const waiting = new LockService(waiterBackend, { keyPrefix: '', pollInterval: 60_000 });
+    fixture.cleanup(() => waiting.onApplicationShutdown());
+    const answers: boolean[] = [];
+    const tryAcquire = waiterBackend.tryAcquire.bind(waiterBackend);
+    waiterBackend.tryAcquire = async (...args) => {
+      const result = await tryAcquire(...args);
+      answers.push(result.acquired);
+      return result;
+    };
     const holders = [await services[0].acquire('k', { permits: 2 }), await services[1].acquire('k', { permits: 2 })];
     const other = await services[2].acquire('z');
     const both = services[3].acquire(['k', 'z'], { permits: 2, wait: 30_000 });
     both.catch(() => undefined);
     await until(async () => (await line('k')).length === 3, 10_000, 'the caller of both to wait');
-    const waiter = services[4].acquire('k', { permits: 2, wait: 10_000 });
+    const waiter = waiting.acquire('k', { permits: 2, wait: 30_000 });
     waiter.catch(() => undefined);
     await until(async () => (await line('k')).length === 4, 10_000, 'the permit waiter to wait');
     await holders[0].release();
     // The caller of both is in on k now, and waits for z.
     await until(async () => (await line('z')).some((e) => e.value === 'waiting permits2'), 10_000, 'the caller of both to wait for z');
     await holders[1].release();
-    const handle = await waiter;
-    expect(handle.isHeld).toBe(true);
+    // Woken by that release, the waiter looks: in as far as the permits go, it does not enter beside
+    // the caller of both, which does not hold k yet (its token is smaller), and waits for it to.
+    await until(() => answers.length === 2, 10_000, 'the waiter to look again');
+    expect(answers).toEqual([false, false]);
     await other.release();
-    await (await both).release();
+    const held = await both;
+    const since = performance.now();
+    const handle = await waiter;
+    // Woken when the entry of the caller of both is marked held, not let in by its last attempt as its wait runs out.
+    expect(performance.now() - since).toBeLessThan(5_000);
+    expect(handle.isHeld).toBe(true);
+    expect(handle.fencingToken).toBeGreaterThan(held.fencingToken!);
+    await held.release();
     await handle.release();
-  });
+  }, 60_000);
 
   for (const [kind, options] of [
     ['an exclusive', {}],

@@ -3,7 +3,7 @@ import { performance } from 'node:perf_hooks';
 import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult } from '../lock-backend.interface.js';
 import type { EtcdConnection, Operation } from './etcd.connection.js';
-import { isHeldValue, isPendingValue } from './etcd.kinds.js';
+import { isHeldValue, isPendingValue, type UntilHeld } from './etcd.kinds.js';
 import type { EtcdLine } from './etcd.line.js';
 import { enterAtEnd } from './etcd.no-wait.js';
 import { leaseSeconds } from './etcd.options.js';
@@ -34,7 +34,9 @@ const FRESH_HOLD = 0.95;
  * and takes back those after the first line that keeps it out; once it is in on every line it
  * stands in, it puts the rest, only while their lines hold nothing newer than its token (its first
  * entries' revision, which stays its token), else it starts over at the back. So every line stays
- * ordered by token, and whoever enters a key after a holder has a greater token.
+ * ordered by token, and whoever enters a key after a holder has a greater token. Readers and permit
+ * callers, who may enter beside others, also wait for every entry ahead of them to hold
+ * (etcd.kinds.ts): nobody holds and leaves a key before an entry with a smaller token takes it.
  */
 export class EtcdAdmission {
   constructor(
@@ -84,13 +86,16 @@ export class EtcdAdmission {
   /**
    * A waiter asks again. When its watches said everything ahead of it in its exclusive lines went,
    * it goes straight for the keys: one transaction moves its entries onto its hold lease if it is
-   * first (with a keepalive of that lease, unless it is fresh). Otherwise it looks first, in a
-   * read-only transaction.
+   * first (with a keepalive of that lease, unless it is fresh). So does a reader or permit caller
+   * whose watch said the entry ahead it waited for holds now, checking that every entry ahead that
+   * did not hold at its last look holds now. Otherwise it looks first, in a read-only transaction.
    */
   async nextAttempt(place: Place, ttlMs: number, what: Operation, steps = 0): Promise<AcquireResult> {
     const request = EtcdPlaces.request(place);
     const exclusive = this.line.exclusiveEverywhere(request);
     if (place.clear && exclusive) return this.take(place, ttlMs, what, steps + 1, undefined);
+    const until = place.untilHeld;
+    if (place.clear && until) return this.take(place, ttlMs, what, steps + 1, until.pending, false, until.notHeld);
     const check = await this.connection.txn(this.line.check(request), what);
     if (exclusive && check.succeeded) return this.take(place, ttlMs, what, steps + 1, undefined);
     return this.decide(place, standing(check, request, place.hold.id), ttlMs, what, steps + 1);
@@ -116,8 +121,16 @@ export class EtcdAdmission {
     // take the keys. (What is ahead does not depend on its own entries: the look stays good.)
     const pendingFrom = blocked >= 0 ? blocked + 1 : place.keys.length;
     if (pendingFrom !== place.pendingFrom && !(await this.repend(place, pendingFrom, what))) return this.startOver(place, ttlMs, what);
+    place.untilHeld = undefined;
     if (blocked >= 0) {
-      this.places.stand(place, (lines[blocked] as { waitFor: Buffer[] }).waitFor, standing.readRevision);
+      const { waitFor, untilHeld } = lines[blocked] as { waitFor: Buffer[]; untilHeld?: UntilHeld };
+      // Kept out only by entries ahead in its last line that do not hold yet: their holding lets it in.
+      if (untilHeld && blocked === lines.length - 1)
+        place.untilHeld = {
+          notHeld: untilHeld.notHeld,
+          pending: [...lines.flatMap((line) => (line.in ? line.pending : [])), ...untilHeld.pending],
+        };
+      this.places.stand(place, waitFor, standing.readRevision, untilHeld !== undefined);
       return { acquired: false };
     }
     if (steps >= MAX_STEPS) return { acquired: false };
@@ -167,6 +180,7 @@ export class EtcdAdmission {
     steps: number,
     pending: readonly IKeyValue[] | undefined,
     retried = false,
+    held: readonly IKeyValue[] = [],
   ): Promise<AcquireResult> {
     const started = performance.now();
     if (place.hold.lost) this.places.replaceHold(place, await this.grant(place.hold.seconds, what));
@@ -179,13 +193,13 @@ export class EtcdAdmission {
     let response, kept;
     try {
       [response, kept] = await Promise.all([
-        this.connection.txn(this.line.promote(request, place.identity, hold.id, pending), what),
+        this.connection.txn(this.line.promote(request, place.identity, hold.id, pending, held), what),
         fresh ? false : this.connection.keepAlive(hold.id, what).catch(() => false),
       ]);
     } catch (error) {
       if (this.connection.isLeaseGone(error) && !retried) {
         hold.lost = true;
-        return this.take(place, ttlMs, what, steps, pending, true);
+        return this.take(place, ttlMs, what, steps, pending, true, held);
       }
       this.places.unanswered(place);
       throw error;

@@ -45,17 +45,27 @@ export function isPendingValue(value: Buffer): boolean {
  * - in: it may hold the key as far as this line goes, once the pending entries ahead are gone:
  *   it deletes them as it enters (their callers then start over, at the back);
  * - mismatch: the earliest reader or permit caller ahead admits another number of holders;
- * - waitFor: the entries whose deletion may let it in, and no others (herd-free).
+ * - waitFor: the entries whose deletion may let it in, and no others (herd-free); `untilHeld`:
+ *   their being marked held lets it in too.
  */
-export type KeyStanding = { in: true; pending: IKeyValue[] } | { in: false; mismatch: number } | { in: false; waitFor: Buffer[] };
+export type KeyStanding =
+  { in: true; pending: IKeyValue[] } | { in: false; mismatch: number } | { in: false; waitFor: Buffer[]; untilHeld?: UntilHeld };
+
+/** In as far as the limits go, it waits for the entries ahead that do not hold yet to hold the key. */
+export interface UntilHeld {
+  /** Every entry ahead that does not hold yet (pending ones aside): once they all hold, it is in. */
+  notHeld: IKeyValue[];
+  /** The pending entries ahead, which it deletes as it enters. */
+  pending: IKeyValue[];
+}
 
 /**
  * The rule of who enters, the same as every backend's (docs/shared-locks.md), read off the line:
  * a caller is in when its position (entries ahead) is below its own limit and the limit of every
  * entry ahead. Every entry ahead counts as in, so nobody passes a waiter (a queued writer blocks
  * later readers, a queued permit caller blocks later ones), and who is in is a prefix of the line
- * that only grows as entries ahead leave: a decision to enter stays right however many of them go
- * meanwhile, and nobody can come in ahead (a new entry is always the newest).
+ * that only grows as entries ahead leave (or take the key, below): a decision to enter stays right
+ * however many of them go meanwhile, and nobody can come in ahead (a new entry is always the newest).
  *
  * The entries watched: a writer, the entry just before it (it needs the key empty); a reader or a
  * permit caller behind a writer, the nearest writer; a permit caller behind n others, the n
@@ -63,6 +73,17 @@ export type KeyStanding = { in: true; pending: IKeyValue[] } | { in: false; mism
  * nearest n went), so no deletion it needs goes unseen, and a freed permit wakes at most n.
  *
  * Pending entries count for nobody (see etcd.admission.ts).
+ *
+ * One more rule keeps the tokens (create revisions) in the order the key is entered: a reader or
+ * a permit caller that the rule lets in enters only once every entry ahead of it holds the key.
+ * An entry ahead that is in but not held yet (a caller of several keys that waits for a later one,
+ * or a reader woken with this one that has not taken the key yet) has a smaller token: entering
+ * beside it, this one could hold and leave before it enters, which would then hold with a token
+ * below one that left before it began. So it watches the nearest such entry until it is held (or
+ * gone, or pending): readers woken together enter one after another, each once the one ahead holds,
+ * and a caller of several keys in on its first key keeps later readers of it out until it holds.
+ * Told that entry holds, a waiter goes straight for the key, in a transaction that checks every
+ * entry that did not hold at its look holds now (etcd.admission.ts): one request per turn.
  */
 export function keyStanding(all: readonly IKeyValue[], limit: number): KeyStanding {
   const ahead = all.filter((kv) => !isPendingValue(kv.value));
@@ -72,7 +93,12 @@ export function keyStanding(all: readonly IKeyValue[], limit: number): KeyStandi
     if (theirs !== undefined && theirs !== limit) return { in: false, mismatch: theirs };
   }
   const position = ahead.length;
-  if (position < Math.min(limit, ...limits)) return { in: true, pending: all.filter((kv) => isPendingValue(kv.value)) };
+  if (position < Math.min(limit, ...limits)) {
+    const pending = all.filter((kv) => isPendingValue(kv.value));
+    const notHeld = ahead.filter((kv) => !isHeldValue(kv.value));
+    if (notHeld.length > 0) return { in: false, waitFor: [notHeld[notHeld.length - 1].key], untilHeld: { notHeld, pending } };
+    return { in: true, pending };
+  }
   if (limit === 1) return { in: false, waitFor: [ahead[position - 1].key] };
   const writer = limits.lastIndexOf(1);
   if (writer >= 0) return { in: false, waitFor: [ahead[writer].key] };

@@ -1,5 +1,5 @@
 import type { ICompare, IKeyValue, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
-import { entryValue, isHeldValue } from './etcd.kinds.js';
+import { entryValue, isHeldValue, parseValue } from './etcd.kinds.js';
 import type { EtcdKeys } from './etcd.keys.js';
 
 /** One acquisition's entries, as the transactions need them. */
@@ -131,13 +131,22 @@ export class EtcdLine {
    * nothing more is needed: who is in only grows, as nobody can come in ahead. "Still waiting"
    * keeps an attempt whose answer was lost from landing after its owner took the keys and moved
    * them to another lease: it would put them back on the lease that move revokes. Its identity
-   * keys go onto `holdLease` with them, now saying when it took the keys.
+   * keys go onto `holdLease` with them, now saying when it took the keys. `held`: entries ahead
+   * that did not hold at its last look, and must hold now (a reader let in once they do).
    */
-  promote(request: LineRequest, identity: Buffer, holdLease: string, pending: readonly IKeyValue[] | undefined): ITxnRequest {
+  promote(
+    request: LineRequest,
+    identity: Buffer,
+    holdLease: string,
+    pending: readonly IKeyValue[] | undefined,
+    held: readonly IKeyValue[] = [],
+  ): ITxnRequest {
     const { keys, owner, limits } = request;
     return {
       compare:
-        pending === undefined ? this.firstInEveryLine(request) : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending)],
+        pending === undefined
+          ? this.firstInEveryLine(request)
+          : [...this.ownEntriesAsPlaced(request), ...this.stillPending(pending), ...this.nowHeld(held)],
       // Its anchor has served: the first attempt it guarded landed long ago.
       success: [
         ...keys.map((key, i) => this.put(key, owner, entryValue('held', limits[i]), holdLease)),
@@ -290,6 +299,14 @@ export class EtcdLine {
     return pending.flatMap((kv): ICompare[] => [
       { key: kv.key, target: 'Create', result: 'Equal', create_revision: kv.create_revision },
       { key: kv.key, target: 'Value', result: 'Equal', value: kv.value },
+    ]);
+  }
+
+  /** Other callers' entries, as read (create revision), holding the key now. */
+  private nowHeld(entries: readonly IKeyValue[]): ICompare[] {
+    return entries.flatMap((kv): ICompare[] => [
+      { key: kv.key, target: 'Create', result: 'Equal', create_revision: kv.create_revision },
+      { key: kv.key, target: 'Value', result: 'Equal', value: entryValue('held', parseValue(kv.value).limit) },
     ]);
   }
 

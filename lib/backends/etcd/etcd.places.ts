@@ -1,5 +1,6 @@
 import type { EtcdConnection, Operation } from './etcd.connection.js';
 import { EtcdLeaseKeeper } from './etcd.lease-keeper.js';
+import type { UntilHeld } from './etcd.kinds.js';
 import type { LineRequest } from './etcd.line.js';
 import { PredecessorWatches } from './etcd.predecessor-watch.js';
 
@@ -47,8 +48,13 @@ export interface Place extends Ask {
   movingTo?: HoldLease;
   /** A move to another lease is out (its grant or its transaction), or went unanswered. */
   moving?: boolean;
-  /** Its watches saw every entry ahead of it go: the next attempt goes straight for the keys. */
+  /** Its watches saw every entry ahead of it go (or hold, with `untilHeld`): the next attempt goes straight for the keys. */
   clear: boolean;
+  /**
+   * Its last look found it in on every line of its keys but for entries ahead in the last one that
+   * did not hold yet: once they hold, it takes the keys without another look.
+   */
+  untilHeld?: UntilHeld;
   watches?: PredecessorWatches;
 }
 
@@ -137,10 +143,13 @@ export class EtcdPlaces {
     place.revision = revision;
   }
 
-  /** Where a waiter stands now: it watches the entries ahead whose going may let it in, read at `readRevision`. */
-  stand(place: Place, waitFor: readonly Buffer[], readRevision: number): void {
+  /**
+   * Where a waiter stands now: it watches the entries ahead whose going (or being held, with
+   * `untilHeld`) may let it in, read at `readRevision`.
+   */
+  stand(place: Place, waitFor: readonly Buffer[], readRevision: number, untilHeld = false): void {
     place.clear = waitFor.length === 0;
-    place.watches?.arm(waitFor, readRevision);
+    place.watches?.arm(waitFor, readRevision, untilHeld);
   }
 
   /** A waiter's hold lease was found gone: a new one replaces it. */

@@ -1,9 +1,11 @@
 import type { IKeyValue, Watcher } from 'etcd3';
 import type { EtcdConnection } from './etcd.connection.js';
-import { isPendingValue } from './etcd.kinds.js';
+import { isHeldValue, isPendingValue } from './etcd.kinds.js';
 
 interface Watch {
   entry: Buffer;
+  /** Its being marked held counts as its deletion. */
+  untilHeld: boolean;
   watcher: Watcher;
   /** etcd confirmed the watch once: later 'connected' events are reconnections. */
   started: boolean;
@@ -16,7 +18,8 @@ interface Watch {
  * One waiter's watches: on the deletion of each entry whose going may let it in (etcd.kinds.ts
  * says which: for an exclusive lock, the entry just ahead of it). A release or an expiry deletes
  * an entry, so only the waiters that watch it hear of it (no herd); an entry set pending keeps
- * nobody out any more, which counts as its deletion.
+ * nobody out any more, which counts as its deletion. A reader or a permit caller that waits for an
+ * entry ahead to hold the key (etcd.kinds.ts) counts its being marked held the same way.
  *
  * A watch starts at the current revision, not at the one the waiter read its line at: etcd serves
  * a watch that starts in the past from its history, in a loop that runs every 100 ms, which would
@@ -40,12 +43,12 @@ export class PredecessorWatches {
     private readonly onChange: (clear: boolean) => void,
   ) {}
 
-  /** Watches `entries` (read at `readRevision`); stops watching the others. */
-  arm(entries: readonly Buffer[], readRevision: number): void {
+  /** Watches `entries` (read at `readRevision`), until they are held too with `untilHeld`; stops watching the others. */
+  arm(entries: readonly Buffer[], readRevision: number, untilHeld = false): void {
     this.broken = false;
-    const wanted = new Map(entries.map((entry) => [entry.toString('hex'), entry]));
+    const wanted = new Map(entries.map((entry) => [`${entry.toString('hex')}${untilHeld ? ' held' : ''}`, entry]));
     for (const id of [...this.watches.keys()]) if (!wanted.has(id)) this.drop(id);
-    for (const [id, entry] of wanted) if (!this.watches.has(id)) this.add(id, entry, readRevision);
+    for (const [id, entry] of wanted) if (!this.watches.has(id)) this.add(id, entry, readRevision, untilHeld);
   }
 
   /** Stops every watch; resolves once etcd confirmed, or after `timeoutMs`. */
@@ -58,13 +61,13 @@ export class PredecessorWatches {
     );
   }
 
-  private add(id: string, entry: Buffer, readRevision: number): void {
+  private add(id: string, entry: Buffer, readRevision: number, untilHeld: boolean): void {
     const watcher = this.connection.watchChanges(entry);
-    const watch: Watch = { entry, watcher, started: false, disconnected: false, dead: false };
+    const watch: Watch = { entry, untilHeld, watcher, started: false, disconnected: false, dead: false };
     watcher.on('delete', () => this.deleted(id, watch));
-    // Set pending, it keeps nobody out any more: as good as deleted (etcd.kinds.ts).
+    // Set pending, it keeps nobody out any more: as good as deleted (etcd.kinds.ts); held, for one that waits for that.
     watcher.on('put', (kv: IKeyValue) => {
-      if (isPendingValue(kv.value)) this.deleted(id, watch);
+      if (this.letsIn(watch, kv.value)) this.deleted(id, watch);
     });
     // etcd cancelled the watch: its start revision was compacted, or the watch was refused.
     watcher.on('error', () => {
@@ -96,19 +99,24 @@ export class PredecessorWatches {
 
   /**
    * The watch started after the read: did the entry change in between as its events would have
-   * told? Deleted, set pending, or deleted and put again by its owner starting over (created after
-   * the read): each lets the waiter look again.
+   * told? Deleted, set pending (or held, watched until then), or deleted and put again by its owner
+   * starting over (created after the read): each lets the waiter look again.
    */
   private async confirm(id: string, watch: Watch, readRevision: number): Promise<void> {
     let gone: boolean;
     try {
       const entry = await this.connection.entry(watch.entry);
-      gone = entry === undefined || isPendingValue(entry.value) || entry.createRevision > readRevision;
+      gone = entry === undefined || this.letsIn(watch, entry.value) || entry.createRevision > readRevision;
     } catch {
       gone = true;
       this.broken = true;
     }
     if (gone) this.deleted(id, watch);
+  }
+
+  /** Whether the watched entry, now of this value, lets the waiter look again. */
+  private letsIn(watch: Watch, value: Buffer): boolean {
+    return isPendingValue(value) || (watch.untilHeld && isHeldValue(value));
   }
 
   private drop(id: string): void {
