@@ -35,7 +35,11 @@ export class LinePlaces {
       if (!this.requests.isCurrent(request)) return false;
       if (request.nodes && request.generation !== session.generation) request.nodes = undefined;
       if (request.nodes || !request.uncertain) return true;
-      const found = await findNodes(session.client, this.paths, request);
+      // Nodes it gave up and could not delete yet (it lost its place and started over) are not its
+      // place: earlier in their lines than its new ones, with the old czxid, below the token of a
+      // caller that passed it meanwhile.
+      const leftover = this.requests.leftoverNodes(request.owner);
+      const found = (await findNodes(session.client, this.paths, request)).map((nodes) => nodes.filter((node) => !leftover.has(node)));
       // Another attempt sent a create, or found them, meanwhile.
       if (request.creating?.generation === session.generation || !request.uncertain) continue;
       request.uncertain = false;

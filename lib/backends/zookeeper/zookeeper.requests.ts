@@ -125,6 +125,11 @@ export class LineRequests {
     if (now) this.failedReleases.sendAgain();
   }
 
+  /** The owner's nodes waiting to be deleted (see removeLater): never its place. */
+  leftoverNodes(owner: string): ReadonlySet<string> {
+    return new Set(this.leftovers.get(owner)?.nodes);
+  }
+
   /** ZooKeeper answered: the nodes left to delete are sent again. */
   sendLeftovers(): void {
     this.failedReleases.sendAgain();
