@@ -34,6 +34,8 @@
  * - `zookeeper-pending-tokens`, `zookeeper-pending-versions`: the tests that a ZooKeeper caller that
  *   enters past a pending node deletes it (its caller then gets a greater token), and only at the
  *   version it read (a node that turned waiting meanwhile stays);
+ * - `zookeeper-leftover-nodes`: the test that a ZooKeeper caller that started over does not take back
+ *   by name an old node it could not delete yet;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `local-queue-shared`: the test that a queued writer of a process blocks its later readers;
@@ -151,6 +153,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/zookeeper.pending.spec.ts',
     test: "a caller that enters past a pending node deletes it, and the pending caller starts over with a token above the passer's",
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-leftover-nodes': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.pending-faults.spec.ts',
+    test: 'a pending caller passed, whose old nodes linger while its new create answer is lost, enters with a token above the passer',
     env: {},
     seeded: false,
   },
@@ -498,6 +507,13 @@ export const MUTANTS = [
     file: 'lib/backends/zookeeper/zookeeper.writes.ts',
     replace: [["({ op: 'remove', path, version })", "({ op: 'remove', path })"]],
     detector: 'zookeeper-pending-versions',
+  },
+  {
+    name: 'zookeeper-leftover-node-adopted',
+    bug: 'a ZooKeeper caller that started over, its create answer lost, takes back by name an old node it could not delete yet: it enters with the old, smaller token',
+    file: 'lib/backends/zookeeper/zookeeper.places.ts',
+    replace: [['nodes.filter((node) => !leftover.has(node))', 'nodes']],
+    detector: 'zookeeper-leftover-nodes',
   },
   {
     name: 'mysql-reader-beside-writer',
