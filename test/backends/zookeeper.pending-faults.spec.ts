@@ -46,6 +46,32 @@ function gate(): { wait: Promise<void>; open: () => void } {
   return { wait, open };
 }
 
+/**
+ * A process whose writes that `which` matches (its flips, by default) can be held back at a gate:
+ * `hold()` sets the gate, `heldBack()` resolves once a write waits at it, `open()` lets it through.
+ */
+function heldBackWrites(which: (ops: readonly ZooKeeperOp[]) => boolean = isFlip) {
+  let closed: ReturnType<typeof gate> | undefined;
+  let held = false;
+  const backend = process(async (ops, send) => {
+    if (closed && which(ops)) {
+      held = true;
+      await closed.wait;
+    }
+    return send();
+  });
+  return {
+    backend,
+    hold: () => void (closed = gate()),
+    heldBack: (what: string) => until(() => held, 10_000, what),
+    open: () => {
+      const waiting = closed;
+      closed = undefined;
+      waiting?.open();
+    },
+  };
+}
+
 describe('ZooKeeper pending nodes under held-back, failed and late writes', () => {
   it('a pending caller passed, whose old nodes linger while its new create answer is lost, enters with a token above the passer', async () => {
     const [a, b] = keys();
@@ -97,33 +123,24 @@ describe('ZooKeeper pending nodes under held-back, failed and late writes', () =
 
   it('a flip held back while a caller passes the pending node fails: the pending caller starts over, above the passer', async () => {
     const [a, b] = keys();
-    let hold: ReturnType<typeof gate> | undefined;
-    let held = false;
-    const x = process(async (ops, send) => {
-      if (hold && isFlip(ops)) {
-        held = true;
-        await hold.wait;
-      }
-      return send();
-    });
+    const writes = heldBackWrites();
+    const x = writes.backend;
     const [g, h, operator] = [process(), process(), process()];
     expect((await take(g, [a], 'g')).acquired).toBe(true);
     expect((await take(h, [b], 'h')).acquired).toBe(true);
     expect((await take(x, [a, b], 'x')).acquired).toBe(false);
-    hold = gate();
+    writes.hold();
     await g.release([a], 'g');
     // x is in on a, and waits in b behind h: its flip of its node in b is held back.
     const flipping = take(x, [a, b], 'x');
-    await until(() => held, 10_000, "x's flip to be held back");
+    await writes.heldBack("x's flip to be held back");
     // y, behind x's still pending node, enters b once h leaves, passing it.
     const y = process();
     expect((await take(y, [b], 'y')).acquired).toBe(false);
     await h.release([b], 'h');
     let passer: number | undefined;
     await until(async () => (passer = token(await take(y, [b], 'y'))) !== undefined, 10_000, 'y to take b');
-    const open = hold;
-    hold = undefined;
-    open.open();
+    writes.open();
     expect((await flipping).acquired).toBe(false);
     expect((await operator.inspect(b))?.holders?.map((holder) => holder.owner)).toEqual(['y']);
     await y.release([b], 'y');
@@ -169,31 +186,22 @@ describe('ZooKeeper pending nodes under held-back, failed and late writes', () =
 
   it('a semaphore of 2: a multi-key permit caller flipping while a permit caller passes its pending node never makes three holders', async () => {
     const [a, sem] = keys();
-    let hold: ReturnType<typeof gate> | undefined;
-    let held = false;
-    const x = process(async (ops, send) => {
-      if (hold && (isFlip(ops) || ops.some((op) => op.op === 'set'))) {
-        held = true;
-        await hold.wait;
-      }
-      return send();
-    });
+    const writes = heldBackWrites((ops) => ops.some((op) => op.op === 'set'));
+    const x = writes.backend;
     const [g, p1, s, operator] = [process(), process(), process(), process()];
     expect((await take(g, [a], 'g')).acquired).toBe(true);
     expect((await take(p1, [sem], 'p1', [2])).acquired).toBe(true);
     // x waits for a: its permit node in sem's line is pending.
     expect((await take(x, [a, sem], 'x', [1, 2])).acquired).toBe(false);
-    hold = gate();
+    writes.hold();
     await g.release([a], 'g');
     // x is in on a and on sem (p1 and itself): its write that turns its node held is held back.
     const going = take(x, [a, sem], 'x', [1, 2]);
-    await until(() => held, 10_000, "x's write to be held back");
+    await writes.heldBack("x's write to be held back");
     // s behind x's pending node: p1 and s, two permits, passing x's node.
     const passer = await take(s, [sem], 's', [2]);
     expect(passer.acquired).toBe(true);
-    const open = hold;
-    hold = undefined;
-    open.open();
+    writes.open();
     const xs = await going;
     const holders = (await operator.inspect(sem))?.holders?.map((holder) => holder.owner) ?? [];
     expect(holders.length).toBeLessThanOrEqual(2);
@@ -211,29 +219,20 @@ describe('ZooKeeper pending nodes under held-back, failed and late writes', () =
 
   it('readers behind a pending writer node: the writer going in while a reader passes it never makes a writer beside a reader', async () => {
     const [a, b] = keys();
-    let hold: ReturnType<typeof gate> | undefined;
-    let held = false;
-    const x = process(async (ops, send) => {
-      if (hold && isFlip(ops)) {
-        held = true;
-        await hold.wait;
-      }
-      return send();
-    });
+    const writes = heldBackWrites();
+    const x = writes.backend;
     const [g, r1, r2, operator] = [process(), process(), process(), process()];
     expect((await take(g, [a], 'g')).acquired).toBe(true);
     expect((await take(x, [a, b], 'x')).acquired).toBe(false);
-    hold = gate();
+    writes.hold();
     await g.release([a], 'g');
     // x is in on both: its write (its node in b turns held) is held back.
     const going = take(x, [a, b], 'x');
-    await until(() => held, 10_000, "x's write to be held back");
+    await writes.heldBack("x's write to be held back");
     const reader = { limits: [SHARED] };
     expect((await r1.tryAcquire([b], 'r1', 60_000, reader)).acquired).toBe(true);
     expect((await r2.tryAcquire([b], 'r2', 60_000, reader)).acquired).toBe(true);
-    const open = hold;
-    hold = undefined;
-    open.open();
+    writes.open();
     const xs = await going;
     const state = await operator.inspect(b);
     const holders = state?.holders?.map((holder) => holder.owner) ?? [];
@@ -276,29 +275,20 @@ describe('ZooKeeper pending nodes under held-back, failed and late writes', () =
 
   it('a forced release of a pending caller whose flip is held back: the flip fails, nobody holds two ways', async () => {
     const [a, b] = keys();
-    let hold: ReturnType<typeof gate> | undefined;
-    let held = false;
-    const x = process(async (ops, send) => {
-      if (hold && isFlip(ops)) {
-        held = true;
-        await hold.wait;
-      }
-      return send();
-    });
+    const writes = heldBackWrites();
+    const x = writes.backend;
     const [g, h, y, operator] = [process(), process(), process(), process()];
     expect((await take(g, [a], 'g')).acquired).toBe(true);
     expect((await take(h, [b], 'h')).acquired).toBe(true);
     expect((await take(x, [a, b], 'x')).acquired).toBe(false);
-    hold = gate();
+    writes.hold();
     await g.release([a], 'g');
     const flipping = take(x, [a, b], 'x');
-    await until(() => held, 10_000, "x's flip to be held back");
+    await writes.heldBack("x's flip to be held back");
     // (It answers true: x's node in a was first in its line, though x held nothing.)
     await operator.release([a, b], 'x');
     expect((await take(y, [a], 'y')).acquired).toBe(true);
-    const open = hold;
-    hold = undefined;
-    open.open();
+    writes.open();
     expect((await flipping).acquired).toBe(false);
     expect((await operator.inspect(a))?.holders?.map((holder) => holder.owner)).toEqual(['y']);
     await y.release([a], 'y');
@@ -309,28 +299,19 @@ describe('ZooKeeper pending nodes under held-back, failed and late writes', () =
 
   it('a pending caller whose session ends while its flip is held back: the others go in, none beside another', async () => {
     const [a, b] = keys();
-    let hold: ReturnType<typeof gate> | undefined;
-    let held = false;
-    const x = process(async (ops, send) => {
-      if (hold && isFlip(ops)) {
-        held = true;
-        await hold.wait;
-      }
-      return send();
-    });
+    const writes = heldBackWrites();
+    const x = writes.backend;
     const [g, h, y, operator] = [process(), process(), process(), process()];
     expect((await take(g, [a], 'g')).acquired).toBe(true);
     expect((await take(h, [b], 'h')).acquired).toBe(true);
     expect((await take(x, [a, b], 'x')).acquired).toBe(false);
     expect((await take(y, [b], 'y')).acquired).toBe(false);
-    hold = gate();
+    writes.hold();
     await g.release([a], 'g');
     const flipping = take(x, [a, b], 'x').catch(() => ({ acquired: false }));
-    await until(() => held, 10_000, "x's flip to be held back");
+    await writes.heldBack("x's flip to be held back");
     await x.close();
-    const open = hold;
-    hold = undefined;
-    open.open();
+    writes.open();
     expect((await flipping).acquired).toBe(false);
     await h.release([b], 'h');
     await until(async () => (await take(y, [b], 'y')).acquired, 10_000, 'y to take b');
