@@ -333,16 +333,9 @@ export class ZooKeeperLockBackend implements LockBackend {
         const written = !created && request.data ? request.nodes! : where.marks;
         const writes = where.marks.length + where.flips.length + where.passed.length;
         if (!created || writes > 0) {
-          const wrote = await writeLook(session.client, request.nodes!, { ...where, marks: written }, request.data);
-          if (wrote === 'gone') {
-            await this.discard(request, request.nodes!);
-            continue;
-          }
-          // A pending node ahead turned waiting, or went, meanwhile: look again.
-          if (wrote === 'changed') {
-            if (round < 10) continue;
-            return false;
-          }
+          const next = await this.writeLook(session, request, { ...where, marks: written }, round);
+          if (next === 'look again') continue;
+          if (next === 'later') return false;
         }
         request.held = true;
         return true;
@@ -358,15 +351,9 @@ export class ZooKeeperLockBackend implements LockBackend {
       // ahead of it in the lines it is in on go, in the same write.
       const unmarked = where.marks.filter((path) => !request.marked?.has(path));
       if (unmarked.length + where.flips.length + where.passed.length > 0) {
-        const wrote = await writeLook(session.client, request.nodes!, { ...where, marks: unmarked }, request.data);
-        if (wrote === 'gone') {
-          await this.discard(request, request.nodes!);
-          continue;
-        }
-        if (wrote === 'changed') {
-          if (round < 10) continue;
-          return false;
-        }
+        const next = await this.writeLook(session, request, { ...where, marks: unmarked }, round);
+        if (next === 'look again') continue;
+        if (next === 'later') return false;
         request.marked ??= new Set();
         for (const path of unmarked) request.marked.add(path);
       }
@@ -443,6 +430,26 @@ export class ZooKeeperLockBackend implements LockBackend {
     if (deleted && request.firstAhead?.path === path) request.firstAhead.gone = true;
     request.watched.delete(path);
     this.requests.wake(request);
+  }
+
+  /**
+   * The write a look asks for (see writeLook): 'done'; 'look again' when a node of the request is
+   * gone (it lost its place: its other nodes go, and it starts over) or a pending node it read
+   * changed meanwhile (turned waiting, or went); 'later' after ten such rounds of this attempt.
+   */
+  private async writeLook(
+    session: LiveSession,
+    request: LineRequest,
+    writes: Parameters<typeof writeLook>[2],
+    round: number,
+  ): Promise<'done' | 'look again' | 'later'> {
+    const wrote = await writeLook(session.client, request.nodes!, writes, request.data);
+    if (wrote === 'gone') {
+      await this.discard(request, request.nodes!);
+      return 'look again';
+    }
+    if (wrote === 'changed') return round < 10 ? 'look again' : 'later';
+    return 'done';
   }
 
   /**
