@@ -125,8 +125,10 @@ describe('ZooKeeper lines', () => {
   it('a waiter behind one that gives up does not take the key from the holder: it looks again, then takes it when the holder goes', async () => {
     const { reads, watches, backend: counted } = lookCounting();
     const holder = await service(countingBackend().backend).acquire('behind-leaver', { ttl: 60_000 });
+    // Its wait leaves room for the second waiter to line up behind it and watch it on a busy
+    // machine: giving up before that, it would leave nothing for the second one to look again at.
     const impatient = service(counted(0))
-      .acquire('behind-leaver', { wait: 500 })
+      .acquire('behind-leaver', { wait: 2_000 })
       .catch((e: unknown) => e);
     await until(() => watches[0] === 1, 10_000, 'the first waiter to watch the holder');
     let took = false;
