@@ -8,14 +8,15 @@ import type { PostgresLockNames } from './postgres.schema.js';
  * in a comment on the function, which PostgreSQL keeps when an earlier release's SQL, run again
  * (a rollback), replaces the body with its own.
  */
-export const FUNCTIONS_REVISION = 'nest-distributed-lock functions, revision 3';
+export const FUNCTIONS_REVISION = 'nest-distributed-lock functions, revision 4';
 
 /**
- * Revision 3 (one key locked without the nested call, lines read once before they are written)
- * keeps every rule of revision 2: its body names revision 2 too, so a process of that revision
- * finds the functions current and leaves them in place.
+ * Revisions 3 (one key locked without the nested call, lines read once before they are written)
+ * and 4 (a waiter for one key counts its places with a plan made once per connection) keep every
+ * rule of revision 2: the body names the revisions it includes, so a process of any of them finds
+ * the functions current and leaves them in place.
  */
-const INCLUDED_REVISIONS = ['nest-distributed-lock functions, revision 2'];
+const INCLUDED_REVISIONS = ['nest-distributed-lock functions, revision 3', 'nest-distributed-lock functions, revision 2'];
 
 /**
  * The name of the key-locking function's parameter, and the message a process of an older release
@@ -174,8 +175,15 @@ BEGIN
       -- ran out. So two waiters never wait for each other on keys that are free: one stands in a
       -- later line only once nobody ahead of it keeps it out of the earlier ones. A place it still
       -- has is kept (nobody who came later passes it); a line it joins has it at the back.
-      SELECT count(*) INTO kept_place
-        FROM ${n.waiters} w WHERE w.key = ANY (p_keys[1:blocked]) AND w.owner = p_owner AND w.deadline > now_ts;
+      -- One key, the usual case, by equality: the same count over an array slice would be planned
+      -- anew on every call (PostgreSQL finds no generic plan it trusts for it), which cost more
+      -- than the rest of the call, with the key locked.
+      IF blocked = 1 THEN
+        SELECT count(*) INTO kept_place FROM ${n.waiters} w WHERE w.key = p_keys[1] AND w.owner = p_owner AND w.deadline > now_ts;
+      ELSE
+        SELECT count(*) INTO kept_place
+          FROM ${n.waiters} w WHERE w.key = ANY (p_keys[1:blocked]) AND w.owner = p_owner AND w.deadline > now_ts;
+      END IF;
       kept_place := CASE WHEN kept_place < blocked THEN nextval('${n.places}') ELSE 0 END;
       -- A waiter for one key is handed the lock on release, with its ttl but no longer than its
       -- place lasts, so one that died in line holds the others up that long at most.
