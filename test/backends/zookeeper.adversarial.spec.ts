@@ -3,7 +3,12 @@ import { Logger } from '@nestjs/common';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only pass it to the fixture.
 import zookeeper from 'node-zookeeper-client';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
-import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import {
+  nodeZooKeeperClients,
+  ZooKeeperError,
+  type ZooKeeperClient,
+  type ZooKeeperMulti,
+} from '../../lib/backends/zookeeper/zookeeper.client.js';
 import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
 import { InvalidLockKeyError, LockBackendError, LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
@@ -434,7 +439,7 @@ describe('ZooKeeper backend under attack', () => {
         {
           multi: async (ops, send) => {
             if (ops[0]?.op === 'create' && ++creates === 2) {
-              hidden = await send();
+              hidden = (await send()).created;
               throw new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]');
             }
             const answer = await send();
@@ -573,7 +578,7 @@ describe('ZooKeeper backend under attack', () => {
       const [holderNode] = await children(`${fixture.root}/abort`);
       const createSent = gate();
       const createAsked = gate();
-      let created: Promise<string[]> | undefined;
+      let created: Promise<ZooKeeperMulti> | undefined;
       const waiters = service(
         backend(
           { commandTimeout: 500 },
