@@ -917,4 +917,35 @@ describe('ZooKeeper backend under attack', () => {
       await handle.release();
     });
   });
+
+  describe('the fencing token', () => {
+    it('is the czxid of the holder’s own node, though other callers wrote the line and its parent between its create and its look', async () => {
+      const other = backend();
+      let between: Promise<unknown> | undefined;
+      const first = backend(
+        {},
+        {
+          // Right after its create is applied, another process's caller makes and deletes a node in
+          // the line (setting the parent, as every acquisition does) before this one reads anything.
+          multi: async (ops, send) => {
+            const answer = await send();
+            if (ops[0]?.op === 'create' && !between) await (between = other.tryAcquire(['fenced'], 'other', 10_000, { willWait: false }));
+            return answer;
+          },
+        },
+      );
+      const held = await first.tryAcquire(['fenced'], 'first', 10_000);
+      expect(await between).toEqual({ acquired: false });
+      // inspect reads the holder's node: its czxid.
+      const state = await other.inspect('fenced');
+      expect(state).toMatchObject({ owner: 'first' });
+      expect(held).toMatchObject({ acquired: true, fencingToken: state!.fencingToken });
+      await first.release(['fenced'], 'first');
+      // The next holder's token is above it.
+      const next = await other.tryAcquire(['fenced'], 'other', 10_000);
+      const token = (result: typeof held) => (result.acquired ? result.fencingToken : undefined);
+      expect(token(next)).toBeGreaterThan(token(held)!);
+      await other.release(['fenced'], 'other');
+    });
+  });
 });
