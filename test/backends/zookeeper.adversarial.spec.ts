@@ -169,15 +169,23 @@ describe('ZooKeeper backend under attack', () => {
       // The look at the line after the create is answered after the lease it would certify ran
       // out (two thirds of the 2 s session): a stalled event loop, or a slow ensemble under load.
       let createdAt: number | undefined;
+      let creating: Promise<unknown> | undefined;
       const slow = backend(
         { sessionTimeout: 2_000, commandTimeout: 10_000 },
         {
-          multi: (ops, send) => send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now())),
+          multi: (ops, send) => {
+            const answer = send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+            if (ops[0]?.op === 'create') creating ??= answer.catch(() => undefined);
+            return answer;
+          },
+          // The look is read right behind the create: its answer is held until the create's is late.
           getChildren: async (path, send) => {
+            const answer = await send();
+            await creating;
             if (createdAt !== undefined && performance.now() - createdAt < 2_000) {
               await until(() => performance.now() - createdAt! >= 2_000, 10_000, 'the answer to be late');
             }
-            return send();
+            return answer;
           },
         },
       );
@@ -195,6 +203,7 @@ describe('ZooKeeper backend under attack', () => {
     it('an acquisition whose every confirmation came too late gives its nodes up, and its caller takes the free key at once, not at its next poll', async () => {
       // As above, and each check of the session is answered after the lease it would certify ran out too.
       let createdAt: number | undefined;
+      let creating: Promise<unknown> | undefined;
       let lateChecks = 0;
       const afterLease = (since: number) => until(() => performance.now() - since >= 2_000, 10_000, 'the answer to be late');
       const slow = backend(
@@ -208,11 +217,16 @@ describe('ZooKeeper backend under attack', () => {
               await afterLease(sentAt);
               return answer;
             }
-            return send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+            const answer = send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+            if (ops[0]?.op === 'create') creating ??= answer.catch(() => undefined);
+            return answer;
           },
+          // The look is read right behind the create: its answer is held until the create's is late.
           getChildren: async (path, send) => {
+            const answer = await send();
+            await creating;
             if (createdAt !== undefined && performance.now() - createdAt < 2_000) await afterLease(createdAt);
-            return send();
+            return answer;
           },
         },
       );
