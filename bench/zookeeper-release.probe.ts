@@ -121,7 +121,9 @@ async function rawOn(server: ZooKeeperServer, label: string): Promise<void> {
     await new Promise<void>((resolve) => client.connect((state) => state === 'connected' && resolve()));
     await client.create('/raw', 'persistent').catch(() => undefined);
     for (let n = 0; n < pairs / 2; n++) {
-      const [path] = await client.multi([{ op: 'create', path: '/raw/n-', mode: 'ephemeral-sequential' }]);
+      const {
+        created: [path],
+      } = await client.multi([{ op: 'create', path: '/raw/n-', mode: 'ephemeral-sequential' }]);
       await client.multi([{ op: 'remove', path }]);
     }
     const role = leader === undefined ? 'standalone' : leader === i + 1 ? 'leader' : 'follower';

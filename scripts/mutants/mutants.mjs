@@ -14,6 +14,8 @@
  * - `conformance-zookeeper`: the conformance suite's test of tokens across a line's parent made again;
  * - `lost-wakeups`: the test that a waiter first in the store's line but not in its process's queue
  *   takes its turn when its wake-up is lost;
+ * - `zookeeper-token-own-node`: the test that a ZooKeeper holder's token is its own node's czxid, with
+ *   another process's caller writing the line and its parent between its create and its look;
  * - `zookeeper-line-direct`: the test that a waiter behind one that gives up does not take the key
  *   from the holder (ZooKeeper's hand-over without a look at the line);
  * - `conformance-zookeeper-shared`, `conformance-zookeeper-line`: its shared-lock tests on ZooKeeper
@@ -188,6 +190,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/shared-locks.review.spec.ts',
     test: 'does not let a reader of another key set of this process pass a writer queued here before it',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-token-own-node': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.adversarial.spec.ts',
+    test: 'is the czxid of the holder’s own node, though other callers wrote the line and its parent between its create and its look',
     env: {},
     seeded: false,
   },
@@ -514,6 +523,26 @@ export const MUTANTS = [
     file: 'lib/backends/zookeeper/zookeeper.places.ts',
     replace: [['nodes.filter((node) => !leftover.has(node))', 'nodes']],
     detector: 'zookeeper-leftover-nodes',
+  },
+  {
+    name: 'zookeeper-token-parent-czxid',
+    bug: "a ZooKeeper acquisition takes the parent's czxid from the multi's answer for its token, not the transaction's zxid: every holder of a line gets the same token",
+    file: 'lib/backends/zookeeper/zookeeper.client.ts',
+    replace: [['zxid: set && Number(set.mzxid.readBigInt64BE(0)),', 'zxid: set && Number(set.czxid.readBigInt64BE(0)),']],
+    detector: 'zookeeper-token-own-node',
+  },
+  {
+    name: 'zookeeper-token-separate-write',
+    bug: "a ZooKeeper acquisition sets the parent in a write of its own right behind the create and takes that write's zxid for its token: another transaction's, not its node's czxid",
+    file: 'lib/backends/zookeeper/zookeeper.line.ts',
+    replace: [
+      [
+        "      { op: 'set', path: paths.parent(request.keys[0]), data: PARENT_DATA },\n    ]);",
+        "    ]);\n    const setAfter = client.multi([{ op: 'set', path: paths.parent(request.keys[0]), data: PARENT_DATA }]);",
+      ],
+      ['const { created, zxid } = await answer;', 'const [{ created }, { zxid }] = await Promise.all([answer, setAfter]);'],
+    ],
+    detector: 'zookeeper-token-own-node',
   },
   {
     name: 'mysql-reader-beside-writer',

@@ -3,7 +3,7 @@ import { createHash } from 'node:crypto';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only use it as an operator's client.
 import zookeeper from 'node-zookeeper-client';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
-import { ZooKeeperError } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import { ZooKeeperError, type ZooKeeperMulti } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
 import { LockBackendError } from '../../lib/lock.errors.js';
 import { LockService } from '../../lib/lock.service.js';
@@ -280,7 +280,7 @@ describe('ZooKeeper backend on a digest-protected root', () => {
      * server that refuses a request read before them.
      */
     async function tappedBackend(
-      multi: (send: () => Promise<string[]>) => Promise<string[]>,
+      multi: (send: () => Promise<ZooKeeperMulti>) => Promise<ZooKeeperMulti>,
     ): Promise<{ proxy: TcpProxy; cutOff: ZooKeeperLockBackend }> {
       const proxy = await TcpProxy.start(Number(fixture.connectionString.split(':').at(-1)));
       fixture.cleanup(() => proxy.close());

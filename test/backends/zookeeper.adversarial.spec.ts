@@ -3,7 +3,12 @@ import { Logger } from '@nestjs/common';
 // @ts-expect-error: node-zookeeper-client ships no types; the tests only pass it to the fixture.
 import zookeeper from 'node-zookeeper-client';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
-import { nodeZooKeeperClients, ZooKeeperError, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import {
+  nodeZooKeeperClients,
+  ZooKeeperError,
+  type ZooKeeperClient,
+  type ZooKeeperMulti,
+} from '../../lib/backends/zookeeper/zookeeper.client.js';
 import type { ZooKeeperLockBackendOptions } from '../../lib/backends/zookeeper/zookeeper.options.js';
 import { InvalidLockKeyError, LockBackendError, LockLostError, LockNotAcquiredError } from '../../lib/lock.errors.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
@@ -164,15 +169,23 @@ describe('ZooKeeper backend under attack', () => {
       // The look at the line after the create is answered after the lease it would certify ran
       // out (two thirds of the 2 s session): a stalled event loop, or a slow ensemble under load.
       let createdAt: number | undefined;
+      let creating: Promise<unknown> | undefined;
       const slow = backend(
         { sessionTimeout: 2_000, commandTimeout: 10_000 },
         {
-          multi: (ops, send) => send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now())),
+          multi: (ops, send) => {
+            const answer = send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+            if (ops[0]?.op === 'create') creating ??= answer.catch(() => undefined);
+            return answer;
+          },
+          // The look is read right behind the create: its answer is held until the create's is late.
           getChildren: async (path, send) => {
+            const answer = await send();
+            await creating;
             if (createdAt !== undefined && performance.now() - createdAt < 2_000) {
               await until(() => performance.now() - createdAt! >= 2_000, 10_000, 'the answer to be late');
             }
-            return send();
+            return answer;
           },
         },
       );
@@ -190,6 +203,7 @@ describe('ZooKeeper backend under attack', () => {
     it('an acquisition whose every confirmation came too late gives its nodes up, and its caller takes the free key at once, not at its next poll', async () => {
       // As above, and each check of the session is answered after the lease it would certify ran out too.
       let createdAt: number | undefined;
+      let creating: Promise<unknown> | undefined;
       let lateChecks = 0;
       const afterLease = (since: number) => until(() => performance.now() - since >= 2_000, 10_000, 'the answer to be late');
       const slow = backend(
@@ -203,11 +217,16 @@ describe('ZooKeeper backend under attack', () => {
               await afterLease(sentAt);
               return answer;
             }
-            return send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+            const answer = send().finally(() => ops[0]?.op === 'create' && (createdAt ??= performance.now()));
+            if (ops[0]?.op === 'create') creating ??= answer.catch(() => undefined);
+            return answer;
           },
+          // The look is read right behind the create: its answer is held until the create's is late.
           getChildren: async (path, send) => {
+            const answer = await send();
+            await creating;
             if (createdAt !== undefined && performance.now() - createdAt < 2_000) await afterLease(createdAt);
-            return send();
+            return answer;
           },
         },
       );
@@ -434,7 +453,7 @@ describe('ZooKeeper backend under attack', () => {
         {
           multi: async (ops, send) => {
             if (ops[0]?.op === 'create' && ++creates === 2) {
-              hidden = await send();
+              hidden = (await send()).created;
               throw new ZooKeeperError('CONNECTION_LOSS', 'Exception: CONNECTION_LOSS[-4]');
             }
             const answer = await send();
@@ -573,7 +592,7 @@ describe('ZooKeeper backend under attack', () => {
       const [holderNode] = await children(`${fixture.root}/abort`);
       const createSent = gate();
       const createAsked = gate();
-      let created: Promise<string[]> | undefined;
+      let created: Promise<ZooKeeperMulti> | undefined;
       const waiters = service(
         backend(
           { commandTimeout: 500 },
@@ -910,6 +929,37 @@ describe('ZooKeeper backend under attack', () => {
       const handle = await both;
       expect(handle.fencingToken).toBeGreaterThan(alone.fencingToken!);
       await handle.release();
+    });
+  });
+
+  describe('the fencing token', () => {
+    it('is the czxid of the holder’s own node, though other callers wrote the line and its parent between its create and its look', async () => {
+      const other = backend();
+      let between: Promise<unknown> | undefined;
+      const first = backend(
+        {},
+        {
+          // Right after its create is applied, another process's caller makes and deletes a node in
+          // the line (setting the parent, as every acquisition does) before this one reads anything.
+          multi: async (ops, send) => {
+            const answer = await send();
+            if (ops[0]?.op === 'create' && !between) await (between = other.tryAcquire(['fenced'], 'other', 10_000, { willWait: false }));
+            return answer;
+          },
+        },
+      );
+      const held = await first.tryAcquire(['fenced'], 'first', 10_000);
+      expect(await between).toEqual({ acquired: false });
+      // inspect reads the holder's node: its czxid.
+      const state = await other.inspect('fenced');
+      expect(state).toMatchObject({ owner: 'first' });
+      expect(held).toMatchObject({ acquired: true, fencingToken: state!.fencingToken });
+      await first.release(['fenced'], 'first');
+      // The next holder's token is above it.
+      const next = await other.tryAcquire(['fenced'], 'other', 10_000);
+      const token = (result: typeof held) => (result.acquired ? result.fencingToken : undefined);
+      expect(token(next)).toBeGreaterThan(token(held)!);
+      await other.release(['fenced'], 'other');
     });
   });
 });

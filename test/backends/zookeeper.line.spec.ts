@@ -1,7 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import type { LockBackend } from '../../lib/backends/lock-backend.interface.js';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
-import { nodeZooKeeperClients, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import { nodeZooKeeperClients, type ZooKeeperClient, type ZooKeeperMulti } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import { LockService } from '../../lib/lock.service.js';
 import type { LockHandle } from '../../lib/lock.handle.js';
 // @ts-expect-error: node-zookeeper-client ships no types; the test only passes it to the fixture.
@@ -178,7 +178,7 @@ describe('ZooKeeper lines', () => {
           const answer = multi(ops);
           if (held || ops[0]?.op !== 'create') return answer;
           held = answer;
-          return new Promise<string[]>((resolve, reject) => (late = () => answer.then(resolve, reject)));
+          return new Promise<ZooKeeperMulti>((resolve, reject) => (late = () => answer.then(resolve, reject)));
         },
       });
     };

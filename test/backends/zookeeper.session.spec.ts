@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { ZooKeeperLockBackend } from '../../lib/backends/zookeeper/zookeeper.backend.js';
-import { nodeZooKeeperClients, type ZooKeeperClient } from '../../lib/backends/zookeeper/zookeeper.client.js';
+import { nodeZooKeeperClients, type ZooKeeperClient, type ZooKeeperMulti } from '../../lib/backends/zookeeper/zookeeper.client.js';
 import { useZooKeeper } from '../support/zookeeper-fixture.js';
 import { until } from '../support/wait.js';
 
@@ -30,7 +30,7 @@ describe('ZooKeeper commandTimeout errors say where the operation stood', () => 
     let holdRemoves = false;
     const locks = backend(
       changedClients((client) => ({
-        multi: (ops) => (holdRemoves && ops[0]?.op === 'remove' ? new Promise<string[]>(() => undefined) : client.multi(ops)),
+        multi: (ops) => (holdRemoves && ops[0]?.op === 'remove' ? new Promise<ZooKeeperMulti>(() => undefined) : client.multi(ops)),
       })),
     );
     // Taken first, asked again if a loaded machine kept the first answer past the command timeout.

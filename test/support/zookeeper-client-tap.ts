@@ -1,6 +1,7 @@
 import {
   nodeZooKeeperClients,
   type ZooKeeperClient,
+  type ZooKeeperMulti,
   type ZooKeeperNodeEvent,
   type ZooKeeperOp,
   type ZooKeeperStat,
@@ -12,7 +13,7 @@ import {
  * Hooks left out pass the request through.
  */
 export interface ZooKeeperTaps {
-  multi?(ops: readonly ZooKeeperOp[], send: () => Promise<string[]>): Promise<string[]>;
+  multi?(ops: readonly ZooKeeperOp[], send: () => Promise<ZooKeeperMulti>): Promise<ZooKeeperMulti>;
   exists?(
     path: string,
     watcher: ((event: ZooKeeperNodeEvent) => void) | undefined,
@@ -41,7 +42,7 @@ class TappedClient implements ZooKeeperClient {
     this.inner.connect(onState);
   }
 
-  multi(ops: readonly ZooKeeperOp[]): Promise<string[]> {
+  multi(ops: readonly ZooKeeperOp[]): Promise<ZooKeeperMulti> {
     const send = () => this.inner.multi(ops);
     return this.taps.multi ? this.taps.multi(ops, send) : send();
   }

@@ -302,7 +302,9 @@ export class ZooKeeperLockBackend implements LockBackend {
       // One create at a time per request, settled before anything looks for its nodes.
       if (!(await this.places.settle(session, request))) return false;
       const created = !request.nodes;
-      if (created && !(await this.places.create(session, request))) return false;
+      // Its create's answer gives the czxid, and the lines come right behind it (see createNodes).
+      const made = created ? await this.places.create(session, request) : {};
+      if (made === false) return false;
       // The first node of its line, just ahead of it, went: first now, without a look.
       const ahead = request.firstAhead;
       request.firstAhead = undefined;
@@ -310,7 +312,8 @@ export class ZooKeeperLockBackend implements LockBackend {
       const [where, stat] = clear
         ? [{ first: true as const, marks: [], flips: [], passed: [] }, undefined]
         : await Promise.all([
-            position(session.client, this.paths, request),
+            position(session.client, this.paths, request, made.lines),
+            // Nodes found by name after a create's answer was lost: their czxid is read.
             request.czxid === undefined ? session.client.exists(request.nodes![0]) : undefined,
           ]);
       if (stat) request.czxid = stat.czxid;

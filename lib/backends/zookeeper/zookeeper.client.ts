@@ -11,8 +11,8 @@ export interface ZooKeeperClient {
   readonly sessionTimeout: number;
   /** Resolves once a session is established; `onState` hears what happens to it from then on. */
   connect(onState: (state: ZooKeeperClientState) => void): void;
-  /** All-or-nothing: the created paths, in the order of the create operations. */
-  multi(ops: readonly ZooKeeperOp[]): Promise<string[]>;
+  /** All-or-nothing, one transaction: see ZooKeeperMulti for what its answer says. */
+  multi(ops: readonly ZooKeeperOp[]): Promise<ZooKeeperMulti>;
   create(path: string, mode: 'persistent'): Promise<void>;
   /** With a version, fails (BAD_VERSION) unless the node's data was set exactly that many times. */
   remove(path: string, version?: number): Promise<void>;
@@ -46,6 +46,19 @@ export type ZooKeeperOp =
   | { op: 'check'; path: string }
   /** Sets the node's data (at `version` when given, else any); fails the whole multi() when the node is gone. */
   | { op: 'set'; path: string; data: Buffer; version?: number };
+
+/** What a multi() did, from its answer. */
+export interface ZooKeeperMulti {
+  /** The created paths, in the order of the create operations. */
+  created: string[];
+  /**
+   * The zxid of its transaction, when it set a node's data: the mzxid of that node as the set left
+   * it. A multi() is one transaction with one zxid, so this is also the czxid of every node it
+   * created. (Its answer to a create carries no stat: a server reads a create2 inside a multi as a
+   * plain create, and answers with the path only.) Undefined when it set nothing.
+   */
+  zxid: number | undefined;
+}
 
 export interface ZooKeeperStat {
   /** The zxid of the transaction that created the node: global and increasing. */
@@ -95,7 +108,7 @@ interface NzkTransaction {
   remove(path: string, version: number): NzkTransaction;
   check(path: string, version: number): NzkTransaction;
   setData(path: string, data: Buffer, version: number): NzkTransaction;
-  commit(callback: (error: NzkError | null, results: { type: number; path?: string }[]) => void): void;
+  commit(callback: (error: NzkError | null, results: { type: number; path?: string; stat?: NzkStat }[]) => void): void;
 }
 interface NzkError extends Error {
   getCode?(): number;
@@ -104,6 +117,7 @@ interface NzkError extends Error {
 }
 interface NzkStat {
   czxid: Buffer;
+  mzxid: Buffer;
   version: number;
   ctime: Buffer;
   mtime: Buffer;
@@ -164,7 +178,7 @@ class NodeZooKeeperClient implements ZooKeeperClient {
     this.client.connect();
   }
 
-  multi(ops: readonly ZooKeeperOp[]): Promise<string[]> {
+  multi(ops: readonly ZooKeeperOp[]): Promise<ZooKeeperMulti> {
     const transaction = this.client.transaction();
     for (const op of ops) {
       if (op.op === 'create') transaction.create(op.path, op.data, this.acl, CREATE_MODE[op.mode]);
@@ -178,8 +192,13 @@ class NodeZooKeeperClient implements ZooKeeperClient {
     }
     return new Promise((resolve, reject) =>
       transaction.commit((error, results) => {
-        if (error) reject(toError(error));
-        else resolve(results.filter((r) => r.path !== undefined).map((r) => r.path!));
+        if (error) return reject(toError(error));
+        // A setData's answer is the node's stat as the set left it: its mzxid is this transaction's.
+        const set = results.find((r) => r.stat !== undefined)?.stat;
+        resolve({
+          created: results.filter((r) => r.path !== undefined).map((r) => r.path!),
+          zxid: set && Number(set.mzxid.readBigInt64BE(0)),
+        });
       }),
     );
   }

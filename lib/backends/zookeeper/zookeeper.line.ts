@@ -154,11 +154,24 @@ export type Position =
  * was pending and a caller entered past it). It waits in the first line that keeps it out, and is
  * pending in the lines after it.
  */
-export async function position(client: ZooKeeperClient, paths: LinePaths, request: LineRequest): Promise<Position> {
+export async function position(
+  client: ZooKeeperClient,
+  paths: LinePaths,
+  request: LineRequest,
+  /** The lines read right behind the create that made the request's nodes (see Created). */
+  behind?: Created['lines'],
+): Promise<Position> {
   const nodes = request.nodes!;
   // A parent gone (an operator deleted the whole line) took our node with it: gone, not an error.
   const [lines, own] = await Promise.all([
-    Promise.all(request.keys.map((key) => childrenOf(client, paths.parent(key)))),
+    Promise.all(
+      request.keys.map(async (key, i) => {
+        const parent = paths.parent(key);
+        const line = await behind?.[i];
+        // Read after the create only if it shows the node (see Created.lines).
+        return line?.includes(nodes[i].slice(parent.length + 1)) ? line : childrenOf(client, parent);
+      }),
+    ),
     // Its own nodes after the first: pending or not, and their version (the first never is).
     Promise.all(nodes.map((node, i) => (i === 0 ? undefined : client.getData(node)))),
   ]);
@@ -207,33 +220,59 @@ export async function position(client: ZooKeeperClient, paths: LinePaths, reques
   return { first: false, waitFor, ...writes, ...(firstAhead && { firstAhead }), ...(adjacent && { adjacent }) };
 }
 
+/** What a create answered, and the lines read right behind it. */
+export interface Created {
+  nodes: string[];
+  /** Their czxid (the fencing token): the zxid of the multi() that made them. */
+  czxid: number | undefined;
+  /**
+   * Each key's line, read right behind the create (undefined where that read failed). A session's
+   * requests are answered in order and a read after the same session's write, so a line that
+   * shows the request's node was read after it was made; one that does not is read again.
+   */
+  lines: Promise<string[] | undefined>[];
+}
+
+/** The data the parent of a request's first key is set to, by the multi() that makes the request's nodes. */
+const PARENT_DATA = Buffer.alloc(0);
+
 /**
  * Creates the request's nodes in one multi(). A key's parent is created when missing (it may have
  * been cleaned up since): the multi then fails with NO_NODE, and is sent again once it exists.
+ *
+ * The same multi() sets the data of the first key's parent (to nothing, as it is made): its answer
+ * to a setData carries the node's stat, whose mzxid is the multi's own zxid, and so the czxid of
+ * every node it made: the fencing token comes with the create's answer, without a read of the node
+ * after it. The lines are read right behind the create, without waiting for its answer: an
+ * uncontended acquisition is one round trip.
  */
 export async function createNodes(
   session: LiveSession,
   paths: LinePaths,
   request: LineRequest,
   knownParents: Set<string>,
-): Promise<string[]> {
+): Promise<Created> {
   const { client } = session;
   for (let attempt = 0; ; attempt++) {
     const missing = request.keys.map((key) => paths.parent(key)).filter((parent) => !knownParents.has(parent));
     await Promise.all(missing.map((parent) => createParent(client, paths.root, parent, knownParents)));
+    const answer = client.multi([
+      ...request.keys.map(
+        (key, i) =>
+          ({
+            op: 'create',
+            path: paths.prefix(key, request.owner, request.limits[i] ?? 1),
+            // Pending after its first key (see zookeeper.pending.ts).
+            data: i === 0 ? request.data : pendingData(request.data),
+            mode: 'ephemeral-sequential',
+          }) as const,
+      ),
+      { op: 'set', path: paths.parent(request.keys[0]), data: PARENT_DATA },
+    ]);
+    const lines = request.keys.map((key) => childrenOf(client, paths.parent(key)).catch(() => undefined));
     try {
-      return await client.multi(
-        request.keys.map(
-          (key, i) =>
-            ({
-              op: 'create',
-              path: paths.prefix(key, request.owner, request.limits[i] ?? 1),
-              // Pending after its first key (see zookeeper.pending.ts).
-              data: i === 0 ? request.data : pendingData(request.data),
-              mode: 'ephemeral-sequential',
-            }) as const,
-        ),
-      );
+      const { created, zxid } = await answer;
+      return { nodes: created, czxid: zxid, lines };
     } catch (error) {
       if (!(error instanceof ZooKeeperError && error.code === 'NO_NODE') || attempt >= 3) throw error;
       for (const key of request.keys) knownParents.delete(paths.parent(key));

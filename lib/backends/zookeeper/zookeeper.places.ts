@@ -1,5 +1,5 @@
 import { ZooKeeperError } from './zookeeper.client.js';
-import { createNodes, findNodes, removeNodes, type LinePaths, type LineRequest } from './zookeeper.line.js';
+import { createNodes, findNodes, removeNodes, type Created, type LinePaths, type LineRequest } from './zookeeper.line.js';
 import type { ParentNodes } from './zookeeper.parents.js';
 import type { LineRequests } from './zookeeper.requests.js';
 import type { LiveSession } from './zookeeper.session.js';
@@ -59,8 +59,12 @@ export class LinePlaces {
     }
   }
 
-  /** Makes the request's nodes. False when its caller gave up meanwhile: the nodes went again. */
-  async create(session: LiveSession, request: LineRequest): Promise<boolean> {
+  /**
+   * Makes the request's nodes: the lines read right behind the create when they are its place, none
+   * when they were found by name meanwhile; false when its caller gave up meanwhile (the nodes went
+   * again).
+   */
+  async create(session: LiveSession, request: LineRequest): Promise<{ lines?: Created['lines'] } | false> {
     request.createdIn = session.generation;
     const creating = createNodes(session, this.paths, request, this.parents.known);
     // Runs before the await below resumes: an answer that comes after the caller gave up on it
@@ -69,7 +73,7 @@ export class LinePlaces {
       generation: session.generation,
       settled: creating
         .then(
-          (nodes) => this.created(request, session, nodes),
+          (made) => this.created(request, session, made),
           (error: unknown) => this.createFailed(request, error),
         )
         .finally(() => {
@@ -77,14 +81,15 @@ export class LinePlaces {
         }),
     };
     request.creating = inFlight;
-    await creating;
-    return request.nodes !== undefined;
+    const made = await creating;
+    if (request.nodes === undefined) return false;
+    return request.nodes === made.nodes ? { lines: made.lines } : {};
   }
 
   /** A create answered: its nodes are the request's place, or go when the request has one, or was given up. */
-  private created(request: LineRequest, session: LiveSession, nodes: string[]): void {
+  private created(request: LineRequest, session: LiveSession, { nodes, czxid }: Created): void {
     if (this.requests.isCurrent(request) && !request.nodes) {
-      this.adopt(request, session, nodes);
+      this.adopt(request, session, nodes, czxid);
       request.uncertain = false;
     } else if (request.nodes?.join('\n') !== nodes.join('\n')) {
       // Not the ones already found by name after a lost answer: they would stand in line for
@@ -105,10 +110,11 @@ export class LinePlaces {
     if (!this.requests.isCurrent(request)) this.requests.removeLater(request);
   }
 
-  private adopt(request: LineRequest, session: LiveSession, nodes: string[]): void {
+  /** `czxid`: known from the create's answer; else (nodes found by name) read by the next look. */
+  private adopt(request: LineRequest, session: LiveSession, nodes: string[], czxid?: number): void {
     request.nodes = nodes;
     request.generation = session.generation;
-    request.czxid = undefined;
+    request.czxid = czxid;
     request.watched.clear();
   }
 }
