@@ -72,10 +72,10 @@ export class EtcdAdmission {
     const keptSince = performance.now();
     let response, kept;
     try {
-      [response, kept] = await Promise.all([
-        this.connection.txn(this.line.firstAttempt(keys, owner, limits, identity, hold.id, wait), what),
-        fresh ? false : this.connection.keepAlive(hold.id, what).catch(() => false),
-      ]);
+      const sent = this.connection.txn(this.line.firstAttempt(keys, owner, limits, identity, hold.id, wait), what);
+      // The next spare is asked for once this transaction is on its way: etcd takes that first.
+      this.spares.replenish(seconds);
+      [response, kept] = await Promise.all([sent, fresh ? false : this.connection.keepAlive(hold.id, what).catch(() => false)]);
     } catch (error) {
       if (this.connection.isLeaseGone(error) && (wait !== undefined || taken !== undefined)) {
         // The waiter lease ran out while nobody waited, or the spare did: new ones, and again.

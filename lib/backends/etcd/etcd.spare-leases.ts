@@ -4,14 +4,16 @@ import type { HoldLease } from './etcd.places.js';
 /**
  * One lease granted ahead of time per ttl (whole seconds, as etcd counts them), so that an
  * acquisition's first attempt need not wait for a grant: it takes the spare at once, and its caller
- * waits for one transaction. Taking a spare grants the next one in the background.
+ * waits for one transaction. Each first attempt asks for the next one (replenish()) once its
+ * transaction is on its way, granted in the background.
  *
  * - A spare is handed out by take(), which forgets it in the same step: it has one owner, and from
  *   then on it is that owner's lease like any other (its anchor, its keys, its revoke).
  * - Its deadline is counted from its grant (`aliveSince`), as every lease's is: take() hands out
- *   only a spare with at least half its ttl certainly left (it cannot run out under the
- *   transaction that takes it), and the caller counts what is left, or restarts it with a
- *   keepalive sent beside its transaction.
+ *   only a spare with at least half its ttl certainly left (should it run out all the same under
+ *   the transaction that takes it, etcd refuses that transaction, and the attempt starts again on
+ *   a lease of its own), and the caller counts what is left, or restarts it with a keepalive sent
+ *   beside its transaction.
  * - A spare carries no key until taken: a grant whose answer is lost, or a spare nobody takes,
  *   costs etcd a lease until its ttl runs out, nothing else. At most one is kept per ttl, and
  *   close() revokes it (and waits for a grant still out, to revoke that too).
@@ -34,7 +36,6 @@ export class EtcdSpareLeases {
   take(seconds: number): HoldLease | undefined {
     const spare = this.spares.get(seconds);
     this.spares.delete(seconds);
-    this.replenish(seconds);
     if (spare === undefined || spare.aliveSince + spare.ttl * 500 < performance.now()) return undefined;
     return spare;
   }
@@ -47,8 +48,9 @@ export class EtcdSpareLeases {
     await Promise.all([...spares.map((spare) => this.revoke(spare.id).catch(() => undefined)), ...this.granting.values()]);
   }
 
-  private replenish(seconds: number): void {
-    if (this.closed || this.granting.has(seconds)) return;
+  /** Grants the next spare of `seconds` in the background, unless one is kept or being granted. */
+  replenish(seconds: number): void {
+    if (this.closed || this.granting.has(seconds) || this.spares.has(seconds)) return;
     const granting = this.grant(seconds).then(
       async (spare) => {
         if (this.closed) await this.revoke(spare.id).catch(() => undefined);
