@@ -207,6 +207,8 @@ describe('etcd backend, attacked', () => {
       expect(((await late.send()) as { succeeded: boolean }).succeeded).toBe(true);
       expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
       await revoke.send();
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'the lock its late request won to be freed');
     });
 
@@ -408,6 +410,8 @@ describe('etcd backend, attacked', () => {
       await slow.send();
       expect(await acquiring).toMatchObject({ message: 'the caller went away' });
       await held.release();
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'the aborted waiter to leave nothing');
     });
 
@@ -430,8 +434,10 @@ describe('etcd backend, attacked', () => {
       await held.release();
       const handle = await next;
       await handle.release();
-      await nothingLeft(kept, 'every place to go');
+      await until(async () => (await entries()).length === 0 && (await watchers()) === 0, 10_000, 'every place and watch to go');
+      // The spare leases they keep for their next acquisitions go with them.
       await Promise.all([holder, aborting, nextService].map((locks) => locks.onApplicationShutdown()));
+      await nothingLeft(kept, 'every place to go');
       await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(timers), 10_000);
     });
 
@@ -557,7 +563,8 @@ describe('etcd backend, attacked', () => {
       const long = 'k'.repeat(100_000);
       const locks = service({ maxKeyLength: 3_000_000 });
       const held = await locks.acquire(long);
-      const waiting = service({ maxKeyLength: 3_000_000 }).acquire(long, { wait: 20_000 });
+      const other = service({ maxKeyLength: 3_000_000 });
+      const waiting = other.acquire(long, { wait: 20_000 });
       await until(async () => (await entries()).length === 2, 10_000, 'the waiter to stand in line');
       await held.release();
       await (await waiting).release();
@@ -567,6 +574,9 @@ describe('etcd backend, attacked', () => {
       expect(error).toBeInstanceOf(InvalidLockKeyError);
       expect((error as Error).message).toMatch(/larger than etcd takes/);
       expect((error as Error).message.length).toBeLessThan(1_000);
+      await until(async () => (await keys()).length === 0, 10_000, 'every key to go');
+      // The spare leases they keep for their next acquisitions go with them.
+      await Promise.all([locks, other].map((service) => service.onApplicationShutdown()));
       await nothingLeft(kept, 'nothing of the refused acquisition to be left');
     });
 
@@ -580,6 +590,9 @@ describe('etcd backend, attacked', () => {
       const error = await locks.acquire([...fits, 'many:42'], { wait: 20_000 }).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(InvalidLockKeyError);
       expect((error as Error).message).toMatch(/43 keys .*--max-txn-ops/);
+      await until(async () => (await keys()).length === 0, 10_000, 'every key to go');
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'nothing of the refused acquisition to be left');
     });
 
@@ -589,6 +602,8 @@ describe('etcd backend, attacked', () => {
       const locks = service();
       const handle = await locks.tryAcquire('tiny-ttl', { ttl: 1 }).catch((e: unknown) => e);
       expect(handle === undefined || handle instanceof Error || !(handle as LockHandle).isHeld).toBe(true);
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'nothing of the 1 ms lock to be left');
     });
 
@@ -600,6 +615,8 @@ describe('etcd backend, attacked', () => {
       expect(Number((await fixture.admin.leaseClient.leaseTimeToLive({ ID: entry.lease })).grantedTTL)).toBe(2_147_484);
       await handle.extend();
       await handle.release();
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'the lease to go');
     });
   });

@@ -180,7 +180,9 @@ describe('etcd backend on one member', () => {
     expect(handle.signal.reason).not.toBeInstanceOf(LockLostError);
   });
 
-  it('refuses new work once closed, and leaves no entry behind', async () => {
+  it('refuses new work once closed, and leaves no entry and no lease behind', async () => {
+    const leases = async () => (await fixture.admin.leaseClient.leaseLeases({})).leases.map((lease) => String(lease.ID));
+    const before = await leases();
     const closing = backend();
     expect((await closing.tryAcquire(['closed'], 'owner-a', 10_000)).acquired).toBe(true);
     expect((await closing.tryAcquire(['closed'], 'owner-b', 10_000)).acquired).toBe(false);
@@ -189,6 +191,8 @@ describe('etcd backend on one member', () => {
     await closing.close();
     await expect(closing.tryAcquire(['closed'], 'owner-c', 10_000)).rejects.toThrow(/the backend is closed/);
     expect(await entries()).toEqual([]);
+    // Its holder's, its waiter's and its waiters' leases, and the spare its acquisitions left.
+    expect((await leases()).filter((lease) => !before.includes(lease))).toEqual([]);
   });
 });
 
