@@ -125,6 +125,28 @@ describe('etcd backend, attacked', () => {
       await next!.release();
     });
 
+    it('a spare lease whose grant was answered too late holds no key: the next acquisition grants its own, and nothing else is left', async () => {
+      const kept = await leases();
+      const { locks, gate } = gated();
+      // The first grant is the first acquisition's own lease (a caller that does not wait needs no
+      // waiter lease); the second, the spare asked for after it.
+      let grants = 0;
+      const late = gate.late('leaseClient', 'leaseGrant', () => ++grants === 2);
+      const first = (await locks.tryAcquire('spare-late-a', { ttl: 3_000 }))!;
+      await late.caught;
+      const orphan = String(((await late.send()) as { ID: string }).ID);
+      const second = (await locks.tryAcquire('spare-late-b', { ttl: 3_000 }))!;
+      const onLeases = (await entries()).map((entry) => entry.lease);
+      expect(onLeases).toHaveLength(2);
+      expect(onLeases).not.toContain(orphan);
+      // etcd has the lease, with nothing on it: it runs out by itself.
+      expect((await fixture.admin.leaseClient.leaseTimeToLive({ ID: orphan, keys: true })).keys).toEqual([]);
+      await first.release();
+      await second.release();
+      await locks.onApplicationShutdown();
+      await nothingLeft([...kept, orphan], 'nothing but the lease granted too late to be left');
+    });
+
     it('an extension to another ttl that lands after the next extension read where the keys are never frees them under a holder that believes it holds', async () => {
       const { locks, gate } = gated();
       const handle = await locks.acquire('late-move', { ttl: 3_000 });
