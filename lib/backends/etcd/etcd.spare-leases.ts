@@ -30,8 +30,7 @@ export class EtcdSpareLeases {
 
   /**
    * The spare for `seconds`, if it has at least half its ttl certainly left, and from now on
-   * nobody else's; a new one is granted in the background. A spare with less left is dropped (it
-   * runs out by itself, holding nothing).
+   * nobody else's. A spare with less left is dropped (it runs out by itself, holding nothing).
    */
   take(seconds: number): HoldLease | undefined {
     const spare = this.spares.get(seconds);
