@@ -30,6 +30,10 @@
  * - `etcd-token-order-woken`: the test that such a reader, woken as the entry ahead it waited for
  *   went, does not enter beside an earlier one that does not hold yet;
  * - `etcd-permit-wake`: the test that a permit waiter kept out by such an entry is woken when it holds;
+ * - `etcd-spare-one-owner`: the test that two etcd acquisitions at once get two leases, one of them
+ *   the spare, and that releasing one leaves the other lock alone;
+ * - `etcd-spare-validity`: the test that a lock on an aged spare lease reports a validity counted
+ *   from the spare's grant (or from a keepalive sent beside its transaction);
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -134,6 +138,20 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.shared.spec.ts',
     test: 'wakes a permit waiter behind a caller of several keys that is in on its key but waits for another once that caller holds it',
+    env: {},
+    seeded: false,
+  },
+  'etcd-spare-one-owner': {
+    kind: 'jest',
+    file: 'test/backends/etcd.backend.spec.ts',
+    test: 'hands a spare lease to one owner only: two acquisitions at once get two leases, and a release leaves the other lock alone',
+    env: {},
+    seeded: false,
+  },
+  'etcd-spare-validity': {
+    kind: 'jest',
+    file: 'test/backends/etcd.backend.spec.ts',
+    test: 'counts the validity of a lock on a spare from the spare’s grant, or from a keepalive sent beside the transaction',
     env: {},
     seeded: false,
   },
@@ -469,6 +487,20 @@ export const MUTANTS = [
       ],
     ],
     detector: 'etcd-token-order-woken',
+  },
+  {
+    name: 'etcd-spare-twice',
+    bug: 'an etcd spare lease is handed out without being forgotten: two owners at once put their keys on it, and the release of one revokes the other',
+    file: 'lib/backends/etcd/etcd.spare-leases.ts',
+    replace: [['    this.spares.delete(seconds);\n', '']],
+    detector: 'etcd-spare-one-owner',
+  },
+  {
+    name: 'etcd-spare-validity-from-call',
+    bug: 'a lock on an etcd spare lease reports its whole ttl, counted from the call, though the spare was granted earlier and etcd lets it run out sooner',
+    file: 'lib/backends/etcd/etcd.admission.ts',
+    replace: [['    const validityMs = Math.max(0, Math.min(ttlMs, leaseLeft(hold, started)));', '    const validityMs = ttlMs;']],
+    detector: 'etcd-spare-validity',
   },
   {
     name: 'local-reader-passes-writer',

@@ -125,6 +125,28 @@ describe('etcd backend, attacked', () => {
       await next!.release();
     });
 
+    it('a spare lease whose grant was answered too late holds no key: the next acquisition grants its own, and nothing else is left', async () => {
+      const kept = await leases();
+      const { locks, gate } = gated();
+      // The first grant is the first acquisition's own lease (a caller that does not wait needs no
+      // waiter lease); the second, the spare asked for after it.
+      let grants = 0;
+      const late = gate.late('leaseClient', 'leaseGrant', () => ++grants === 2);
+      const first = (await locks.tryAcquire('spare-late-a', { ttl: 3_000 }))!;
+      await late.caught;
+      const orphan = String(((await late.send()) as { ID: string }).ID);
+      const second = (await locks.tryAcquire('spare-late-b', { ttl: 3_000 }))!;
+      const onLeases = (await entries()).map((entry) => entry.lease);
+      expect(onLeases).toHaveLength(2);
+      expect(onLeases).not.toContain(orphan);
+      // etcd has the lease, with nothing on it: it runs out by itself.
+      expect((await fixture.admin.leaseClient.leaseTimeToLive({ ID: orphan, keys: true })).keys).toEqual([]);
+      await first.release();
+      await second.release();
+      await locks.onApplicationShutdown();
+      await nothingLeft([...kept, orphan], 'nothing but the lease granted too late to be left');
+    });
+
     it('an extension to another ttl that lands after the next extension read where the keys are never frees them under a holder that believes it holds', async () => {
       const { locks, gate } = gated();
       const handle = await locks.acquire('late-move', { ttl: 3_000 });
@@ -207,6 +229,8 @@ describe('etcd backend, attacked', () => {
       expect(((await late.send()) as { succeeded: boolean }).succeeded).toBe(true);
       expect(await entries()).toEqual([expect.objectContaining({ value: 'held' })]);
       await revoke.send();
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'the lock its late request won to be freed');
     });
 
@@ -408,6 +432,8 @@ describe('etcd backend, attacked', () => {
       await slow.send();
       expect(await acquiring).toMatchObject({ message: 'the caller went away' });
       await held.release();
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'the aborted waiter to leave nothing');
     });
 
@@ -430,8 +456,10 @@ describe('etcd backend, attacked', () => {
       await held.release();
       const handle = await next;
       await handle.release();
-      await nothingLeft(kept, 'every place to go');
+      await until(async () => (await entries()).length === 0 && (await watchers()) === 0, 10_000, 'every place and watch to go');
+      // The spare leases they keep for their next acquisitions go with them.
       await Promise.all([holder, aborting, nextService].map((locks) => locks.onApplicationShutdown()));
+      await nothingLeft(kept, 'every place to go');
       await eventually(() => expect(activeTimers()).toBeLessThanOrEqual(timers), 10_000);
     });
 
@@ -557,7 +585,8 @@ describe('etcd backend, attacked', () => {
       const long = 'k'.repeat(100_000);
       const locks = service({ maxKeyLength: 3_000_000 });
       const held = await locks.acquire(long);
-      const waiting = service({ maxKeyLength: 3_000_000 }).acquire(long, { wait: 20_000 });
+      const other = service({ maxKeyLength: 3_000_000 });
+      const waiting = other.acquire(long, { wait: 20_000 });
       await until(async () => (await entries()).length === 2, 10_000, 'the waiter to stand in line');
       await held.release();
       await (await waiting).release();
@@ -567,6 +596,9 @@ describe('etcd backend, attacked', () => {
       expect(error).toBeInstanceOf(InvalidLockKeyError);
       expect((error as Error).message).toMatch(/larger than etcd takes/);
       expect((error as Error).message.length).toBeLessThan(1_000);
+      await until(async () => (await keys()).length === 0, 10_000, 'every key to go');
+      // The spare leases they keep for their next acquisitions go with them.
+      await Promise.all([locks, other].map((service) => service.onApplicationShutdown()));
       await nothingLeft(kept, 'nothing of the refused acquisition to be left');
     });
 
@@ -580,6 +612,9 @@ describe('etcd backend, attacked', () => {
       const error = await locks.acquire([...fits, 'many:42'], { wait: 20_000 }).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(InvalidLockKeyError);
       expect((error as Error).message).toMatch(/43 keys .*--max-txn-ops/);
+      await until(async () => (await keys()).length === 0, 10_000, 'every key to go');
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'nothing of the refused acquisition to be left');
     });
 
@@ -589,6 +624,8 @@ describe('etcd backend, attacked', () => {
       const locks = service();
       const handle = await locks.tryAcquire('tiny-ttl', { ttl: 1 }).catch((e: unknown) => e);
       expect(handle === undefined || handle instanceof Error || !(handle as LockHandle).isHeld).toBe(true);
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'nothing of the 1 ms lock to be left');
     });
 
@@ -600,6 +637,8 @@ describe('etcd backend, attacked', () => {
       expect(Number((await fixture.admin.leaseClient.leaseTimeToLive({ ID: entry.lease })).grantedTTL)).toBe(2_147_484);
       await handle.extend();
       await handle.release();
+      // The spare lease it keeps for its next acquisition goes with it.
+      await locks.onApplicationShutdown();
       await nothingLeft(kept, 'the lease to go');
     });
   });

@@ -1,6 +1,7 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import type { Etcd3 } from 'etcd3';
+import { Etcd3 } from 'etcd3';
+import { performance } from 'node:perf_hooks';
 import { TcpProxy } from '../support/tcp-proxy.js';
 import { EtcdLockBackend, LockLostError, LockService, type AcquireResult } from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
@@ -179,7 +180,9 @@ describe('etcd backend on one member', () => {
     expect(handle.signal.reason).not.toBeInstanceOf(LockLostError);
   });
 
-  it('refuses new work once closed, and leaves no entry behind', async () => {
+  it('refuses new work once closed, and leaves no entry and no lease behind', async () => {
+    const leases = async () => (await fixture.admin.leaseClient.leaseLeases({})).leases.map((lease) => String(lease.ID));
+    const before = await leases();
     const closing = backend();
     expect((await closing.tryAcquire(['closed'], 'owner-a', 10_000)).acquired).toBe(true);
     expect((await closing.tryAcquire(['closed'], 'owner-b', 10_000)).acquired).toBe(false);
@@ -188,5 +191,90 @@ describe('etcd backend on one member', () => {
     await closing.close();
     await expect(closing.tryAcquire(['closed'], 'owner-c', 10_000)).rejects.toThrow(/the backend is closed/);
     expect(await entries()).toEqual([]);
+    // Its holder's, its waiter's and its waiters' leases, and the spare its acquisitions left.
+    expect((await leases()).filter((lease) => !before.includes(lease))).toEqual([]);
+  });
+});
+
+describe('etcd backend, spare leases', () => {
+  /** The leases etcd has now. */
+  async function leases(): Promise<string[]> {
+    return (await fixture.admin.leaseClient.leaseLeases({})).leases.map((lease) => String(lease.ID));
+  }
+
+  /** The lease the entry of `key` (one owner) sits on. */
+  async function leaseOf(key: string): Promise<string> {
+    const { kvs } = await fixture.admin.getAll().prefix(`nest-distributed-lock/${key}/`).exec();
+    expect(kvs).toHaveLength(1);
+    return String(kvs[0].lease);
+  }
+
+  /** Resolves once etcd has `count` leases that were not in `before`: the spare's grant, sent in the background, is in. */
+  async function leasesBeyond(before: readonly string[], count: number): Promise<string[]> {
+    let extra: string[] = [];
+    await until(async () => (extra = (await leases()).filter((l) => !before.includes(l))).length === count, 5_000, `${count} new leases`);
+    return extra;
+  }
+
+  it('hands a spare lease to one owner only: two acquisitions at once get two leases, and a release leaves the other lock alone', async () => {
+    const before = await leases();
+    const locks = backend();
+    expect(await locks.tryAcquire(['spare-a'], 'owner-a', 10_000, { willWait: false })).toMatchObject({ acquired: true });
+    // Its own lease, and the spare granted after it.
+    const own = await leaseOf('spare-a');
+    const [spare] = (await leasesBeyond(before, 2)).filter((l) => l !== own);
+    const [b, c] = await Promise.all([
+      locks.tryAcquire(['spare-b'], 'owner-b', 10_000, { willWait: false }),
+      locks.tryAcquire(['spare-c'], 'owner-c', 10_000, { willWait: false }),
+    ]);
+    expect([b.acquired, c.acquired]).toEqual([true, true]);
+    const [leaseB, leaseC] = [await leaseOf('spare-b'), await leaseOf('spare-c')];
+    expect(leaseB).not.toBe(leaseC);
+    expect([leaseB, leaseC]).toContain(spare);
+    expect(await locks.release(['spare-b'], 'owner-b')).toBe(true);
+    expect(await locks.inspect('spare-c')).toMatchObject({ owner: 'owner-c', fencingToken: (c as { fencingToken: number }).fencingToken });
+    for (const [key, owner] of [
+      ['spare-a', 'owner-a'],
+      ['spare-c', 'owner-c'],
+    ])
+      expect(await locks.release([key], owner)).toBe(true);
+    // Closed, it revokes its spare: no lease of its own is left.
+    await locks.close();
+    expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
+  });
+
+  it('counts the validity of a lock on a spare from the spare’s grant, or from a keepalive sent beside the transaction', async () => {
+    const client = new Etcd3({ hosts: fixture.endpoints });
+    fixture.cleanup(() => client.close());
+    const locks = new EtcdLockBackend(client);
+    fixture.cleanup(() => locks.close());
+    const before = await leases();
+    expect(await locks.tryAcquire(['aged-a'], 'owner-a', 5_000, { willWait: false })).toMatchObject({ acquired: true });
+    const own = await leaseOf('aged-a');
+    const [spare] = (await leasesBeyond(before, 2)).filter((l) => l !== own);
+    // The spare ages 2 of its 5 s (this process's clock runs ahead: etcd's stays, so the lease is
+    // still alive for sure), and the keepalive sent beside the transaction goes unanswered.
+    const now = performance.now.bind(performance);
+    let ahead = 2_000;
+    const clock = jest.spyOn(performance, 'now').mockImplementation(() => now() + ahead);
+    fixture.cleanup(() => clock.mockRestore());
+    const keepAlive = jest.spyOn(client.leaseClient, 'leaseKeepAlive').mockRejectedValue(new Error('14 UNAVAILABLE: no connection'));
+    const aged = (await locks.tryAcquire(['aged-b'], 'owner-b', 5_000, { willWait: false })) as { acquired: boolean; validityMs: number };
+    expect(aged).toMatchObject({ acquired: true });
+    expect(await leaseOf('aged-b')).toBe(spare);
+    // At most what is left of the spare, counted from its grant: 5 s less the 2 s it aged.
+    expect(aged.validityMs).toBeGreaterThan(0);
+    expect(aged.validityMs).toBeLessThanOrEqual(3_000);
+    // The next spare (granted after that acquisition) ages as much; this time the keepalive is answered: the lease is restarted.
+    await leasesBeyond(before, 3);
+    keepAlive.mockRestore();
+    ahead = 4_000;
+    expect(await locks.tryAcquire(['aged-c'], 'owner-c', 5_000, { willWait: false })).toMatchObject({ acquired: true, validityMs: 5_000 });
+    for (const [key, owner] of [
+      ['aged-a', 'owner-a'],
+      ['aged-b', 'owner-b'],
+      ['aged-c', 'owner-c'],
+    ])
+      expect(await locks.release([key], owner)).toBe(true);
   });
 });

@@ -48,6 +48,11 @@ export class EtcdRequestGate {
     return this.trap('kv', 'txn', 'late', match);
   }
 
+  /** The next call of `method` that `match` picks times out on the client and reaches etcd on send(). */
+  late<T>(service: Service, method: string, match: (request: T) => boolean): HeldCall<T> {
+    return this.trap(service, method, 'late', match);
+  }
+
   /** The next transaction `match` picks runs twice; the caller gets the second answer. */
   twiceTxn(match: (request: ITxnRequest) => boolean): HeldCall<ITxnRequest> {
     const held = this.trap('kv', 'txn', 'twice', match);

@@ -9,6 +9,7 @@ import { enterAtEnd } from './etcd.no-wait.js';
 import { leaseSeconds } from './etcd.options.js';
 import { identityValue } from './etcd.identity.js';
 import { EtcdPlaces, type Ask, type HoldLease, type Place } from './etcd.places.js';
+import { EtcdSpareLeases } from './etcd.spare-leases.js';
 import { standing, standingAfterFirst, type Standing } from './etcd.standing.js';
 
 /** Steps one attempt may take in a row (look, trim, put later entries, take): past it, the caller asks again later. */
@@ -39,26 +40,48 @@ const FRESH_HOLD = 0.95;
  * (etcd.kinds.ts): nobody holds and leaves a key before an entry with a smaller token takes it.
  */
 export class EtcdAdmission {
+  private readonly spares: EtcdSpareLeases;
+
   constructor(
     private readonly connection: EtcdConnection,
     private readonly line: EtcdLine,
     private readonly places: EtcdPlaces,
-  ) {}
+  ) {
+    this.spares = new EtcdSpareLeases(
+      (seconds) => this.grant(seconds, { op: 'grant a spare lease', keys: [] }),
+      (lease) => this.connection.revoke(lease, { op: 'clean-up', keys: [] }),
+    );
+  }
 
-  async firstAttempt(ask: Ask, ttlMs: number, willWait: boolean, what: Operation, looks = 1): Promise<AcquireResult> {
+  /**
+   * The first attempt takes the spare lease of its ttl (etcd.spare-leases.ts) when there is one,
+   * else grants its own: either way its transaction puts the keys (or the anchor) on that lease.
+   * A spare granted a while ago is restarted by a keepalive sent beside the transaction, unless
+   * nearly the whole ttl is left (FRESH_HOLD); the validity reported is counted from that
+   * keepalive, or else from the spare's grant, never from this call alone.
+   */
+  async firstAttempt(ask: Ask, ttlMs: number, willWait: boolean, what: Operation, looks = 1, spare = true): Promise<AcquireResult> {
     const { keys, owner, limits } = ask;
-    const [hold, wait] = await Promise.all([this.grant(leaseSeconds(ttlMs), what), willWait ? this.places.waiterLease(what) : undefined]);
+    const started = performance.now();
+    const seconds = leaseSeconds(ttlMs);
+    const taken = spare ? this.spares.take(seconds) : undefined;
+    const [hold, wait] = await Promise.all([taken ?? this.grant(seconds, what), willWait ? this.places.waiterLease(what) : undefined]);
     // Both branches put it: a holder took the keys, a waiter its place, when this was sent.
     const identity = identityValue(ask.who, Date.now());
-    let response;
+    const fresh = leaseLeft(hold, started) >= ttlMs * FRESH_HOLD;
+    const keptSince = performance.now();
+    let response, kept;
     try {
-      response = await this.connection.txn(this.line.firstAttempt(keys, owner, limits, identity, hold.id, wait), what);
+      const sent = this.connection.txn(this.line.firstAttempt(keys, owner, limits, identity, hold.id, wait), what);
+      // The next spare is asked for once this transaction is on its way: etcd takes that first.
+      this.spares.replenish(seconds);
+      [response, kept] = await Promise.all([sent, fresh ? false : this.connection.keepAlive(hold.id, what).catch(() => false)]);
     } catch (error) {
-      if (wait !== undefined && this.connection.isLeaseGone(error)) {
-        // The waiter lease ran out while nobody waited: a new one, and again.
-        this.places.waiterLeaseGone(wait);
+      if (this.connection.isLeaseGone(error) && (wait !== undefined || taken !== undefined)) {
+        // The waiter lease ran out while nobody waited, or the spare did: new ones, and again.
+        if (wait !== undefined) this.places.waiterLeaseGone(wait);
         this.connection.revokeQuietly(hold.id, what);
-        return this.firstAttempt(ask, ttlMs, willWait, what);
+        return this.firstAttempt(ask, ttlMs, willWait, what, looks, false);
       }
       // Applied or not, nobody knows: a caller that waits asks again or releases, and either
       // looks first; for one that does not, the lease goes, and with it a lock it may have won.
@@ -67,13 +90,24 @@ export class EtcdAdmission {
       else this.connection.revokeQuietly(hold.id, what);
       throw error;
     }
+    if (kept) hold.aliveSince = Math.max(hold.aliveSince, keptSince);
+    const validityMs = Math.max(0, Math.min(ttlMs, leaseLeft(hold, started)));
     const revision = Number(response.header.revision);
     if (response.succeeded) {
       this.places.held(ask, identity, revision, hold);
-      return { acquired: true, fencingToken: revision, validityMs: ttlMs };
+      return { acquired: true, fencingToken: revision, validityMs };
     }
     if (wait === undefined) {
-      const entered = await enterAtEnd(this.connection, this.line, { keys, owner, limits, identity, hold, ttlMs, read: response, what });
+      const entered = await enterAtEnd(this.connection, this.line, {
+        keys,
+        owner,
+        limits,
+        identity,
+        hold,
+        validityMs,
+        read: response,
+        what,
+      });
       if (entered === 'again') return looks < MAX_LOOKS ? this.firstAttempt(ask, ttlMs, false, what, looks + 1) : { acquired: false };
       if (entered.acquired) this.places.held(ask, identity, entered.fencingToken!, hold);
       return entered;
@@ -188,7 +222,7 @@ export class EtcdAdmission {
     const request = EtcdPlaces.request(place);
     // It takes the keys now. Kept before the answer: when it is lost, what settle() finds held was put by this.
     place.identity = identityValue(place.who, Date.now());
-    const left = (): number => hold.aliveSince + hold.ttl * 1000 - started;
+    const left = (): number => leaseLeft(hold, started);
     const fresh = left() >= ttlMs * FRESH_HOLD;
     let response, kept;
     try {
@@ -268,4 +302,14 @@ export class EtcdAdmission {
     const { id, ttl } = await this.connection.grant(seconds, what);
     return { id, seconds, ttl, aliveSince };
   }
+
+  /** Revokes the spare leases (at shutdown). */
+  close(): Promise<void> {
+    return this.spares.close();
+  }
+}
+
+/** What is certainly left of a lease at `at` (performance.now()): counted from its grant or its last keepalive answered. */
+function leaseLeft(hold: HoldLease, at: number): number {
+  return hold.aliveSince + hold.ttl * 1000 - at;
 }

@@ -186,12 +186,12 @@ export class EtcdLockBackend implements LockBackend {
     return this.access.health();
   }
 
-  /** Stops watches and the waiter lease (its places leave their lines), and closes the client if the backend created it. */
+  /** Stops watches and the waiter lease (its places leave their lines), revokes the spare leases, and closes the client if the backend created it. */
   async close(): Promise<void> {
     if (!this.connection.stop()) return;
     // The waiter lease goes with the places, and every entry on it.
     this.releases.close();
-    await this.places.close();
+    await Promise.all([this.places.close(), this.admission.close()]);
     this.connection.closeClient();
   }
 

@@ -14,7 +14,8 @@ export interface NoWaitAttempt {
   /** What its identity keys say, if it enters (etcd.identity.ts). */
   identity: Buffer;
   hold: HoldLease;
-  ttlMs: number;
+  /** The validity a lock it wins reports: what its first attempt counted of its lease. */
+  validityMs: number;
   read: ITxnResponse;
   what: Operation;
 }
@@ -26,7 +27,7 @@ export interface NoWaitAttempt {
  * somebody did: the caller may look once more. Its hold lease goes unless it entered.
  */
 export async function enterAtEnd(connection: EtcdConnection, line: EtcdLine, attempt: NoWaitAttempt): Promise<AcquireResult | 'again'> {
-  const { keys, owner, limits, identity, hold, ttlMs, read, what } = attempt;
+  const { keys, owner, limits, identity, hold, validityMs, read, what } = attempt;
   const lines = standingAtEnd(read, limits);
   const mismatched = lines.findIndex((standing) => 'mismatch' in standing);
   if (mismatched >= 0 || lines.some((standing) => !standing.in)) {
@@ -43,11 +44,11 @@ export async function enterAtEnd(connection: EtcdConnection, line: EtcdLine, att
     connection.revokeQuietly(hold.id, what);
     throw error;
   }
-  if (response.succeeded) return { acquired: true, fencingToken: Number(response.header.revision), validityMs: ttlMs };
+  if (response.succeeded) return { acquired: true, fencingToken: Number(response.header.revision), validityMs };
   // An earlier copy of this request (a client that retried it) may have entered already.
   const own = line.ownEntriesOf(response);
   if (own.every((kv) => kv && isHeldValue(kv.value) && kv.lease === hold.id))
-    return { acquired: true, fencingToken: Number(own[0]!.create_revision), validityMs: ttlMs };
+    return { acquired: true, fencingToken: Number(own[0]!.create_revision), validityMs };
   connection.revokeQuietly(hold.id, what);
   return 'again';
 }
