@@ -32,6 +32,8 @@
  * - `etcd-permit-wake`: the test that a permit waiter kept out by such an entry is woken when it holds;
  * - `etcd-spare-one-owner`: the test that two etcd acquisitions at once get two leases, one of them
  *   the spare, and that releasing one leaves the other lock alone;
+ * - `etcd-spare-demand`: the test that a process that locks less often than every half ttl grants
+ *   no spare lease;
  * - `etcd-spare-validity`: the test that a lock on an aged spare lease reports a validity counted
  *   from the spare's grant (or from a keepalive sent beside its transaction);
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
@@ -145,6 +147,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.backend.spec.ts',
     test: 'hands a spare lease to one owner only: two acquisitions at once get two leases, and a release leaves the other lock alone',
+    env: {},
+    seeded: false,
+  },
+  'etcd-spare-demand': {
+    kind: 'jest',
+    file: 'test/backends/etcd.backend.spec.ts',
+    test: 'grants no spare lease to a process that locks less often than every half ttl',
     env: {},
     seeded: false,
   },
@@ -501,6 +510,13 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.admission.ts',
     replace: [['    const validityMs = Math.max(0, Math.min(ttlMs, leaseLeft(hold, started)));', '    const validityMs = ttlMs;']],
     detector: 'etcd-spare-validity',
+  },
+  {
+    name: 'etcd-spare-without-demand',
+    bug: 'every etcd acquisition grants a spare lease after it, even in a process that locks less often than every half ttl: each spare runs out unused, one more write per lock',
+    file: 'lib/backends/etcd/etcd.spare-leases.ts',
+    replace: [['    if (!took && (last === undefined || now - last > seconds * 500)) return;\n', '']],
+    detector: 'etcd-spare-demand',
   },
   {
     name: 'local-reader-passes-writer',

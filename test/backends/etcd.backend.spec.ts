@@ -216,13 +216,42 @@ describe('etcd backend, spare leases', () => {
     return extra;
   }
 
+  /**
+   * Two locks of one ttl, `<key>` and `<key>2`, taken one right after the other: the second makes
+   * the ttl in demand, and a spare is granted after it. Their own leases.
+   */
+  async function inDemand(locks: EtcdLockBackend, key: string, ttl: number): Promise<string[]> {
+    for (const [k, owner] of [
+      [key, 'owner-a'],
+      [`${key}2`, 'owner-a2'],
+    ])
+      expect(await locks.tryAcquire([k], owner, ttl, { willWait: false })).toMatchObject({ acquired: true });
+    return [await leaseOf(key), await leaseOf(`${key}2`)];
+  }
+
+  it('grants no spare lease to a process that locks less often than every half ttl', async () => {
+    const before = await leases();
+    const locks = backend();
+    expect(await locks.tryAcquire(['rare'], 'owner-a', 4_000, { willWait: false })).toMatchObject({ acquired: true });
+    // A grant asked for beside its transaction would go to etcd before this release.
+    expect(await locks.release(['rare'], 'owner-a')).toBe(true);
+    expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
+    // The next lock of that ttl, 2 s later, grants its own lease again, and no spare either.
+    const now = performance.now.bind(performance);
+    const clock = jest.spyOn(performance, 'now').mockImplementation(() => now() + 2_100);
+    fixture.cleanup(() => clock.mockRestore());
+    expect(await locks.tryAcquire(['rare'], 'owner-b', 4_000, { willWait: false })).toMatchObject({ acquired: true });
+    expect(await locks.release(['rare'], 'owner-b')).toBe(true);
+    expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
+    clock.mockRestore();
+    await locks.close();
+  });
+
   it('hands a spare lease to one owner only: two acquisitions at once get two leases, and a release leaves the other lock alone', async () => {
     const before = await leases();
     const locks = backend();
-    expect(await locks.tryAcquire(['spare-a'], 'owner-a', 10_000, { willWait: false })).toMatchObject({ acquired: true });
-    // Its own lease, and the spare granted after it.
-    const own = await leaseOf('spare-a');
-    const [spare] = (await leasesBeyond(before, 2)).filter((l) => l !== own);
+    const own = await inDemand(locks, 'spare-a', 10_000);
+    const [spare] = (await leasesBeyond(before, 3)).filter((l) => !own.includes(l));
     const [b, c] = await Promise.all([
       locks.tryAcquire(['spare-b'], 'owner-b', 10_000, { willWait: false }),
       locks.tryAcquire(['spare-c'], 'owner-c', 10_000, { willWait: false }),
@@ -235,6 +264,7 @@ describe('etcd backend, spare leases', () => {
     expect(await locks.inspect('spare-c')).toMatchObject({ owner: 'owner-c', fencingToken: (c as { fencingToken: number }).fencingToken });
     for (const [key, owner] of [
       ['spare-a', 'owner-a'],
+      ['spare-a2', 'owner-a2'],
       ['spare-c', 'owner-c'],
     ])
       expect(await locks.release([key], owner)).toBe(true);
@@ -249,9 +279,8 @@ describe('etcd backend, spare leases', () => {
     const locks = new EtcdLockBackend(client);
     fixture.cleanup(() => locks.close());
     const before = await leases();
-    expect(await locks.tryAcquire(['aged-a'], 'owner-a', 5_000, { willWait: false })).toMatchObject({ acquired: true });
-    const own = await leaseOf('aged-a');
-    const [spare] = (await leasesBeyond(before, 2)).filter((l) => l !== own);
+    const own = await inDemand(locks, 'aged-a', 5_000);
+    const [spare] = (await leasesBeyond(before, 3)).filter((l) => !own.includes(l));
     // The spare ages 2 of its 5 s (this process's clock runs ahead: etcd's stays, so the lease is
     // still alive for sure), and the keepalive sent beside the transaction goes unanswered.
     const now = performance.now.bind(performance);
@@ -266,12 +295,13 @@ describe('etcd backend, spare leases', () => {
     expect(aged.validityMs).toBeGreaterThan(0);
     expect(aged.validityMs).toBeLessThanOrEqual(3_000);
     // The next spare (granted after that acquisition) ages as much; this time the keepalive is answered: the lease is restarted.
-    await leasesBeyond(before, 3);
+    await leasesBeyond(before, 4);
     keepAlive.mockRestore();
     ahead = 4_000;
     expect(await locks.tryAcquire(['aged-c'], 'owner-c', 5_000, { willWait: false })).toMatchObject({ acquired: true, validityMs: 5_000 });
     for (const [key, owner] of [
       ['aged-a', 'owner-a'],
+      ['aged-a2', 'owner-a2'],
       ['aged-b', 'owner-b'],
       ['aged-c', 'owner-c'],
     ])

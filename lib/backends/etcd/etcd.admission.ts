@@ -74,7 +74,7 @@ export class EtcdAdmission {
     try {
       const sent = this.connection.txn(this.line.firstAttempt(keys, owner, limits, identity, hold.id, wait), what);
       // The next spare is asked for once this transaction is on its way: etcd takes that first.
-      this.spares.replenish(seconds);
+      this.spares.replenish(seconds, taken !== undefined);
       [response, kept] = await Promise.all([sent, fresh ? false : this.connection.keepAlive(hold.id, what).catch(() => false)]);
     } catch (error) {
       if (this.connection.isLeaseGone(error) && (wait !== undefined || taken !== undefined)) {

@@ -4,8 +4,11 @@ import type { HoldLease } from './etcd.places.js';
 /**
  * One lease granted ahead of time per ttl (whole seconds, as etcd counts them), so that an
  * acquisition's first attempt need not wait for a grant: it takes the spare at once, and its caller
- * waits for one transaction. Each first attempt asks for the next one (replenish()) once its
- * transaction is on its way, granted in the background.
+ * waits for one transaction. A first attempt asks for the next one (replenish()) once its
+ * transaction is on its way, granted in the background, when its ttl is in demand: it took the
+ * spare, or came within half a ttl of the last attempt of that ttl (a spare would still have been
+ * young enough to take). A process that locks less often grants none: each of its spares would run
+ * out unused, one more write per lock for nothing.
  *
  * - A spare is handed out by take(), which forgets it in the same step: it has one owner, and from
  *   then on it is that owner's lease like any other (its anchor, its keys, its revoke).
@@ -21,6 +24,8 @@ import type { HoldLease } from './etcd.places.js';
 export class EtcdSpareLeases {
   private readonly spares = new Map<number, HoldLease>();
   private readonly granting = new Map<number, Promise<void>>();
+  /** When the last first attempt of each ttl asked (performance.now()). */
+  private readonly asked = new Map<number, number>();
   private closed = false;
 
   constructor(
@@ -47,8 +52,17 @@ export class EtcdSpareLeases {
     await Promise.all([...spares.map((spare) => this.revoke(spare.id).catch(() => undefined)), ...this.granting.values()]);
   }
 
-  /** Grants the next spare of `seconds` in the background, unless one is kept or being granted. */
-  replenish(seconds: number): void {
+  /**
+   * A first attempt of `seconds` is on its way (`took`: on the spare): grants the next spare in the
+   * background if that ttl is in demand, unless one is kept or being granted.
+   */
+  replenish(seconds: number, took: boolean): void {
+    const now = performance.now();
+    const last = this.asked.get(seconds);
+    // Bounded for a process that locks with ever new ttls: it forgets them all at once.
+    if (this.asked.size >= 1_000) this.asked.clear();
+    this.asked.set(seconds, now);
+    if (!took && (last === undefined || now - last > seconds * 500)) return;
     if (this.closed || this.granting.has(seconds) || this.spares.has(seconds)) return;
     const granting = this.grant(seconds).then(
       async (spare) => {
