@@ -128,20 +128,23 @@ describe('etcd backend, attacked', () => {
     it('a spare lease whose grant was answered too late holds no key: the next acquisition grants its own, and nothing else is left', async () => {
       const kept = await leases();
       const { locks, gate } = gated();
-      // The first grant is the first acquisition's own lease (a caller that does not wait needs no
-      // waiter lease); the second, the spare asked for after it.
+      // The first two grants are the first two acquisitions' own leases (a caller that does not
+      // wait needs no waiter lease); the third, the spare asked for after the second (the ttl is
+      // in demand).
       let grants = 0;
-      const late = gate.late('leaseClient', 'leaseGrant', () => ++grants === 2);
+      const late = gate.late('leaseClient', 'leaseGrant', () => ++grants === 3);
       const first = (await locks.tryAcquire('spare-late-a', { ttl: 3_000 }))!;
+      const again = (await locks.tryAcquire('spare-late-a2', { ttl: 3_000 }))!;
       await late.caught;
       const orphan = String(((await late.send()) as { ID: string }).ID);
       const second = (await locks.tryAcquire('spare-late-b', { ttl: 3_000 }))!;
       const onLeases = (await entries()).map((entry) => entry.lease);
-      expect(onLeases).toHaveLength(2);
+      expect(onLeases).toHaveLength(3);
       expect(onLeases).not.toContain(orphan);
       // etcd has the lease, with nothing on it: it runs out by itself.
       expect((await fixture.admin.leaseClient.leaseTimeToLive({ ID: orphan, keys: true })).keys).toEqual([]);
       await first.release();
+      await again.release();
       await second.release();
       await locks.onApplicationShutdown();
       await nothingLeft([...kept, orphan], 'nothing but the lease granted too late to be left');
