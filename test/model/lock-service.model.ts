@@ -221,6 +221,8 @@ export async function run(
   const endedHolders = new Map<string, { token: number; at: number }[]>();
   /** Per key, the leases inside a section now, with how many sections use each (re-entries share one). */
   const inside = new Map<string, Map<Lease, number>>();
+  /** Every lease that entered a section, in a section now or not (between two, or in an extend call). */
+  const everInside = new Set<Lease>();
   /** Top-level calls that wait (`using` with a wait), in order of arrival, while they wait or hold. */
   interface Waiting {
     service: LockService;
@@ -255,6 +257,7 @@ export async function run(
       }
       if (seen.has(lease)) continue;
       seen.add(lease);
+      everInside.add(lease);
       for (const key of lease.keys) {
         const token = lease.fencingToken ?? Number.NaN;
         const last = lastToken.get(key);
@@ -404,10 +407,10 @@ export async function run(
           if (o.action === 'evict') {
             const holders = state.holders?.map((h) => h.owner) ?? [owner];
             // A holder of several keys that loses one loses its whole lock: a store may free its
-            // other keys with it (etcd's keys of one lock share one lease), before it hears.
-            const keysOfHolders = [...inside.values()].flatMap((leases) =>
-              [...leases.keys()].filter((lease) => holders.includes(lease.owner)).flatMap((lease) => lease.keys),
-            );
+            // other keys with it (etcd's keys of one lock share one lease), before it hears. Also a
+            // holder between two sections: an extension of it that went unanswered may land later,
+            // find the key gone and free the others.
+            const keysOfHolders = [...everInside].filter((lease) => holders.includes(lease.owner)).flatMap((lease) => lease.keys);
             for (const evicted of new Set([key, ...keysOfHolders])) evictedAt.set(evicted, now());
             for (const holder of holders) await store.release([key], holder);
             continue;
