@@ -273,6 +273,37 @@ describe('etcd backend, spare leases', () => {
     expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
   });
 
+  it('keeps the waiter lease the process’s waiters stand on when a waiter’s spare lease turns out to be gone', async () => {
+    const before = await leases();
+    const locks = backend();
+    const own = await inDemand(locks, 'spare-w', 10_000);
+    const waiterLeaseOf = async (owner: string) => {
+      const { kvs } = await fixture.admin.getAll().prefix('nest-distributed-lock/spare-w/').exec();
+      return String(kvs.find((kv) => kv.key.toString().endsWith(`/${owner}`))!.lease);
+    };
+    // The first waiter takes the spare for its hold lease; the next spare is granted behind it.
+    expect(await locks.tryAcquire(['spare-w'], 'owner-w1', 10_000, { willWait: true })).toMatchObject({ acquired: false });
+    const waiterLease = await waiterLeaseOf('owner-w1');
+    let spare: string | undefined;
+    await until(
+      async () => {
+        for (const lease of (await leases()).filter((l) => !before.includes(l) && !own.includes(l) && l !== waiterLease)) {
+          if ((await fixture.admin.leaseClient.leaseTimeToLive({ ID: lease, keys: true })).keys.length === 0) spare = lease;
+        }
+        return spare !== undefined;
+      },
+      5_000,
+      'the next spare lease',
+    );
+    // Gone before the second waiter takes it: etcd refuses that transaction without saying which lease it missed.
+    await fixture.admin.leaseClient.leaseRevoke({ ID: spare! });
+    expect(await locks.tryAcquire(['spare-w'], 'owner-w2', 10_000, { willWait: true })).toMatchObject({ acquired: false });
+    expect(await waiterLeaseOf('owner-w2')).toBe(waiterLease);
+    for (const owner of ['owner-w1', 'owner-w2', 'owner-a']) await locks.release(['spare-w'], owner);
+    await locks.release(['spare-w2'], 'owner-a2');
+    await locks.close();
+  });
+
   it('counts the validity of a lock on a spare from the spare’s grant, or from a keepalive sent beside the transaction', async () => {
     const client = new Etcd3({ hosts: fixture.endpoints });
     fixture.cleanup(() => client.close());

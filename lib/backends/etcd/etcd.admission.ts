@@ -78,8 +78,10 @@ export class EtcdAdmission {
       [response, kept] = await Promise.all([sent, fresh ? false : this.connection.keepAlive(hold.id, what).catch(() => false)]);
     } catch (error) {
       if (this.connection.isLeaseGone(error) && (wait !== undefined || taken !== undefined)) {
-        // The waiter lease ran out while nobody waited, or the spare did: new ones, and again.
-        if (wait !== undefined) this.places.waiterLeaseGone(wait);
+        // The spare ran out, or the waiter lease did while nobody waited; etcd does not say which.
+        // Without the spare first: the waiter lease, which the process's other waiters stand on, is
+        // given up only when no spare was in the transaction.
+        if (taken === undefined) this.places.waiterLeaseGone(wait!);
         this.connection.revokeQuietly(hold.id, what);
         return this.firstAttempt(ask, ttlMs, willWait, what, looks, false);
       }
