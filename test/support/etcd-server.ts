@@ -1,5 +1,6 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -211,7 +212,7 @@ export class EtcdCluster {
   async restoreSnapshot(file: string): Promise<void> {
     await Promise.all(this.members.map((member) => member.kill()));
     for (const member of this.members) {
-      rmSync(member.dataDir, { recursive: true, force: true });
+      await rm(member.dataDir, { recursive: true, force: true });
       await etcdctl([
         'snapshot',
         'restore',
@@ -285,7 +286,7 @@ export class EtcdCluster {
   /** Kills every member and deletes their data. */
   async stop(): Promise<void> {
     await Promise.all(this.members.map((member) => member.kill()));
-    rmSync(this.dir, { recursive: true, force: true });
+    await rm(this.dir, { recursive: true, force: true });
   }
 }
 

@@ -1,10 +1,15 @@
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { chownSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { spawn, execFile, type ChildProcess } from 'node:child_process';
+import { chownSync, mkdtempSync, readFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import mysql from 'mysql2/promise';
 import { systemUser } from './postgres-server.js';
 import { freePort } from './redis-server.js';
+
+/** Child processes run without blocking: a chaos run starts a server beside another run whose proxies live in this process. */
+const run = promisify(execFile);
 
 /** The user every test database grants everything on; not a server-wide administrator. */
 export const MARIADB_USER = 'locks';
@@ -97,7 +102,7 @@ export class MariadbServer {
     if (user) chownSync(dir, user.uid, user.gid);
     const server = new MariadbServer(await freePort(), dir, user, options.args ?? []);
     try {
-      execFileSync(
+      await run(
         'mariadb-install-db',
         [
           '--no-defaults',
@@ -105,11 +110,11 @@ export class MariadbServer {
           '--skip-test-db',
           ...(user ? ['--user=mysql'] : ['--auth-root-authentication-method=normal']),
         ],
-        { stdio: 'pipe', uid: user?.uid, gid: user?.gid },
+        { uid: user?.uid, gid: user?.gid },
       );
       await server.launch();
       // The administrator for tests: over TCP with a password (root has only the socket as root).
-      server.bootstrap(
+      await server.bootstrap(
         // Not in the binary log: a replica makes the same users itself.
         `SET SESSION sql_log_bin = 0; CREATE USER 'admin'@'%' IDENTIFIED BY 'admin'; GRANT ALL ON *.* TO 'admin'@'%' WITH GRANT OPTION; ` +
           `CREATE USER '${MARIADB_USER}'@'%' IDENTIFIED BY '${MARIADB_PASSWORD}';`,
@@ -160,7 +165,7 @@ export class MariadbServer {
 
   async stop(): Promise<void> {
     await this.crash();
-    rmSync(this.dir, { recursive: true, force: true });
+    await rm(this.dir, { recursive: true, force: true });
   }
 
   /** Kills the server at once (SIGKILL: no shutdown; the next start recovers from the redo log). */
@@ -190,8 +195,8 @@ export class MariadbServer {
   }
 
   /** Runs SQL as root over the socket, with the `mariadb` client (root may only log in there). */
-  private bootstrap(sql: string): void {
-    execFileSync('mariadb', ['--no-defaults', `--socket=${this.socket}`, '-uroot', '-e', sql], { stdio: 'pipe' });
+  private async bootstrap(sql: string): Promise<void> {
+    await run('mariadb', ['--no-defaults', `--socket=${this.socket}`, '-uroot', '-e', sql]);
   }
 
   private async launch(): Promise<void> {
@@ -239,7 +244,7 @@ async function waitForConnection(socket: string, timeoutMs: number): Promise<voi
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
-      execFileSync('mariadb', ['--no-defaults', `--socket=${socket}`, '-uroot', '-e', 'SELECT 1'], { stdio: 'pipe' });
+      await run('mariadb', ['--no-defaults', `--socket=${socket}`, '-uroot', '-e', 'SELECT 1']);
       return;
     } catch (error) {
       if (Date.now() > deadline) throw new Error(`mariadbd on ${socket} did not answer within ${timeoutMs} ms: ${String(error)}`);

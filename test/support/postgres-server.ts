@@ -1,10 +1,15 @@
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { spawn, execFile, type ChildProcess } from 'node:child_process';
+import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import pg from 'pg';
 import { freePort } from './redis-server.js';
 import { until } from './wait.js';
+
+/** Child processes run without blocking: a chaos run starts a server beside another run whose proxies live in this process. */
+const run = promisify(execFile);
 
 export interface PostgresServerOptions {
   /**
@@ -41,14 +46,10 @@ export class PostgresServer {
     if (user) chownSync(dir, user.uid, user.gid);
     const server = new PostgresServer(await freePort(), dir, bin, user, options.durable ?? false);
     try {
-      execFileSync(
+      await run(
         join(bin, 'initdb'),
         ['-D', server.dataDir, '-U', 'postgres', '-A', 'trust', '-E', 'UTF8', '--no-sync', '--no-instructions'],
-        {
-          stdio: 'pipe',
-          uid: user?.uid,
-          gid: user?.gid,
-        },
+        { uid: user?.uid, gid: user?.gid },
       );
       await server.launch();
     } catch (error) {
@@ -71,7 +72,7 @@ export class PostgresServer {
     const replica = new PostgresServer(await freePort(), dir, primary.bin, user, true);
     try {
       // -R writes standby.signal and the primary's address; -X stream copies the WAL written meanwhile.
-      execFileSync(
+      await run(
         join(primary.bin, 'pg_basebackup'),
         [
           '-h',
@@ -89,7 +90,7 @@ export class PostgresServer {
           'fast',
           '--no-sync',
         ],
-        { stdio: 'pipe', uid: user?.uid, gid: user?.gid },
+        { uid: user?.uid, gid: user?.gid },
       );
       await replica.launch();
     } catch (error) {
@@ -211,7 +212,7 @@ export class PostgresServer {
 
   async stop(): Promise<void> {
     await this.crash();
-    rmSync(this.dir, { recursive: true, force: true });
+    await rm(this.dir, { recursive: true, force: true });
   }
 
   /**

@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, openSync, closeSync, readFileSync, writeFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -181,7 +182,7 @@ export class ZooKeeperServer {
 
   async stop(): Promise<void> {
     await Promise.all(this.members.map((m) => m.kill()));
-    rmSync(this.root, { recursive: true, force: true });
+    await rm(this.root, { recursive: true, force: true });
   }
 
   private member(id: number): Member {
