@@ -4,19 +4,20 @@ import { resolve } from 'node:path';
 import { promisify } from 'node:util';
 import type mysql from 'mysql2/promise';
 import { useMariadbServer } from '../support/mariadb-fixture.js';
+import { fullStressSections } from '../support/stress-size.js';
 
 const worker = resolve(import.meta.dirname, '../fixtures/mysql-stress-worker.mjs');
 
 /**
  * `npm test` runs 5 sections per caller (500 acquisitions, the same contention: 4 processes x 25
  * callers on 3 keys), a fortieth, to stay within its time (1 000 took 56 s under load);
- * `npm run test:mysql:stress` (MYSQL_STRESS=full) runs 200 per caller, 20 000 (283 s on a 2-core
+ * `npm run test:mysql:stress` (MYSQL_STRESS=full) runs 200 per caller (or STRESS_SECTIONS), 20 000 (283 s on a 2-core
  * machine at a load average of about 11: a hot key changed hands about 24 times a second).
  */
 const full = process.env.MYSQL_STRESS === 'full';
 const processes = 4;
 const callers = 25;
-const sections = full ? 200 : 5;
+const sections = full ? fullStressSections() : 5;
 const keys = ['hot-a', 'hot-b', 'hot-c'];
 const total = processes * callers * sections;
 const timeout = full ? 2_400_000 : 150_000;

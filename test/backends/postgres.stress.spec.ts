@@ -4,18 +4,19 @@ import { resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { PgBouncer } from '../support/pgbouncer.js';
 import { usePostgresServer } from '../support/postgres-fixture.js';
+import { fullStressSections } from '../support/stress-size.js';
 
 const worker = resolve(import.meta.dirname, '../fixtures/postgres-stress-worker.mjs');
 
 /**
  * `npm test` runs each path with 20 sections per caller (2 000 acquisitions, the same contention:
  * 4 processes x 25 callers on 3 keys); `npm run test:postgres:stress` (POSTGRES_STRESS=full) runs
- * 200 per caller, 20 000 on each path, which takes minutes on a loaded machine.
+ * 200 per caller (or STRESS_SECTIONS), 20 000 on each path, which takes minutes on a loaded machine.
  */
 const full = process.env.POSTGRES_STRESS === 'full';
 const processes = 4;
 const callers = 25;
-const sections = full ? 200 : 20;
+const sections = full ? fullStressSections() : 20;
 const keys = ['hot-a', 'hot-b', 'hot-c'];
 const total = processes * callers * sections;
 const timeout = full ? 900_000 : 150_000;
