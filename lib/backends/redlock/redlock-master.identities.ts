@@ -67,8 +67,10 @@ export class RedlockMasterIdentities {
     if (runId === undefined) return undefined;
     const twin = this.runIds.get(runId);
     if (twin && twin !== master) {
+      // Named in the order they were listed, whichever answered first.
+      const [one, other] = this.masters.indexOf(twin) < this.masters.indexOf(master) ? [twin, master] : [master, twin];
       return (
-        `masters ${twin.name} and ${master.name} are the same redis-server (run_id ${runId}): one server would vote twice, ` +
+        `masters ${one.name} and ${other.name} are the same redis-server (run_id ${runId}): one server would vote twice, ` +
         `and a quorum would not mean a majority of servers. List each server once.`
       );
     }
