@@ -411,7 +411,15 @@ export async function run(
             // holder between two sections: an extension of it that went unanswered may land later,
             // find the key gone and free the others.
             const keysOfHolders = [...everInside].filter((lease) => holders.includes(lease.owner)).flatMap((lease) => lease.keys);
-            for (const evicted of new Set([key, ...keysOfHolders])) evictedAt.set(evicted, now());
+            // And a holder whose section has not begun yet (its acquire answered, its handle on its
+            // way to the caller): the store says which other keys it has.
+            const keysInStore: string[] = [];
+            for (const other of [...KEYS, 's']) {
+              const held = await store.inspect(other);
+              const owners = held?.holders?.map((h) => h.owner) ?? (held ? [held.owner] : []);
+              if (owners.some((o) => holders.includes(o))) keysInStore.push(other);
+            }
+            for (const evicted of new Set([key, ...keysOfHolders, ...keysInStore])) evictedAt.set(evicted, now());
             for (const holder of holders) await store.release([key], holder);
             continue;
           }
