@@ -26,14 +26,26 @@ export class FaultyBackend implements LockBackend {
     return this.inner.sharedHolders;
   }
 
+  /** Per owner, its tryAcquire being applied now (with `attemptsInOrder`). */
+  private readonly attempts = new Map<string, Promise<unknown>>();
+
+  /**
+   * `attemptsInOrder`: an owner's tryAcquire is applied only once its earlier one finished, and its
+   * release only once its tryAcquire did, as the service calls them. A late or repeated call still
+   * comes late, after later ones. For a backend whose call is several requests of the client's own
+   * (etcd): a call given up on stops there, only its last request may land later, so two calls of
+   * one owner never run side by side, which applying the whole call late would make them do.
+   * Extensions are not held back: the service sends one while a release is out.
+   */
   constructor(
     readonly inner: LockBackend,
     private readonly faults: readonly Fault[],
+    private readonly attemptsInOrder = false,
   ) {}
 
   tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
     return this.call(
-      () => this.inner.tryAcquire(keys, owner, ttlMs, options),
+      () => this.inOrder(owner, true, () => this.inner.tryAcquire(keys, owner, ttlMs, options)),
       (late) => {
         if (late.acquired) {
           if (options?.onLateAcquire) options.onLateAcquire();
@@ -48,7 +60,7 @@ export class FaultyBackend implements LockBackend {
   }
 
   release(keys: readonly string[], owner: string): Promise<boolean> {
-    return this.call(() => this.inner.release(keys, owner));
+    return this.call(() => this.inOrder(owner, false, () => this.inner.release(keys, owner)));
   }
 
   inspect(key: string): Promise<LockState | undefined> {
@@ -61,6 +73,23 @@ export class FaultyBackend implements LockBackend {
 
   close(): Promise<void> {
     return Promise.resolve();
+  }
+
+  /** Runs `apply` after the owner's tryAcquire being applied, if any (see `attemptsInOrder`); an attempt is waited for by the next. */
+  private inOrder<T>(owner: string, attempt: boolean, apply: () => Promise<T>): Promise<T> {
+    if (!this.attemptsInOrder) return apply();
+    const result = (this.attempts.get(owner) ?? Promise.resolve()).then(apply);
+    if (attempt) {
+      const settled = result.then(
+        () => undefined,
+        () => undefined,
+      );
+      this.attempts.set(owner, settled);
+      void settled.then(() => {
+        if (this.attempts.get(owner) === settled) this.attempts.delete(owner);
+      });
+    }
+    return result;
   }
 
   private call<T>(apply: () => Promise<T>, onLate?: (result: T) => void): Promise<T> {

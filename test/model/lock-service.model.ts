@@ -180,13 +180,13 @@ export async function run(
   s: Scenario,
   store: LockBackend,
   storeWatchers: () => number,
-  { faulty = true, waitBounds = true, fifo = false } = {},
+  { faulty = true, waitBounds = true, fifo = false, attemptsInOrder = false } = {},
 ): Promise<string[]> {
   const { LockService, DistributedLockError } = lib;
   const violations: string[] = [];
   // Without faults the services call the store itself: for the in-memory backend that is the path
   // whose answers come without a promise, which a wrapper would hide.
-  const backend = faulty ? new FaultyBackend(store, s.faults) : store;
+  const backend = faulty ? new FaultyBackend(store, s.faults, attemptsInOrder) : store;
   const services = [0, 1].map(() => new LockService(backend, { pollInterval: POLL_MS, keyPrefix: '' }));
   const lastToken = new Map<string, number>();
   for (const service of services) {

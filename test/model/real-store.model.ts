@@ -20,6 +20,8 @@ export interface RealStore {
   connect(): LockBackend;
   /** Waiters the backend still tracks (none may be left once a case ended). */
   waiting(backend: LockBackend): number;
+  /** An owner's attempts are applied one after another (FaultyBackend's `attemptsInOrder`). */
+  attemptsInOrder?: boolean;
 }
 
 export const SHRINK_MS = Number(process.env.MODEL_SHRINK_MS ?? 60_000);
@@ -71,6 +73,7 @@ export async function checkModelOn(
       // MODEL_WAIT_BOUNDS=off: safety only, for a machine so loaded that real-time waits overrun.
       const violations = await run(lib, clock, s, backend, () => store.waiting(backend), {
         waitBounds: process.env.MODEL_WAIT_BOUNDS !== 'off',
+        attemptsInOrder: store.attemptsInOrder,
       });
       if (violations.length > 0) throw new Error(violations.slice(0, 5).join('\n'));
     } finally {
