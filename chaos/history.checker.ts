@@ -295,7 +295,10 @@ function findOverlaps(
 /**
  * A semaphore's holder that began while as many others as its permits held the key (shared and
  * permit holders of one key all share a limit: callers that disagree are refused). Paired with
- * the earliest of those others, for the fault that may allow it.
+ * the earliest of those others, for the fault that may allow it. Which holders the store dropped
+ * is its choice (those whose permits the fault lost), so the holder that must have been told is
+ * whichever of them all learned, or ended, first: with one holder too many, any one of them told
+ * in time ends the overlap.
  */
 function permitOverlaps(
   list: readonly Hold[],
@@ -310,6 +313,9 @@ function permitOverlaps(
     if (during.length < second.limit) continue;
     const first = during[0];
     const allowed = allowance(first, second, windows, failovers);
+    // The holders beyond the permits are the first ones to learn or end: the last of those must have in time.
+    const leaving = [...during, second].sort((a, b) => (a.lostAt ?? a.end) - (b.lostAt ?? b.end));
+    const toTell = leaving[during.length - second.limit];
     overlaps.push({
       key: second.key,
       first: first.holder,
@@ -317,7 +323,7 @@ function permitOverlaps(
       at: second.start,
       ms: Math.min(...during.map((h) => h.end), second.end) - second.start,
       allowedBy: allowed?.kind,
-      ...(allowed && toldCheck(first, second, allowed, told)),
+      ...(allowed && toldCheck(toTell, second, allowed, told)),
     });
   }
   return overlaps;

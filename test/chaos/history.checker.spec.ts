@@ -226,6 +226,34 @@ describe('checkHistory', () => {
       expect(report.violations.overlap).toBe(0);
     });
 
+    it('of a semaphore one holder too many after a fault: any one of them told in time ends it, whichever the store dropped', () => {
+      // Two permits. w1 holds; the snapshot the store restarts from (20 to 30) has w1's permit but
+      // not w2's, taken meanwhile; w3 gets the free permit at 40. The store dropped w2, which is
+      // told at 150: w1 holds on rightly.
+      const permit = { mode: 'permits' as const, permits: 2 };
+      const history = (w2LostAt?: number): HistoryEvent[] => [
+        { t: 0, type: 'attempt', holder: 'w1.0', worker: 'w1', key: 'p', waitMs: 1000 },
+        { t: 5, type: 'acquired', holder: 'w1.0', worker: 'w1', key: 'p', token: 1, deadline: 305, ...permit },
+        { t: 10, type: 'attempt', holder: 'w2.0', worker: 'w2', key: 'p', waitMs: 1000 },
+        { t: 12, type: 'acquired', holder: 'w2.0', worker: 'w2', key: 'p', token: 2, deadline: 312, ...permit },
+        { t: 20, type: 'fault', kind: 'restart-store-snapshot', phase: 'start', target: 'redis' },
+        { t: 30, type: 'fault', kind: 'restart-store-snapshot', phase: 'end', target: 'redis' },
+        { t: 35, type: 'attempt', holder: 'w3.0', worker: 'w3', key: 'p', waitMs: 1000 },
+        { t: 40, type: 'acquired', holder: 'w3.0', worker: 'w3', key: 'p', token: 3, deadline: 340, ...permit },
+        ...(w2LostAt === undefined
+          ? []
+          : [{ t: w2LostAt, type: 'lost', holder: 'w2.0', worker: 'w2', key: 'p', reason: 'taken', deadline: 312 } as const]),
+        { t: 500, type: 'released', holder: 'w2.0', worker: 'w2', key: 'p' },
+        { t: 550, type: 'released', holder: 'w1.0', worker: 'w1', key: 'p' },
+        { t: 600, type: 'released', holder: 'w3.0', worker: 'w3', key: 'p' },
+      ];
+      const dropped = checkHistory(history(150), told);
+      expect(dropped.overlaps).toEqual([expect.objectContaining({ first: 'w1.0', second: 'w3.0', allowedBy: 'restart-store-snapshot' })]);
+      expect(dropped.violations['holder-not-told']).toBe(0);
+      // Nobody told: three holders act on past the next extension.
+      expect(checkHistory(history(), told).violations['holder-not-told']).toBe(1);
+    });
+
     it('does not report a holder told in time, whose lock ends when it was told', () => {
       expect(checkHistory(lostToRestart(500, 150), told).violations['holder-not-told']).toBe(0);
     });
