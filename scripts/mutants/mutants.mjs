@@ -277,7 +277,8 @@ export const DETECTORS = {
     seeded: false,
   },
   // With --seed 1 the unchanged tree had one overlap no fault explained, on a machine at load 22.
-  'chaos-redlock': { kind: 'chaos', backend: 'redlock', seconds: 15, kinds: SAFETY, seeds: [2, 3] },
+  // One seed: the quorum bug shows 5 to 35 overlaps a run; a second seed cost CI about 55 s.
+  'chaos-redlock': { kind: 'chaos', backend: 'redlock', seconds: 15, kinds: SAFETY, seeds: [2] },
 };
 
 /** The seeds every mutant runs with (MUTANT_SEEDS=1,2,3 overrides). */

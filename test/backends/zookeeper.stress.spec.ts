@@ -25,10 +25,10 @@ interface Client {
 describe('ZooKeeper backend mutual exclusion under stress', () => {
   const fixture = useZooKeeper();
 
-  it('4 processes x 25 callers on 3 hot keys: no lost update, no stale token, 10,000 fenced acquisitions', async () => {
+  it('4 processes x 25 callers on 3 hot keys: no lost update, no stale token, 5,000 fenced acquisitions', async () => {
     const processes = 4;
     const callers = 25;
-    const sections = 100;
+    const sections = 50;
     const keys = ['hot-a', 'hot-b', 'hot-c'];
     const data = (await connectedClient(zookeeper, fixture.connectionString)) as Client;
     fixture.cleanup(() => data.close());
@@ -62,7 +62,7 @@ describe('ZooKeeper backend mutual exclusion under stress', () => {
         `${((Date.now() - started) / 1000).toFixed(1)} s, ${violations.length} violations`,
     );
     expect(acquisitions).toBe(processes * callers * sections);
-    expect(acquisitions).toBeGreaterThanOrEqual(10_000);
+    expect(acquisitions).toBeGreaterThanOrEqual(5_000);
     expect(violations).toEqual([]);
     // Every read-modify-write counted: none was lost to an overlapping holder.
     expect(counts).toEqual(expected);

@@ -12,7 +12,7 @@ const worker = resolve(import.meta.dirname, '../../fixtures/redlock-stress-worke
 const PROCESSES = 4;
 const CALLERS = 25;
 const KEYS = 3;
-const ROUNDS = 100; // 4 x 25 x 100 = 10,000 acquisitions
+const ROUNDS = 50; // 4 x 25 x 50 = 5,000 acquisitions
 
 /**
  * Mutual exclusion across OS processes: each worker (test/fixtures/redlock-stress-worker.mjs)
