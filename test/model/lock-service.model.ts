@@ -221,8 +221,6 @@ export async function run(
   const endedHolders = new Map<string, { token: number; at: number }[]>();
   /** Per key, the leases inside a section now, with how many sections use each (re-entries share one). */
   const inside = new Map<string, Map<Lease, number>>();
-  /** Every lease that entered a section, in a section now or not (between two, or in an extend call). */
-  const everInside = new Set<Lease>();
   /** Top-level calls that wait (`using` with a wait), in order of arrival, while they wait or hold. */
   interface Waiting {
     service: LockService;
@@ -257,7 +255,6 @@ export async function run(
       }
       if (seen.has(lease)) continue;
       seen.add(lease);
-      everInside.add(lease);
       for (const key of lease.keys) {
         const token = lease.fencingToken ?? Number.NaN;
         const last = lastToken.get(key);
@@ -407,19 +404,17 @@ export async function run(
           if (o.action === 'evict') {
             const holders = state.holders?.map((h) => h.owner) ?? [owner];
             // A holder of several keys that loses one loses its whole lock: a store may free its
-            // other keys with it (etcd's keys of one lock share one lease), before it hears. Also a
-            // holder between two sections: an extension of it that went unanswered may land later,
-            // find the key gone and free the others.
-            const keysOfHolders = [...everInside].filter((lease) => holders.includes(lease.owner)).flatMap((lease) => lease.keys);
-            // And a holder whose section has not begun yet (its acquire answered, its handle on its
-            // way to the caller): the store says which other keys it has.
-            const keysInStore: string[] = [];
+            // other keys with it (etcd's keys of one lock share one lease), before it hears. So may
+            // an extension of it that went unanswered and lands later, finding the key gone. The
+            // store says which other keys its holders have, whether they are inside a section,
+            // between two, or not yet in their first (the acquire answered, the handle on its way).
+            const keysOfHolders: string[] = [];
             for (const other of [...KEYS, 's']) {
               const held = await store.inspect(other);
               const owners = held?.holders?.map((h) => h.owner) ?? (held ? [held.owner] : []);
-              if (owners.some((o) => holders.includes(o))) keysInStore.push(other);
+              if (owners.some((o) => holders.includes(o))) keysOfHolders.push(other);
             }
-            for (const evicted of new Set([key, ...keysOfHolders, ...keysInStore])) evictedAt.set(evicted, now());
+            for (const evicted of new Set([key, ...keysOfHolders])) evictedAt.set(evicted, now());
             for (const holder of holders) await store.release([key], holder);
             continue;
           }
