@@ -5,6 +5,11 @@
  *
  * Every method receives full keys (prefix applied, sorted, without duplicates) and the owner
  * token of one acquisition (128 random bits). Multi-key calls are all-or-nothing.
+ *
+ * The service sends the calls of one owner one after another: an attempt after the previous one
+ * answered or failed, the release after the last attempt; only an extension may still be out when
+ * the release goes. A backend may count on it (the etcd backend does: two attempts of one owner at
+ * once could leave that owner two places in a line), and whoever calls a backend directly keeps to it.
  */
 export interface LockBackend {
   /** A short name for logs and errors: 'memory', 'redis', 'redlock'. */
