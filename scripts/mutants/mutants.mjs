@@ -36,6 +36,16 @@
  *   no spare lease;
  * - `etcd-spare-validity`: the test that a lock on an aged spare lease reports a validity counted
  *   from the spare's grant (or from a keepalive sent beside its transaction);
+ * - `etcd-lease-doubt`, `etcd-lease-passed-client`, `etcd-lease-beside-extension`: the tests that a
+ *   released lock's lease is not used again after a request that named it went unanswered, with a
+ *   client passed in, or while an extension of it is out;
+ * - `etcd-handover-dead-waiter`: the test that a waiter cut off from etcd that a release hands the key
+ *   to holds it up no longer than `waiterTimeout`;
+ * - `etcd-handover-watch`: the test that a waiter a release hands the key to sends no transaction;
+ * - `etcd-handover-gave-up`: the test that a waiter that gave up while its deletion was lost, and was
+ *   handed the key meanwhile, leaves the key free once etcd answers;
+ * - `etcd-settle-revoke`: the test that an owner whose revoke of its lease went unanswered does not
+ *   take its lock on that lease;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -171,7 +181,7 @@ export const DETECTORS = {
   'etcd-spare-demand': {
     kind: 'jest',
     file: 'test/backends/etcd.backend.spec.ts',
-    test: 'grants no spare lease to a process that locks less often than every half ttl',
+    test: 'grants no spare lease to a process that locks less often than every half ttl: it keeps only its lock’s own lease',
     env: {},
     seeded: false,
   },
@@ -179,6 +189,55 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.backend.spec.ts',
     test: 'counts the validity of a lock on a spare from the spare’s grant, or from a keepalive sent beside the transaction',
+    env: {},
+    seeded: false,
+  },
+  'etcd-lease-doubt': {
+    kind: 'jest',
+    file: 'test/backends/etcd.backend.spec.ts',
+    test: 'never uses again a lease that an unanswered request named: that request may still land on it',
+    env: {},
+    seeded: false,
+  },
+  'etcd-lease-passed-client': {
+    kind: 'jest',
+    file: 'test/backends/etcd.backend.spec.ts',
+    test: 'revokes every released lease with a client passed in: it may send a request twice, and a late copy could put a key on a lease in use',
+    env: {},
+    seeded: false,
+  },
+  'etcd-lease-beside-extension': {
+    kind: 'jest',
+    file: 'test/backends/etcd.backend.spec.ts',
+    test: 'does not use again the lease of a lock released while an extension of it is out: that extension revokes it if it finds the keys gone',
+    env: {},
+    seeded: false,
+  },
+  'etcd-handover-dead-waiter': {
+    kind: 'jest',
+    file: 'test/backends/etcd.adversarial.spec.ts',
+    test: 'a waiter cut off from etcd that a release hands the key to holds it up no longer than waiterTimeout, not for its ttl',
+    env: {},
+    seeded: false,
+  },
+  'etcd-handover-watch': {
+    kind: 'jest',
+    file: 'test/backends/etcd.adversarial.spec.ts',
+    test: 'a holder that waited hands the key to the waiter behind it: that waiter sends no transaction, and its lock moves onto its own lease at its first extension',
+    env: {},
+    seeded: false,
+  },
+  'etcd-handover-gave-up': {
+    kind: 'jest',
+    file: 'test/backends/etcd.adversarial.spec.ts',
+    test: 'a waiter that gave up while its deletion was lost, and was handed the key before it was sent again, leaves the key free once etcd answers',
+    env: {},
+    seeded: false,
+  },
+  'etcd-settle-revoke': {
+    kind: 'jest',
+    file: 'test/backends/etcd.adversarial.spec.ts',
+    test: 'an owner whose revoke of its lease went unanswered does not take its lock on that lease, which the revoke may still delete',
     env: {},
     seeded: false,
   },
@@ -518,7 +577,12 @@ export const MUTANTS = [
     name: 'etcd-spare-twice',
     bug: 'an etcd spare lease is handed out without being forgotten: two owners at once put their keys on it, and the release of one revokes the other',
     file: 'lib/backends/etcd/etcd.spare-leases.ts',
-    replace: [['    this.spares.delete(seconds);\n', '']],
+    replace: [
+      [
+        '      if (spare.aliveSince + spare.ttl * 500 >= now) return spare;\n',
+        '      if (spare.aliveSince + spare.ttl * 500 >= now) return (kept.push(spare), this.spares.set(seconds, kept), spare);\n',
+      ],
+    ],
     detector: 'etcd-spare-one-owner',
   },
   {
@@ -534,6 +598,60 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.spare-leases.ts',
     replace: [['    if (!took && (last === undefined || now - last > seconds * 500)) return;\n', '']],
     detector: 'etcd-spare-demand',
+  },
+  {
+    name: 'etcd-lease-reused-after-doubt',
+    bug: 'a released etcd lock keeps its lease for another lock though a request that named it went unanswered: that request may land later and put a holder nobody knows on a lease in use',
+    file: 'lib/backends/etcd/etcd.connection.ts',
+    replace: [[' && !this.doubtful.has(lease)', '']],
+    detector: 'etcd-lease-doubt',
+  },
+  {
+    name: 'etcd-lease-reused-with-retries',
+    bug: 'a released etcd lock keeps its lease for another lock with a client that may send a request twice',
+    file: 'lib/backends/etcd/etcd.connection.ts',
+    replace: [['return !this.mayRetry && ', 'return ']],
+    detector: 'etcd-lease-passed-client',
+  },
+  {
+    name: 'etcd-lease-reused-beside-extension',
+    bug: 'a released etcd lock keeps its lease for another lock while an extension of it is out, which revokes it when it finds the keys gone: the next lock on it vanishes',
+    file: 'lib/backends/etcd/etcd.releases.ts',
+    replace: [['const reuse = (place.extending ?? 0) === 0 && ', 'const reuse = ']],
+    detector: 'etcd-lease-beside-extension',
+  },
+  {
+    name: 'etcd-handover-onto-lock-lease',
+    bug: "an etcd release hands the key over onto the releasing lock's lease instead of the waiter's waiter lease: a waiter that died in line holds the key for a whole ttl",
+    file: 'lib/backends/etcd/etcd.line.ts',
+    replace: [
+      [
+        '{ request_put: { key: next.key, value: HANDED, lease: next.lease } },',
+        '{ request_put: { key: next.key, value: HANDED, lease } },',
+      ],
+    ],
+    detector: 'etcd-handover-dead-waiter',
+  },
+  {
+    name: 'etcd-handover-unheard',
+    bug: 'an etcd waiter does not hear that a release handed it the key, and sends the transaction that takes it',
+    file: 'lib/backends/etcd/etcd.handover.ts',
+    replace: [['if (isHandedValue(kv.value) && Number(kv.create_revision) === place.revision) handed();', 'void kv;']],
+    detector: 'etcd-handover-watch',
+  },
+  {
+    name: 'etcd-handed-left-after-give-up',
+    bug: 'an etcd waiter that gave up, and whose deletion was lost, is sent again only as a waiter: a release that handed it the key meanwhile leaves that key held by nobody for as long as its process has waiters',
+    file: 'lib/backends/etcd/etcd.releases.ts',
+    replace: [['if (left.handedOn !== undefined) await', 'if (left.handedOn === "never") await']],
+    detector: 'etcd-handover-gave-up',
+  },
+  {
+    name: 'etcd-settle-on-revoked-lease',
+    bug: 'an etcd owner whose revoke of its hold lease went unanswered takes a lock that its lost first attempt put on that lease: the revoke, landing later, deletes it under its holder',
+    file: 'lib/backends/etcd/etcd.admission.ts',
+    replace: [['    if (place.revokeOut) await this.revokeHold(place, what);\n', '']],
+    detector: 'etcd-settle-revoke',
   },
   {
     name: 'local-reader-passes-writer',

@@ -18,6 +18,7 @@ import { EtcdRequestGate, isDeletion, isFirstAttempt, isLeaseMove, isPromotion, 
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedRead, fencedWrite } from '../fixtures/etcd-fenced-store.mjs';
 import { activeTimers, eventually, until } from '../support/wait.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
 
 /**
  * Attempts to break what the etcd backend promises (docs/etcd.md, the LockBackend contract):
@@ -179,7 +180,7 @@ describe('etcd backend, attacked', () => {
       const held = await holder.acquire('late-turn');
       const { locks, gate } = gated({ pollInterval: 100 });
       const waiting = locks.acquire('late-turn', { wait: 10_000 });
-      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the waiter to stand in line');
+      await until(async () => (await entries()).some((e) => e.value.startsWith('waiting')), 10_000, 'the waiter to stand in line');
       const late = gate.lateTxn(isPromotion);
       await held.release();
       const from = (await late.caught).success![0].request_put!.lease!;
@@ -276,7 +277,7 @@ describe('etcd backend, attacked', () => {
       // This caller waits all along: the process's waiter lease, which the entries sit on, stays alive.
       const waitingOn = locks.acquire('lost-release-other', { wait: 30_000 });
       waitingOn.catch(() => undefined);
-      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the first waiter to stand in line');
+      await until(async () => (await entries()).some((e) => e.value.startsWith('waiting')), 10_000, 'the first waiter to stand in line');
       const lost = gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:lost-release'));
       await expect(locks.acquire('lost-release', { wait: 300 })).rejects.toBeInstanceOf(DistributedLockError);
       await lost.caught;
@@ -303,7 +304,9 @@ describe('etcd backend, attacked', () => {
       const { locks, gate } = gated({}, { waiterTimeout: 30_000 });
       gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:leftover-shutdown'));
       await expect(locks.acquire('leftover-shutdown', { wait: 300 })).rejects.toBeInstanceOf(DistributedLockError);
-      expect((await entries()).map((e) => e.value).sort()).toEqual(['held', 'waiting']);
+      // Its place sat alone on its process's waiter lease, which the failed release retires: revoked,
+      // it takes the place along. The deletion sent again still waits, with its timer.
+      await eventually(async () => expect((await entries()).map((e) => e.value)).toEqual(['held']), 10_000);
       await locks.onApplicationShutdown();
       await held.release();
       await nothingLeft(kept, 'the waiter’s entry and lease to go with the shutdown');
@@ -353,7 +356,7 @@ describe('etcd backend, attacked', () => {
       const held = await holder.acquire('twice-turn');
       const { locks, gate } = gated({ pollInterval: 100 });
       const waiting = locks.acquire('twice-turn', { wait: 10_000 });
-      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the waiter to stand in line');
+      await until(async () => (await entries()).some((e) => e.value.startsWith('waiting')), 10_000, 'the waiter to stand in line');
       gate.twiceTxn(isPromotion);
       await held.release();
       const handle = await waiting;
@@ -448,11 +451,11 @@ describe('etcd backend, attacked', () => {
       const aborting = service();
       const controller = new AbortController();
       const acquiring = aborting.acquire('abort-wait', { wait: 20_000, signal: controller.signal }).catch((e: unknown) => e);
-      await until(async () => (await entries()).length === 2 && (await watchers()) === 1, 10_000, 'the first waiter to watch');
+      await until(async () => (await entries()).length === 2 && (await watchers()) === 2, 10_000, 'the first waiter to watch');
       // Behind it, a waiter of another process, which watches it.
       const nextService = service({ pollInterval: 2_000 });
       const next = nextService.acquire('abort-wait', { wait: 20_000 });
-      await until(async () => (await entries()).length === 3 && (await watchers()) === 2, 10_000, 'the second waiter to watch');
+      await until(async () => (await entries()).length === 3 && (await watchers()) === 4, 10_000, 'the second waiter to watch');
       controller.abort(new Error('gone'));
       expect(await acquiring).toMatchObject({ message: 'gone' });
       await until(async () => (await entries()).length === 2, 10_000, 'the aborted place to go');
@@ -663,7 +666,8 @@ describe('etcd backend, attacked', () => {
         waiters.push(locks.acquire('herd', { wait: 28_000 }));
         await until(async () => (await entries()).length === i + 2, 10_000, `waiter ${i} to stand in line`);
       }
-      await until(async () => (await watchers()) === 8, 10_000, 'each waiter to watch the one ahead');
+      // Two watches a waiter: the entry ahead of it, and its own (a release may hand it the key).
+      await until(async () => (await watchers()) === 16, 10_000, 'each waiter to watch the one ahead');
       const before = [...txns];
       await first.release();
       const tokens = [first.fencingToken!];
@@ -676,6 +680,155 @@ describe('etcd backend, attacked', () => {
       }
       for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
     });
+
+    it('a holder that waited hands the key to the waiter behind it: that waiter sends no transaction, and its lock moves onto its own lease at its first extension', async () => {
+      const counted = () => {
+        const client = new Etcd3({ hosts: fixture.endpoints });
+        fixture.cleanup(() => client.close());
+        const count = { txns: 0 };
+        const txn = client.kv.txn.bind(client.kv);
+        client.kv.txn = (...args) => ((count.txns += 1), txn(...args));
+        return { locks: service({ pollInterval: 25_000 }, new EtcdLockBackend(client, { waiterTimeout: 30_000 })), count };
+      };
+      const first = await service().acquire('hand');
+      const [second, third] = [counted(), counted()];
+      const secondWaits = second.locks.acquire('hand', { wait: 28_000 });
+      await until(async () => (await entries()).length === 2, 10_000, 'the second to stand in line');
+      const thirdWaits = third.locks.acquire('hand', { wait: 28_000 });
+      await until(async () => (await entries()).length === 3, 10_000, 'the third to stand in line');
+      // The first took the key uncontended and knows of nobody behind it: the second takes the key itself.
+      await first.release();
+      const secondHandle = await secondWaits;
+      const before = third.count.txns;
+      await secondHandle.release();
+      const thirdHandle = await thirdWaits;
+      expect(third.count.txns).toBe(before);
+      expect(thirdHandle.fencingToken).toBeGreaterThan(secondHandle.fencingToken!);
+      // Held where it waited, on its process's waiter lease, marked as handed over.
+      const [entry] = await entries();
+      expect(entry.value).toBe('held handed');
+      await thirdHandle.extend();
+      expect(thirdHandle.isHeld).toBe(true);
+      const [moved] = await entries();
+      expect(moved.value).toBe('held');
+      expect(moved.lease).not.toBe(entry.lease);
+      expect(await second.locks.inspect('hand')).toMatchObject({ fencingToken: thirdHandle.fencingToken });
+      await thirdHandle.release();
+      await until(async () => (await entries()).length === 0, 10_000, 'the line to empty');
+    });
+
+    it('a waiter that gave up while its deletion was lost, and was handed the key before it was sent again, leaves the key free once etcd answers', async () => {
+      quietLogs();
+      const first = await service().acquire('hand-gone');
+      // The holder to be: it waits, so once it holds it reads who is behind it.
+      const holderWaits = service().acquire('hand-gone', { wait: 20_000 });
+      await until(async () => (await entries()).length === 2, 10_000, 'the holder to be in line');
+      // Behind it, a waiter of a process with another caller waiting all along (its waiter lease stays kept alive).
+      const busy = await service().acquire('hand-gone-other');
+      const { locks, gate } = gated({}, { waiterTimeout: 3_000 });
+      const other = locks.acquire('hand-gone-other', { wait: 60_000 });
+      other.catch(() => undefined);
+      const gives = locks.acquire('hand-gone', { wait: 2_000 });
+      await until(
+        async () => (await entries()).some((e) => e.value === 'waiting handover' && e.key.includes('hand-gone/')),
+        10_000,
+        'the waiter in line',
+      );
+      await first.release();
+      const held = await holderWaits;
+      // It gives up: its deletion is lost, and the one sent again is held back until after the hand-over.
+      const lost = gate.lateTxn((r) => isDeletion(r) && names(r, 'adv:hand-gone'));
+      const again = gate.slow<ITxnRequest>(
+        'kv',
+        'txn',
+        (r) => r.compare?.some((c) => c.target === 'Value' && c.result === 'Greater') === true,
+      );
+      await expect(gives).rejects.toBeInstanceOf(DistributedLockError);
+      await lost.caught;
+      await held.release();
+      await until(async () => (await entries()).some((e) => e.value === 'held handed'), 5_000, 'the hand-over to the waiter that gave up');
+      await again.caught;
+      await again.send();
+      // etcd answers again: the key is free at once, not once that process stops waiting.
+      const next = await service().acquire('hand-gone', { wait: 10_000 });
+      await next.release();
+      await busy.release();
+      await (await other).release();
+    }, 60_000);
+
+    /**
+     * Owner A of a backend whose requests the test holds back: its first attempt on `key` goes
+     * unanswered (and is sent later by `first`), and the revoke of that attempt's lease, which its
+     * next attempt sends, too (`revoke`). `other` is another process's backend.
+     */
+    async function lostAttemptAndRevoke(key: string) {
+      const backend = new EtcdLockBackend(fixture.endpoints);
+      fixture.cleanup(() => backend.close());
+      const gate = new EtcdRequestGate((backend as unknown as { connection: { client: Etcd3 } }).connection.client);
+      fixture.cleanup(() => gate.open());
+      const other = new EtcdLockBackend(fixture.endpoints);
+      fixture.cleanup(() => other.close());
+      const first = gate.lateTxn((r) => isFirstAttempt(r) && names(r, key));
+      await expect(backend.tryAcquire([key], 'A', 10_000, { willWait: true })).rejects.toThrow();
+      const request = await first.caught;
+      const lease = String(request.success!.find((op) => op.request_put)!.request_put!.lease);
+      // A asks again: it finds nothing, and revokes that lease, which goes unanswered too.
+      const revoke = gate.late<{ ID: string }>('leaseClient', 'leaseRevoke', (r) => String(r.ID) === lease);
+      await expect(backend.tryAcquire([key], 'A', 10_000, { willWait: true })).rejects.toThrow();
+      await revoke.caught;
+      // The first attempt lands on that lease now; A asks again and holds.
+      await first.send();
+      expect(await backend.tryAcquire([key], 'A', 10_000, { willWait: true })).toMatchObject({ acquired: true });
+      return { backend, other, revoke };
+    }
+
+    it('a revoke of a lease that an unanswered request named, itself unanswered, never reaches a later lock of the process on that lease', async () => {
+      const { backend, other, revoke } = await lostAttemptAndRevoke('late-revoke');
+      expect(await backend.release(['late-revoke'], 'A')).toBe(true);
+      // Another lock of the process, then the revoke A sent lands.
+      expect(await backend.tryAcquire(['late-revoke-2'], 'B', 10_000, { willWait: true })).toMatchObject({ acquired: true });
+      await revoke.send().catch(() => undefined);
+      expect(await other.tryAcquire(['late-revoke-2'], 'C', 10_000, { willWait: false })).toMatchObject({ acquired: false });
+      expect(await backend.release(['late-revoke-2'], 'B')).toBe(true);
+    });
+
+    it('an owner whose revoke of its lease went unanswered does not take its lock on that lease, which the revoke may still delete', async () => {
+      const { backend, other, revoke } = await lostAttemptAndRevoke('late-revoke-own');
+      // The revoke lands: A's lock is not on that lease.
+      await revoke.send().catch(() => undefined);
+      expect(await other.tryAcquire(['late-revoke-own'], 'C', 10_000, { willWait: false })).toMatchObject({ acquired: false });
+      expect(await backend.extend(['late-revoke-own'], 'A', 10_000)).toMatchObject({ extended: true });
+      expect(await backend.release(['late-revoke-own'], 'A')).toBe(true);
+    });
+
+    it('a waiter cut off from etcd that a release hands the key to holds it up no longer than waiterTimeout, not for its ttl', async () => {
+      quietLogs();
+      const first = await service().acquire('hand-dead');
+      const second = service();
+      const secondWaits = second.acquire('hand-dead', { wait: 28_000 });
+      await until(async () => (await entries()).length === 2, 10_000, 'the second to stand in line');
+      // The third reaches etcd through a proxy, which is then cut: its process is as good as dead.
+      const proxies = await Promise.all(fixture.cluster.members.map((m) => TcpProxy.start(m.clientPort)));
+      fixture.cleanup(() => Promise.all(proxies.map((p) => p.close())));
+      const cut = service(
+        {},
+        new EtcdLockBackend(
+          proxies.map((p) => `http://127.0.0.1:${p.port}`),
+          { waiterTimeout: 3_000 },
+        ),
+      );
+      cut.acquire('hand-dead', { wait: 28_000, ttl: 30_000 }).catch(() => undefined);
+      await until(async () => (await entries()).length === 3, 10_000, 'the third to stand in line');
+      await first.release();
+      const secondHandle = await secondWaits;
+      for (const proxy of proxies) proxy.set({ kind: 'drop' });
+      const cutAt = Date.now();
+      // Handed to the third, whose entry sits on its process's waiter lease (3 s), not on a lease of the lock's ttl.
+      await secondHandle.release();
+      const next = await service().acquire('hand-dead', { wait: 20_000 });
+      expect(Date.now() - cutAt).toBeLessThan(10_000);
+      await next.release();
+    }, 40_000);
 
     it('callers of overlapping key sets across processes: no deadlock, never two inside one key, tokens increasing per key', async () => {
       const services = [service(), service(), service()];
@@ -712,17 +865,18 @@ describe('etcd backend, attacked', () => {
       const held = await service().acquire('member-dies', { ttl: 3_000 });
       const locks = service({ pollInterval: 2_000 }, new EtcdLockBackend(fixture.endpoints, { waiterTimeout: 30_000 }));
       const waiting = locks.acquire('member-dies', { wait: 25_000 });
-      await until(async () => (await watchers()) === 1, 10_000, 'the waiter to watch');
+      // Its two watches (the entry ahead, its own) run on one member.
+      await until(async () => (await watchers()) === 2, 10_000, 'the waiter to watch');
       // The member its watch runs on.
       const counts = await Promise.all(
         fixture.cluster.members.map(async (m) =>
           Number(/^etcd_debugging_mvcc_watcher_total (\d+)/m.exec(await (await fetch(`${m.endpoint}/metrics`)).text())?.[1]),
         ),
       );
-      const index = counts.indexOf(1);
+      const index = counts.indexOf(2);
       await fixture.cluster.members[index].kill();
       fixture.cleanup(() => fixture.cluster.restart(index));
-      await until(async () => (await watchers()) === 1, 15_000, 'the watch to come back on another member');
+      await until(async () => (await watchers()) === 2, 15_000, 'the watch to come back on another member');
       // A release sent to the dead member fails: the lease then runs out, which deletes the entry as well.
       await held.release().catch(() => undefined);
       const handle = await waiting;
@@ -737,12 +891,12 @@ describe('etcd backend, attacked', () => {
       const held = await service().acquire('place-revoked');
       const locks = service();
       const waiting = locks.acquire('place-revoked', { wait: 20_000 });
-      await until(async () => (await entries()).some((e) => e.value === 'waiting'), 10_000, 'the waiter to stand in line');
-      const place = (await entries()).find((e) => e.value === 'waiting')!;
+      await until(async () => (await entries()).some((e) => e.value.startsWith('waiting')), 10_000, 'the waiter to stand in line');
+      const place = (await entries()).find((e) => e.value.startsWith('waiting'))!;
       await fixture.admin.leaseClient.leaseRevoke({ ID: place.lease });
       // It notices (its keeper's next round) and takes a new place, behind the holder still.
       await until(
-        async () => (await entries()).some((e) => e.value === 'waiting' && e.lease !== place.lease),
+        async () => (await entries()).some((e) => e.value.startsWith('waiting') && e.lease !== place.lease),
         10_000,
         'the waiter to stand in line again',
       );
@@ -826,10 +980,10 @@ describe('etcd backend, attacked', () => {
       };
       const line = { deleteOwn: () => ({}), deleteWaiting: () => ({}), deletedOf: () => [] };
       const places = {
-        get: (owner: string) => ({ state: 'unknown', hold: { id: owner }, moving: false, movingTo: undefined }),
+        get: (owner: string) => ({ keys: ['k'], state: 'unknown', hold: { id: owner }, moving: false, movingTo: undefined }),
         drop: () => undefined,
       };
-      const releases = new EtcdReleases(connection as never, line as never, places as never, 60_000);
+      const releases = new EtcdReleases(connection as never, line as never, places as never, {} as never, () => undefined, 60_000);
       fixture.cleanup(() => releases.close());
       return { releases, answer: () => connection.onAnswer!(), txns: () => txns };
     }

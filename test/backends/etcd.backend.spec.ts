@@ -229,20 +229,27 @@ describe('etcd backend, spare leases', () => {
     return [await leaseOf(key), await leaseOf(`${key}2`)];
   }
 
-  it('grants no spare lease to a process that locks less often than every half ttl', async () => {
+  it('grants no spare lease to a process that locks less often than every half ttl: it keeps only its lock’s own lease', async () => {
     const before = await leases();
     const locks = backend();
     expect(await locks.tryAcquire(['rare'], 'owner-a', 4_000, { willWait: false })).toMatchObject({ acquired: true });
+    const first = await leaseOf('rare');
     // A grant asked for beside its transaction would go to etcd before this release.
     expect(await locks.release(['rare'], 'owner-a')).toBe(true);
-    expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
-    // The next lock of that ttl, 2 s later, grants its own lease again, and no spare either.
+    // The lock's lease stays, holding nothing, for the next lock of that ttl: nothing else was granted.
+    expect((await leases()).filter((l) => !before.includes(l))).toEqual([first]);
+    expect((await fixture.admin.leaseClient.leaseTimeToLive({ ID: first, keys: true })).keys).toEqual([]);
+    // The next lock of that ttl, 2 s later: that lease has less than half its ttl left by this
+    // process's count, so it goes, and the lock grants its own again, and no spare either.
     const now = performance.now.bind(performance);
     const clock = jest.spyOn(performance, 'now').mockImplementation(() => now() + 2_100);
     fixture.cleanup(() => clock.mockRestore());
     expect(await locks.tryAcquire(['rare'], 'owner-b', 4_000, { willWait: false })).toMatchObject({ acquired: true });
+    const second = await leaseOf('rare');
+    expect(second).not.toBe(first);
     expect(await locks.release(['rare'], 'owner-b')).toBe(true);
-    expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
+    await until(async () => !(await leases()).includes(first), 5_000, 'the lease too old to use to go');
+    expect((await leases()).filter((l) => !before.includes(l))).toEqual([second]);
     clock.mockRestore();
     await locks.close();
   });
@@ -337,5 +344,84 @@ describe('etcd backend, spare leases', () => {
       ['aged-c', 'owner-c'],
     ])
       expect(await locks.release([key], owner)).toBe(true);
+  });
+
+  it('uses a released lock’s lease for the next lock of its ttl: locking in a loop grants and revokes no lease after the first two', async () => {
+    const before = await leases();
+    const locks = backend();
+    const used = new Set<string>();
+    for (let i = 0; i < 20; i++) {
+      expect(await locks.tryAcquire(['loop'], `owner-${i}`, 10_000, { willWait: false })).toMatchObject({ acquired: true });
+      used.add(await leaseOf('loop'));
+      expect(await locks.release(['loop'], `owner-${i}`)).toBe(true);
+    }
+    // The first lock's own lease, and the spare granted once the ttl was in demand.
+    expect(used.size).toBeLessThanOrEqual(2);
+    // Each released lease held nothing: no key is left on any.
+    for (const lease of used) expect((await fixture.admin.leaseClient.leaseTimeToLive({ ID: lease, keys: true })).keys).toEqual([]);
+    await locks.close();
+    expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
+  });
+
+  it('revokes every released lease with a client passed in: it may send a request twice, and a late copy could put a key on a lease in use', async () => {
+    const client = new Etcd3({ hosts: fixture.endpoints });
+    fixture.cleanup(() => client.close());
+    const locks = new EtcdLockBackend(client);
+    fixture.cleanup(() => locks.close());
+    const used = new Set<string>();
+    for (let i = 0; i < 6; i++) {
+      expect(await locks.tryAcquire(['passed'], `owner-${i}`, 10_000, { willWait: false })).toMatchObject({ acquired: true });
+      used.add(await leaseOf('passed'));
+      expect(await locks.release(['passed'], `owner-${i}`)).toBe(true);
+    }
+    expect(used.size).toBe(6);
+    const left = await leases();
+    expect([...used].filter((lease) => left.includes(lease))).toEqual([]);
+  });
+
+  it('never uses again a lease that an unanswered request named: that request may still land on it', async () => {
+    const proxy = await TcpProxy.start(Number(new URL(fixture.endpoints[0]).port));
+    fixture.cleanup(() => proxy.close());
+    const locks = backend(`http://127.0.0.1:${proxy.port}`, { commandTimeout: 500 });
+    const connection = (
+      locks as unknown as { connection: { txn: (r: object, w: object) => Promise<unknown>; reusable: (l: string) => boolean } }
+    ).connection;
+    const { ID: named } = await fixture.admin.leaseClient.leaseGrant({ TTL: 10 });
+    const { ID: other } = await fixture.admin.leaseClient.leaseGrant({ TTL: 10 });
+    fixture.cleanup(() => Promise.all([named, other].map((ID) => fixture.admin.leaseClient.leaseRevoke({ ID }))));
+    expect(connection.reusable(named)).toBe(true);
+    // Applied, its answer lost.
+    proxy.set({ kind: 'blackhole-down' });
+    const put = { request_put: { key: Buffer.from('nest-distributed-lock/%doubt'), value: Buffer.from('x'), lease: named } };
+    await expect(connection.txn({ success: [put] }, { op: 'acquire', keys: ['doubt'] })).rejects.toThrow(/acquire of doubt failed/);
+    proxy.set({ kind: 'pass' });
+    expect(connection.reusable(named)).toBe(false);
+    expect(connection.reusable(other)).toBe(true);
+  });
+
+  it('does not use again the lease of a lock released while an extension of it is out: that extension revokes it if it finds the keys gone', async () => {
+    const locks = backend();
+    const client = (locks as unknown as { connection: { client: Etcd3 } }).connection.client;
+    expect(await locks.tryAcquire(['beside'], 'owner-a', 10_000, { willWait: false })).toMatchObject({ acquired: true });
+    const lease = await leaseOf('beside');
+    // The extension's read of the holder's entries is held back until the lease could serve another lock.
+    const txn = client.kv.txn.bind(client.kv);
+    let letGo: () => void = () => undefined;
+    const held = new Promise<void>((resolve) => (letGo = resolve));
+    const spy = jest.spyOn(client.kv, 'txn').mockImplementation(async (request, options) => {
+      const reads = request.success?.every((op) => op.request_range) && request.success.length === 1;
+      if (reads && request.success![0].request_range!.key!.toString().endsWith('/owner-a')) await held;
+      return txn(request, options);
+    });
+    fixture.cleanup(() => spy.mockRestore());
+    const extending = locks.extend(['beside'], 'owner-a', 10_000);
+    expect(await locks.release(['beside'], 'owner-a')).toBe(true);
+    // The next lock of that ttl, on another key.
+    expect(await locks.tryAcquire(['beside-next'], 'owner-b', 10_000, { willWait: false })).toMatchObject({ acquired: true });
+    expect(await leaseOf('beside-next')).not.toBe(lease);
+    letGo();
+    expect(await extending).toEqual({ extended: false });
+    expect(await locks.inspect('beside-next')).toMatchObject({ owner: 'owner-b' });
+    expect(await locks.release(['beside-next'], 'owner-b')).toBe(true);
   });
 });

@@ -229,7 +229,7 @@ describe('etcd: who holds and waits', () => {
     fixture.cleanup(() => locks.onApplicationShutdown());
     const observer = backend();
     const urls = fixture.endpoints.join(',');
-    const library = { LOCK_LIBRARY: previousRelease().entry };
+    const library = { LOCK_LIBRARY: previousRelease('release-before-identity').entry };
     const held = await locks.acquire('mixed', { site: 'Jobs.run' });
 
     const old = Holder.spawn('etcd-lock-holder.mjs', urls, 'mixed', 10_000, [], library);

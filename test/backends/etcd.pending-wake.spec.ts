@@ -88,7 +88,7 @@ describe('etcd wake-ups when the entry ahead is set pending', () => {
     const writer = service(writerClient, { pollInterval: 2_500 }).acquire('b', { wait: 20_000 });
     await until(async () => (await line('b')).length === 2 && watches.requested() > 0, 10_000, 'the writer to watch');
     await repend.send();
-    expect(await line('b')).toEqual(['pending', 'waiting']);
+    expect(await line('b')).toEqual(['pending', 'waiting handover']);
     const freed = performance.now();
     watches.letGo();
     const handle = await writer;

@@ -121,7 +121,7 @@ describe('ZooKeeper: who holds and waits', () => {
     const old: ChildProcess = fork(
       resolve(import.meta.dirname, '../fixtures/zookeeper-lock-waiter.mjs'),
       [fixture.connectionString, fixture.root, 'k', '4000', '30000'],
-      { env: { ...process.env, LOCK_LIBRARY: previousRelease().entry }, stdio: 'inherit' },
+      { env: { ...process.env, LOCK_LIBRARY: previousRelease('release-before-identity').entry }, stdio: 'inherit' },
     );
     old.on('message', (message: { type: string }) => messages.push(message));
     fixture.cleanup(() => old.kill('SIGKILL'));

@@ -200,7 +200,7 @@ describe('ZooKeeper pending nodes', () => {
 /** A backend of the previous release in a child process: a function that calls its methods. */
 function previousProcess(): (method: string, ...args: unknown[]) => Promise<unknown> {
   const child = fork(resolve(import.meta.dirname, '../fixtures/zookeeper-backend-process.mjs'), [fixture.connectionString, fixture.root], {
-    env: { ...globalThis.process.env, LOCK_LIBRARY: previousRelease().entry },
+    env: { ...globalThis.process.env, LOCK_LIBRARY: previousRelease('release-before-identity').entry },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
   });
   fixture.cleanup(async () => {

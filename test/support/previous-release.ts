@@ -10,10 +10,15 @@ import { join, resolve } from 'node:path';
  *
  * When a change alters what the library stores, replace the tarball with one packed at the commit
  * before it: processes of the two versions then share a store in the rolling-upgrade test.
+ * `release-before-identity` is an older one, from before who holds a lock was stored: the tests of
+ * who holds and waits run beside a process that stores nobody.
  */
-export function previousRelease(): { entry: string; name: string } {
+export function previousRelease(fixture: 'previous-release' | 'release-before-identity' = 'previous-release'): {
+  entry: string;
+  name: string;
+} {
   const root = resolve(import.meta.dirname, '../..');
-  const dir = join(root, 'test/fixtures/previous-release');
+  const dir = join(root, 'test/fixtures', fixture);
   const [tarball] = readdirSync(dir).filter((file) => file.endsWith('.tgz'));
   if (!tarball) throw new Error(`No packed previous release in ${dir}`);
   const name = tarball.replace(/\.tgz$/, '');

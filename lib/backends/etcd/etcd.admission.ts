@@ -3,7 +3,7 @@ import { performance } from 'node:perf_hooks';
 import { LockBackendError } from '../../lock.errors.js';
 import type { AcquireResult } from '../lock-backend.interface.js';
 import type { EtcdConnection, Operation } from './etcd.connection.js';
-import { isHeldValue, isPendingValue, type UntilHeld } from './etcd.kinds.js';
+import { entryValue, isHandedValue, isHeldValue, isPendingValue, type UntilHeld } from './etcd.kinds.js';
 import type { EtcdLine } from './etcd.line.js';
 import { enterAtEnd } from './etcd.no-wait.js';
 import { leaseSeconds } from './etcd.options.js';
@@ -146,6 +146,11 @@ export class EtcdAdmission {
       if (await this.renew(place, what)) return { acquired: true, fencingToken: place.revision, validityMs: ttlMs };
       return { acquired: false };
     }
+    // A release handed it the key before its watch said so.
+    if (standing.handed) {
+      if (!this.places.handed(place, place.revision!, false)) return { acquired: false };
+      return this.handedLock(place, ttlMs, what);
+    }
     // Its place is gone (the waiter lease ran out, or a pending entry was passed and deleted): it
     // takes a new one, at the back, once what is left of the old one is gone.
     if (standing.lost || place.waitLease === undefined) return this.startOver(place, ttlMs, what);
@@ -253,10 +258,64 @@ export class EtcdAdmission {
   }
 
   /**
+   * A lock a release handed over (etcd.handover.ts), taken by its owner: valid for as long as the
+   * waiter lease it sits on certainly lives. With nothing certainly left of that, it moves onto
+   * its own lease first, as its first extension would.
+   */
+  async handedLock(place: Place, ttlMs: number, what: Operation): Promise<AcquireResult> {
+    const validityMs = this.places.handedValidity(place, ttlMs);
+    if (validityMs > 0) return { acquired: true, fencingToken: place.revision, validityMs };
+    const moved = await this.moveHanded(place, what);
+    if (!moved) return { acquired: false };
+    return { acquired: true, fencingToken: place.revision, validityMs: moved.validityMs(ttlMs) };
+  }
+
+  /**
+   * A lock handed over goes from the waiter lease onto its owner's hold lease, marked held as if
+   * it had taken the key itself, with a keepalive of that lease beside it; who asks moves with it,
+   * now saying when the owner took the key. Undefined when the lock is gone (the waiter lease ran
+   * out): the place is dropped. Rejects when etcd did not answer: the move may land later, and the
+   * next extension or the release finds out (both take the entry wherever it is).
+   */
+  async moveHanded(place: Place, what: Operation): Promise<{ validityMs: (ttlMs: number) => number } | undefined> {
+    const from = place.waitLease;
+    const hold = place.hold;
+    if (from === undefined) return this.lostHanded(place, what);
+    const identity = identityValue(place.who, Date.now());
+    const started = performance.now();
+    const move = this.line.moveLease(place.keys, place.owner, [entryValue('held', 1)], [identity], from, hold.id);
+    let response, kept;
+    try {
+      [response, kept] = await Promise.all([this.connection.txn(move, what), this.connection.keepAlive(hold.id, what).catch(() => false)]);
+    } catch (error) {
+      if (!this.connection.isLeaseGone(error)) throw error;
+      // Its hold lease ran out: the lock stays on the waiter lease, and goes.
+      return this.lostHanded(place, what);
+    }
+    if (!this.line.moved(response, hold.id)) return this.lostHanded(place, what);
+    place.identity = identity;
+    if (kept) hold.aliveSince = Math.max(hold.aliveSince, started);
+    this.places.moved(place);
+    return { validityMs: (ttlMs) => Math.max(0, Math.min(ttlMs, leaseLeft(hold, started))) };
+  }
+
+  /** A lock handed over that its owner no longer has: whatever is left of it goes. */
+  private async lostHanded(place: Place, what: Operation): Promise<undefined> {
+    this.places.drop(place);
+    this.connection.revokeQuietly(place.hold.id, what);
+    await this.connection.txn(this.line.deleteRevision(place.keys[0], place.owner, place.revision!), what).catch(() => undefined);
+    return undefined;
+  }
+
+  /**
    * An owner whose last request went unanswered: reads its entries to learn what that request
-   * did. Held on its hold lease: it won. On the waiter lease: it waits. Neither: it starts over.
+   * did. Held on its hold lease: it won. On the waiter lease: it waits, or a release handed it the
+   * key. Neither: it starts over.
    */
   async settle(place: Place, what: Operation): Promise<Place | undefined> {
+    // An earlier settle's revoke of the hold lease went unanswered: it may still land and take the
+    // keys on that lease, so nothing on it may count as won. It goes again first.
+    if (place.revokeOut) await this.revokeHold(place, what);
     const entries = this.line.ownEntriesOf(await this.connection.txn(this.line.ownEntries(place.keys, place.owner), what));
     const [first] = entries;
     const whole =
@@ -266,6 +325,9 @@ export class EtcdAdmission {
       this.places.promoted(place, revision);
       return place;
     }
+    if (whole && first.lease === place.waitLease && isHandedValue(first.value)) {
+      return this.places.handed(place, revision, false) ? place : undefined;
+    }
     if (whole && first.lease === place.waitLease) {
       const pendingFrom = entries.findIndex((kv) => isPendingValue(kv!.value));
       this.places.settledWaiting(place, revision, pendingFrom < 0 ? place.keys.length : pendingFrom);
@@ -273,10 +335,17 @@ export class EtcdAdmission {
     }
     // Its request may still land while its hold lease exists: it starts over once that lease is
     // gone (an entry that landed on the waiter lease meanwhile is kept by the next attempt).
-    await this.connection.revoke(place.hold.id, what);
+    await this.revokeHold(place, what);
     if (entries.some(Boolean)) await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
     this.places.drop(place);
     return undefined;
+  }
+
+  /** Revokes the hold lease of an owner whose request went unanswered; until answered, `revokeOut` says it may land later. */
+  private async revokeHold(place: Place, what: Operation): Promise<void> {
+    place.revokeOut = true;
+    await this.connection.revoke(place.hold.id, what);
+    place.revokeOut = false;
   }
 
   /**
@@ -286,6 +355,7 @@ export class EtcdAdmission {
    * its lease revoked with whatever is left on it (a key deleted by hand and its other keys not).
    */
   async renew(place: Place, what: Operation): Promise<boolean> {
+    const sentAt = performance.now();
     const [kept, response] = await Promise.all([
       this.connection.keepAlive(place.hold.id, what),
       this.connection.txn(this.line.ownEntries(place.keys, place.owner), what),
@@ -293,6 +363,8 @@ export class EtcdAdmission {
     const intact = this.line
       .ownEntriesOf(response)
       .every((kv) => kv && isHeldValue(kv.value) && kv.lease === place.hold.id && Number(kv.create_revision) === place.revision);
+    // Alive until at least then plus its ttl: what a spare made of it counts from (etcd.spare-leases.ts).
+    if (kept) place.hold.aliveSince = Math.max(place.hold.aliveSince, sentAt);
     if (kept && intact) return true;
     this.places.drop(place);
     if (kept) this.connection.revokeQuietly(place.hold.id, what);
@@ -303,6 +375,11 @@ export class EtcdAdmission {
     const aliveSince = performance.now();
     const { id, ttl } = await this.connection.grant(seconds, what);
     return { id, seconds, ttl, aliveSince };
+  }
+
+  /** A released lock's lease that holds nothing any more: kept as a spare (etcd.spare-leases.ts). */
+  giveBack(lease: HoldLease): void {
+    this.spares.giveBack(lease);
   }
 
   /** Revokes the spare leases (at shutdown). */

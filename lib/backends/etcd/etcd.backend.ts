@@ -14,7 +14,8 @@ import { EtcdAccess } from './etcd.access.js';
 import { EtcdAdmission } from './etcd.admission.js';
 import { EtcdConnection, type Operation } from './etcd.connection.js';
 import { inspectEtcd } from './etcd.inspection.js';
-import { entryValue, isHeldValue } from './etcd.kinds.js';
+import { EtcdHandover } from './etcd.handover.js';
+import { entryValue, isHandedValue, isHeldValue } from './etcd.kinds.js';
 import { EtcdKeys } from './etcd.keys.js';
 import { EtcdLine } from './etcd.line.js';
 import { listEtcd } from './etcd.listing.js';
@@ -70,10 +71,18 @@ export class EtcdLockBackend implements LockBackend {
     this.connection = new EtcdConnection(checked, resolved, this.name);
     this.keys = new EtcdKeys(resolved.prefix);
     this.line = new EtcdLine(this.keys);
-    this.places = new EtcdPlaces(this.connection, leaseSeconds(resolved.waiterTimeout), resolved.commandTimeout);
+    const handover = new EtcdHandover(this.connection, this.line, this.keys);
+    this.places = new EtcdPlaces(this.connection, handover, leaseSeconds(resolved.waiterTimeout), resolved.commandTimeout);
     this.access = new EtcdAccess(this.connection, resolved.prefix);
     this.admission = new EtcdAdmission(this.connection, this.line, this.places);
-    this.releases = new EtcdReleases(this.connection, this.line, this.places, resolved.waiterTimeout);
+    this.releases = new EtcdReleases(
+      this.connection,
+      this.line,
+      this.places,
+      handover,
+      (lease) => this.admission.giveBack(lease),
+      resolved.waiterTimeout,
+    );
   }
 
   async tryAcquire(keys: readonly string[], owner: string, ttlMs: number, options?: TryAcquireOptions): Promise<AcquireResult> {
@@ -85,6 +94,7 @@ export class EtcdLockBackend implements LockBackend {
     this.releases.forget(owner);
     let place = this.places.get(owner);
     if (place?.state === 'unknown') place = await this.admission.settle(place, what);
+    if (place?.state === 'held' && place.handed) return this.admission.handedLock(place, ttlMs, what);
     if (place?.state === 'held') {
       // Its own lock already (an earlier attempt won after it was reported as failed): a
       // keepalive restarts the lease, so it is valid from this attempt on.
@@ -97,11 +107,33 @@ export class EtcdLockBackend implements LockBackend {
   }
 
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
+    // Counted while out: a release beside it then revokes the lease instead of keeping it for
+    // another lock, which this extension would revoke in turn if it finds the keys gone.
+    const counted = this.places.get(owner);
+    if (counted) counted.extending = (counted.extending ?? 0) + 1;
+    try {
+      return await this.extendOwner(keys, owner, ttlMs);
+    } finally {
+      if (counted) counted.extending! -= 1;
+    }
+  }
+
+  private async extendOwner(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
     const what = { op: 'extend', keys };
     let place = this.places.get(owner);
     if (place?.state === 'unknown') place = await this.admission.settle(place, what);
     if (!place) return this.extendUnknown(keys, owner, ttlMs, what);
     if (place.state !== 'held') return { extended: false };
+    if (place.handed) {
+      // Handed over on release, the lock is on the waiter lease: it moves onto its own lease now.
+      // When a move to a lease of another ttl follows, a release meanwhile deletes the entry
+      // wherever it is (see below), from now on.
+      const another = leaseSeconds(ttlMs) !== place.hold.seconds;
+      if (another) place.moving = true;
+      const moved = await this.admission.moveHanded(place, what);
+      if (!moved || this.places.get(owner) !== place) return { extended: false };
+      if (!another) return { extended: true, validityMs: moved.validityMs(ttlMs) };
+    }
     if (place.movingTo !== undefined && !(await this.settleMove(place, what))) {
       this.places.drop(place);
       return { extended: false };
@@ -238,10 +270,13 @@ export class EtcdLockBackend implements LockBackend {
     if (!first || !entries.every((kv) => kv && isHeldValue(kv.value) && kv.lease === first.lease)) return { extended: false };
     const identities = read.slice(keys.length).map((kv) => (kv?.lease === first.lease ? kv.value : undefined));
     const next = await this.admission.grant(leaseSeconds(ttlMs), what);
-    const values = entries.map((kv) => kv!.value);
+    // A lock handed over sits on its owner's waiter lease (etcd.handover.ts): it moves like the
+    // others, marked held as usual, but that lease stays, for the owner's other places.
+    const handed = isHandedValue(first.value);
+    const values = entries.map((kv) => (isHandedValue(kv!.value) ? entryValue('held', 1) : kv!.value));
     const move = this.line.moveLease(keys, owner, values, identities, first.lease, next.id);
     const moved = this.line.moved(await this.connection.txn(move, what), next.id);
-    this.connection.revokeQuietly(moved ? first.lease : next.id, what);
+    if (!moved || !handed) this.connection.revokeQuietly(moved ? first.lease : next.id, what);
     return moved ? { extended: true, validityMs: ttlMs } : { extended: false };
   }
 }

@@ -1,4 +1,4 @@
-import type { Etcd3, IOptions, ITxnRequest, ITxnResponse, Watcher } from 'etcd3';
+import type { Etcd3, IKeyValue, IOptions, IRangeRequest, ITxnRequest, ITxnResponse, Watcher } from 'etcd3';
 import { InvalidLockKeyError, InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
 import { accessRefusal, type EtcdIdentity } from './etcd.access.js';
@@ -7,6 +7,9 @@ import type { CheckedEtcdConnection, ResolvedEtcdOptions } from './etcd.options.
 import { sentence } from '../backend-message.js';
 
 type Etcd3Package = typeof import('etcd3');
+
+/** Past this many leases in doubt (each goes when revoked), no lease is used twice any more: the set stays bounded. */
+const MAX_DOUBTFUL = 10_000;
 
 /** A call's gRPC options: its deadline, as an absolute time. */
 interface CallOptions {
@@ -30,6 +33,13 @@ export class EtcdConnection {
   /** Called after each call etcd answered: it is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
   private readonly owned: boolean;
+  /**
+   * Whether a call may be sent more than once: a client passed in, or settings that retry. Then
+   * even an answered call may have an earlier copy still on its way to a member.
+   */
+  private readonly mayRetry: boolean;
+  /** Leases named by a request that went unanswered: it may still land, and put keys on them. */
+  private readonly doubtful = new Set<string>();
   private readonly identity: EtcdIdentity;
   private stopped = false;
 
@@ -40,6 +50,7 @@ export class EtcdConnection {
     private readonly backendName: string,
   ) {
     this.owned = connection.kind === 'config';
+    this.mayRetry = connection.kind !== 'config' || connection.config.faultHandling?.global !== undefined;
     const username = connection.kind === 'config' ? connection.config.auth?.username : undefined;
     this.identity = { username, prefix: options.prefix };
     if (connection.kind === 'client') {
@@ -85,6 +96,15 @@ export class EtcdConnection {
     });
   }
 
+  /**
+   * Whether a lease whose keys this process deleted holds nothing else for certain, and may serve
+   * another lock: no request that named it can land any more. Not with a client that may send a
+   * request twice, nor after a request that named it went unanswered.
+   */
+  reusable(lease: string): boolean {
+    return !this.mayRetry && !this.doubtful.has(lease) && this.doubtful.size < MAX_DOUBTFUL;
+  }
+
   /** Deletes a lease and every key on it; false when it was already gone. */
   revoke(lease: string, what: Operation): Promise<boolean> {
     return this.call(what, (options) =>
@@ -95,6 +115,17 @@ export class EtcdConnection {
           throw error;
         },
       ),
+    ).then(
+      (revoked) => {
+        // Gone: nothing can land on it any more.
+        this.doubtful.delete(lease);
+        return revoked;
+      },
+      (error: unknown) => {
+        // Unanswered, it may still land, and take whatever is on the lease then.
+        this.doubtful.add(lease);
+        throw error;
+      },
     );
   }
 
@@ -110,7 +141,18 @@ export class EtcdConnection {
   }
 
   txn(request: ITxnRequest, what: Operation): Promise<ITxnResponse> {
-    return this.call(what, (options) => this.client.kv.txn(request, options));
+    return this.call(what, (options) => this.client.kv.txn(request, options)).catch((error: unknown) => {
+      for (const op of [...(request.success ?? []), ...(request.failure ?? [])]) {
+        const lease = op.request_put?.lease;
+        if (lease !== undefined && String(lease) !== '0') this.doubtful.add(String(lease));
+      }
+      throw error;
+    });
+  }
+
+  /** The entries a range read finds. */
+  async range(request: IRangeRequest, what: Operation): Promise<IKeyValue[]> {
+    return (await this.call(what, (options) => this.client.kv.range(request, options))).kvs;
   }
 
   /** A watch on one key's changes (puts and deletions), from the current revision on. */

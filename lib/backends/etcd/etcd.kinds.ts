@@ -32,6 +32,34 @@ export function parseValue(value: Buffer): EntryValue {
   return { state, limit };
 }
 
+/**
+ * Hand-over on release: the value of a waiter for one key, exclusively, that a release may hand
+ * the key to (etcd.handover.ts). Processes of earlier releases write plain `waiting`, and no
+ * release hands them anything: they read this one as an exclusive waiter.
+ */
+export const WAITING_FOR_HANDOVER = Buffer.from('waiting handover');
+
+/**
+ * Held, handed over by a release: still on its owner's waiter lease, where it waited, until its
+ * owner moves it onto its own lease (at its first extension). A waiter that died in line is gone
+ * with that lease within `waiterTimeout`, handed the key or not. Read as `held` by every version.
+ */
+export const HANDED = Buffer.from('held handed');
+
+/** Whether a release may hand the key to this caller: one key, exclusive. */
+export function takesHandover(limits: readonly number[]): boolean {
+  return limits.length === 1 && limits[0] === 1;
+}
+
+/** The value of an entry of a caller with `limits` (its keys'), waiting in the line of its `index`-th key. */
+export function waitingValue(limits: readonly number[], index: number, state: 'waiting' | 'pending' = 'waiting'): Buffer {
+  return state === 'waiting' && takesHandover(limits) ? WAITING_FOR_HANDOVER : entryValue(state, limits[index]);
+}
+
+export function isHandedValue(value: Buffer): boolean {
+  return value.equals(HANDED);
+}
+
 export function isHeldValue(value: Buffer): boolean {
   return parseValue(value).state === 'held';
 }

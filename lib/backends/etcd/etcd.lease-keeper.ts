@@ -26,6 +26,8 @@ export class EtcdLeaseKeeper {
   private granting: Promise<string> | undefined;
   /** Places per waiter lease: every one with a place on it is kept alive (a new one may have replaced it as current). */
   private readonly places = new Map<string, number>();
+  /** Until when each waiter lease with places is certainly alive (performance.now()). */
+  private readonly aliveUntil = new Map<string, number>();
   private readonly kept = new Map<string, KeptLease>();
   private timer: NodeJS.Timeout | undefined;
   /** A round is out: the next one is scheduled when it is done. */
@@ -50,6 +52,7 @@ export class EtcdLeaseKeeper {
       const sentAt = performance.now();
       const { id } = await this.connection.grant(this.seconds, what);
       this.current = { id, validUntil: sentAt + this.seconds * 1000 };
+      this.aliveUntil.set(id, this.current.validUntil);
       return id;
     })().finally(() => (this.granting = undefined));
     return this.granting;
@@ -69,13 +72,30 @@ export class EtcdLeaseKeeper {
       return;
     }
     this.places.delete(lease);
-    if (this.current?.id !== lease) this.connection.revokeQuietly(lease, { op: 'clean-up', keys: [] });
+    if (this.current?.id !== lease) {
+      this.aliveUntil.delete(lease);
+      this.connection.revokeQuietly(lease, { op: 'clean-up', keys: [] });
+    }
     this.idle();
+  }
+
+  /** Until when waiter lease `lease` is certainly alive (performance.now()): its grant or last keepalive answered, plus its ttl. */
+  waiterLeaseAliveUntil(lease: string): number {
+    return this.aliveUntil.get(lease) ?? 0;
+  }
+
+  /** New places go on another waiter lease than `lease`, which lives on while places are on it. */
+  retire(lease: string): void {
+    if (this.current?.id === lease) this.current = undefined;
+    if (this.places.has(lease)) return;
+    this.aliveUntil.delete(lease);
+    this.connection.revokeQuietly(lease, { op: 'clean-up', keys: [] });
   }
 
   /** A request found waiter lease `lease` gone: new places go on a new one. */
   gone(lease: string): void {
     if (this.current?.id === lease) this.current = undefined;
+    this.aliveUntil.delete(lease);
   }
 
   /** Keeps a waiter's own lease alive until release(). */
@@ -95,6 +115,7 @@ export class EtcdLeaseKeeper {
     clearTimeout(this.timer);
     const leases = new Set([...this.places.keys(), ...(this.current ? [this.current.id] : [])]);
     this.places.clear();
+    this.aliveUntil.clear();
     this.kept.clear();
     this.current = undefined;
     await Promise.all([...leases].map((lease) => this.connection.revoke(lease, { op: 'clean-up', keys: [] }).catch(() => false)));
@@ -145,7 +166,9 @@ export class EtcdLeaseKeeper {
     if (!this.places.has(lease)) return undefined;
     return {
       alive: (sentAt) => {
-        if (this.current?.id === lease) this.current.validUntil = sentAt + this.seconds * 1000;
+        const until = sentAt + this.seconds * 1000;
+        if (this.current?.id === lease) this.current.validUntil = until;
+        if (this.places.has(lease)) this.aliveUntil.set(lease, Math.max(until, this.aliveUntil.get(lease) ?? 0));
       },
       lost: () => {
         this.gone(lease);

@@ -1,5 +1,5 @@
-import type { ICompare, IKeyValue, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
-import { entryValue, isHeldValue, parseValue } from './etcd.kinds.js';
+import type { ICompare, IKeyValue, IRangeRequest, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
+import { entryValue, HANDED, isHeldValue, parseValue, waitingValue, WAITING_FOR_HANDOVER } from './etcd.kinds.js';
 import type { EtcdKeys } from './etcd.keys.js';
 
 /** One acquisition's entries, as the transactions need them. */
@@ -53,7 +53,7 @@ export class EtcdLine {
         ? reads
         : [
             ...keys.map((key, i): IRequestOp => ({
-              request_put: { key: this.keys.entry(key, owner), value: entryValue('waiting', limits[i]), lease: waitLease, prev_kv: true },
+              request_put: { key: this.keys.entry(key, owner), value: waitingValue(limits, i), lease: waitLease, prev_kv: true },
             })),
             ...reads,
             { request_put: { key: this.keys.anchor(owner), value: entryValue('waiting', 1), lease: holdLease } },
@@ -167,7 +167,7 @@ export class EtcdLine {
     const changed = keys.flatMap((key, i) => (i < pendingFrom === i < to ? [] : [i]));
     return {
       compare: this.ownEntriesAsPlaced(request),
-      success: changed.map((i) => this.put(keys[i], owner, entryValue(i < to ? 'waiting' : 'pending', limits[i]), waitLease)),
+      success: changed.map((i) => this.put(keys[i], owner, waitingValue(limits, i, i < to ? 'waiting' : 'pending'), waitLease)),
     };
   }
 
@@ -214,6 +214,97 @@ export class EtcdLine {
     return {
       compare: [{ key: entry, target: 'Value', result: 'Greater', value: Buffer.from('held~') }],
       success: [{ request_delete_range: { key: entry } }, { request_delete_range: { key: this.keys.identity(key, owner) } }],
+    };
+  }
+
+  /**
+   * A holder's release that keeps its lease for another lock (etcd.spare-leases.ts): deletes its
+   * entries, who it is beside them and its anchor (gone already, unless a request that put it was
+   * lost), while its entries are still the ones of its revision on `lease`. Otherwise nothing.
+   */
+  deleteHeld(keys: readonly string[], owner: string, revision: number, lease: string): ITxnRequest {
+    return {
+      compare: keys.flatMap((key): ICompare[] => [
+        { key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: revision },
+        { key: this.keys.entry(key, owner), target: 'Lease', result: 'Equal', lease },
+      ]),
+      success: [
+        ...keys.map((key): IRequestOp => ({ request_delete_range: { key: this.keys.entry(key, owner) } })),
+        ...keys.map((key): IRequestOp => ({ request_delete_range: { key: this.keys.identity(key, owner) } })),
+        { request_delete_range: { key: this.keys.anchor(owner) } },
+      ],
+    };
+  }
+
+  /**
+   * Deletes the owner's entry of `key` (and who it is) while it is the one of revision `revision`:
+   * a lock handed over (etcd.handover.ts) whose release failed, sent again, leaves alone a later lock
+   * of the same owner.
+   */
+  deleteRevision(key: string, owner: string, revision: number): ITxnRequest {
+    const entry = this.keys.entry(key, owner);
+    return {
+      compare: [{ key: entry, target: 'Create', result: 'Equal', create_revision: revision }],
+      success: [{ request_delete_range: { key: entry } }, { request_delete_range: { key: this.keys.identity(key, owner) } }],
+    };
+  }
+
+  /**
+   * Deletes the owner's entry of `key` (and who it is) while it is handed over to it
+   * (etcd.handover.ts) on waiter lease `lease`: what a waiter that gave up leaves when a release
+   * handed it the key before its own deletion got through. Its owner, asking again, stands on
+   * another waiter lease (see EtcdReleases), so a lock it got since is left alone.
+   */
+  deleteHandedOn(key: string, owner: string, lease: string): ITxnRequest {
+    const entry = this.keys.entry(key, owner);
+    return {
+      compare: [
+        { key: entry, target: 'Value', result: 'Equal', value: HANDED },
+        { key: entry, target: 'Lease', result: 'Equal', lease },
+      ],
+      success: [{ request_delete_range: { key: entry } }, { request_delete_range: { key: this.keys.identity(key, owner) } }],
+    };
+  }
+
+  /**
+   * The entry that comes next in the line of `key` after revision `revision` (its holder's), from
+   * the member asked, without a round of its cluster: a member behind the others may miss entries
+   * put since, and those come after any it shows (create revisions only grow). Whether it still
+   * waits as read is checked by the transaction that hands it the key.
+   */
+  nextAfter(key: string, revision: number): IRangeRequest {
+    return {
+      ...this.keys.line(key),
+      sort_target: 'Create',
+      sort_order: 'Ascend',
+      min_create_revision: revision + 1,
+      limit: 1,
+      serializable: true,
+    };
+  }
+
+  /**
+   * A holder of one key hands it to `next`, the waiter just behind it, read by nextAfter(): while
+   * the holder's entry is still the one of its revision on `lease`, and `next` is as read (waiting
+   * for a hand-over, on its process's waiter lease), the holder's entry goes and `next`'s is marked
+   * held where it is, its anchor gone (as taking the key deletes it). Nothing else changes:
+   * `next`'s create revision, its token, stays.
+   */
+  handOver(key: string, owner: string, revision: number, lease: string, next: IKeyValue): ITxnRequest {
+    const entry = this.keys.entry(key, owner);
+    return {
+      compare: [
+        { key: entry, target: 'Create', result: 'Equal', create_revision: revision },
+        { key: entry, target: 'Lease', result: 'Equal', lease },
+        { key: next.key, target: 'Mod', result: 'Equal', mod_revision: next.mod_revision },
+        { key: next.key, target: 'Value', result: 'Equal', value: WAITING_FOR_HANDOVER },
+      ],
+      success: [
+        { request_delete_range: { key: entry } },
+        { request_delete_range: { key: this.keys.identity(key, owner) } },
+        { request_put: { key: next.key, value: HANDED, lease: next.lease } },
+        { request_delete_range: { key: this.keys.anchor(this.keys.ownerOf(next.key)) } },
+      ],
     };
   }
 
@@ -276,7 +367,7 @@ export class EtcdLine {
         key: this.keys.entry(key, owner),
         target: 'Value',
         result: 'Equal',
-        value: entryValue(i < pendingFrom ? 'waiting' : 'pending', limits[i]),
+        value: waitingValue(limits, i, i < pendingFrom ? 'waiting' : 'pending'),
       },
     ]);
   }

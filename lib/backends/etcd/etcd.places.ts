@@ -1,4 +1,7 @@
+import type { IKeyValue, Watcher } from 'etcd3';
+import { performance } from 'node:perf_hooks';
 import type { EtcdConnection, Operation } from './etcd.connection.js';
+import type { EtcdHandover } from './etcd.handover.js';
 import { EtcdLeaseKeeper } from './etcd.lease-keeper.js';
 import type { UntilHeld } from './etcd.kinds.js';
 import type { LineRequest } from './etcd.line.js';
@@ -48,6 +51,8 @@ export interface Place extends Ask {
   movingTo?: HoldLease;
   /** A move to another lease is out (its grant or its transaction), or went unanswered. */
   moving?: boolean;
+  /** A revoke of its hold lease went unanswered: it may still land, and take the keys on that lease with it. */
+  revokeOut?: boolean;
   /** Its watches saw every entry ahead of it go (or hold, with `untilHeld`): the next attempt goes straight for the keys. */
   clear: boolean;
   /**
@@ -56,6 +61,14 @@ export interface Place extends Ask {
    */
   untilHeld?: UntilHeld;
   watches?: PredecessorWatches;
+  /** A watch on its own entry, for a hand-over (etcd.handover.ts). */
+  ownWatch?: Watcher;
+  /** Held, handed over by a release: its entry is on `waitLease`, marked so, until moved onto `hold`. */
+  handed?: boolean;
+  /** Extensions out: its lease is not used again while one may still revoke it. */
+  extending?: number;
+  /** Who waits just behind it, read once it held (etcd.handover.ts). */
+  next?: Promise<IKeyValue | undefined>;
 }
 
 /**
@@ -72,6 +85,7 @@ export class EtcdPlaces {
 
   constructor(
     private readonly connection: EtcdConnection,
+    private readonly handover: EtcdHandover,
     waiterSeconds: number,
     /** The longest wait for etcd to confirm a cancelled watch. */
     private readonly timeoutMs: number,
@@ -94,6 +108,15 @@ export class EtcdPlaces {
 
   waiterLeaseGone(lease: string): void {
     this.keeper.gone(lease);
+  }
+
+  /**
+   * A release of a place on waiter lease `lease` went unanswered: new places go on another one,
+   * so that this one runs out once the places on it now are gone, with whatever that release
+   * left on it (a lock a release handed over to the owner that gave up, see EtcdReleases).
+   */
+  retireWaiterLease(lease: string): void {
+    this.keeper.retire(lease);
   }
 
   held(ask: Ask, identity: Buffer, revision: number, hold: HoldLease): void {
@@ -136,11 +159,40 @@ export class EtcdPlaces {
     place.clear = false;
   }
 
-  /** It holds the keys now (on its hold lease): it leaves the line. */
+  /** It holds the keys now (on its hold lease): it leaves the line, and looks who waits behind it. */
   promoted(place: Place, revision: number): void {
     this.leaveLine(place);
     place.state = 'held';
+    place.handed = false;
     place.revision = revision;
+    this.handover.lookBehind(place);
+  }
+
+  /**
+   * A release handed it the key: it holds, on the waiter lease, which stays kept alive for it
+   * until its entry moves onto its hold lease (moved()). Its owner is woken.
+   */
+  handed(place: Place, revision: number, wake = true): boolean {
+    if (this.places.get(place.owner) !== place || place.waitLease === undefined || place.state === 'held') return false;
+    this.stopWatching(place);
+    place.state = 'held';
+    place.handed = true;
+    place.revision = revision;
+    this.handover.lookBehind(place);
+    if (wake) this.wake(place.owner);
+    return true;
+  }
+
+  /** How long a lock handed over is certainly valid from now: while the waiter lease it is on lives. */
+  handedValidity(place: Place, ttlMs: number): number {
+    if (place.waitLease === undefined) return 0;
+    return Math.max(0, Math.min(ttlMs, this.keeper.waiterLeaseAliveUntil(place.waitLease) - performance.now()));
+  }
+
+  /** A lock handed over is on its hold lease now: the waiter lease and the hold lease are no longer kept for it. */
+  moved(place: Place): void {
+    place.handed = false;
+    this.leaveLine(place);
   }
 
   /**
@@ -172,6 +224,15 @@ export class EtcdPlaces {
     if (waiting) this.connection.revokeQuietly(place.hold.id, { op: 'clean-up', keys: place.keys });
   }
 
+  /**
+   * This process forgets the owner at once (a release); the leases kept for it are let go by
+   * drop(), once its entries are gone: a lock handed over sits on the waiter lease until then.
+   */
+  detach(place: Place): void {
+    if (this.places.get(place.owner) === place) this.places.delete(place.owner);
+    this.pendingWakes.delete(place.owner);
+  }
+
   /** Calls `wake` when something ahead of `owner` changed; returns the function that stops it. */
   listen(owner: string, wake: () => void): () => void {
     this.listeners.set(owner, wake);
@@ -194,6 +255,7 @@ export class EtcdPlaces {
     this.keeper.join(place.waitLease!);
     this.keepHold(place);
     place.watches = new PredecessorWatches(this.connection, (clear) => this.changed(place, clear));
+    place.ownWatch = this.handover.watchOwn(place, () => this.handed(place, place.revision!));
   }
 
   private keepHold(place: Place): void {
@@ -208,6 +270,20 @@ export class EtcdPlaces {
     if (place.waitLease !== undefined) this.keeper.leave(place.waitLease);
     place.waitLease = undefined;
     this.keeper.release(place.hold.id);
+    this.stopWatching(place);
+  }
+
+  private stopWatching(place: Place): void {
+    if (place.ownWatch) {
+      // Bounded as the other watches' cancels are (PredecessorWatches.stop): a member that does not answer holds up no shutdown.
+      let timer: NodeJS.Timeout | undefined;
+      const cancel = place.ownWatch.cancel().catch(() => undefined);
+      const cancelled: Promise<void> = Promise.race([cancel, new Promise<void>((resolve) => (timer = setTimeout(resolve, this.timeoutMs)))])
+        .finally(() => clearTimeout(timer))
+        .finally(() => this.stopping.delete(cancelled));
+      this.stopping.add(cancelled);
+      place.ownWatch = undefined;
+    }
     if (!place.watches) return;
     const stopped: Promise<void> = place.watches.stop(this.timeoutMs).finally(() => this.stopping.delete(stopped));
     this.stopping.add(stopped);
@@ -217,7 +293,15 @@ export class EtcdPlaces {
   private changed(place: Place, clear: boolean): void {
     if (this.places.get(place.owner) !== place || place.state !== 'waiting') return;
     place.clear = clear;
-    this.wake(place.owner);
+    // A release that hands this waiter the key deletes the entry ahead and marks its own in one
+    // revision, which etcd tells the two watches apart: the wake-up waits for the events already
+    // received to be read, so that a hand-over is taken as such, not as a clear line to take.
+    if (place.ownWatch) setImmediate(() => this.wakeWaiting(place));
+    else this.wake(place.owner);
+  }
+
+  private wakeWaiting(place: Place): void {
+    if (this.places.get(place.owner) === place && place.state === 'waiting') this.wake(place.owner);
   }
 
   private wake(owner: string): void {

@@ -1,14 +1,22 @@
 import { InvalidLockKeyError, LockBackendError } from '../../lock.errors.js';
 import { FailedReleases } from '../failed-releases.js';
 import type { EtcdConnection } from './etcd.connection.js';
-import { isHeldValue } from './etcd.kinds.js';
+import type { EtcdHandover } from './etcd.handover.js';
+import { isHandedValue, isHeldValue } from './etcd.kinds.js';
 import type { EtcdLine } from './etcd.line.js';
-import type { EtcdPlaces } from './etcd.places.js';
+import type { EtcdPlaces, HoldLease, Place } from './etcd.places.js';
 
 /** What a failed release leaves to free: the leases its owner may hold keys on, and whether it may have waiting entries. */
 interface Leftover {
   leases: readonly string[];
   waiting: boolean;
+  /** A lock handed over, on a waiter lease that stays (etcd.handover.ts): its entry of this revision goes. */
+  handed?: number;
+  /**
+   * The waiter lease of a waiter's place, which a release may have handed the key to meanwhile
+   * (etcd.handover.ts): its entry goes if it is marked so, on that lease still.
+   */
+  handedOn?: string;
 }
 
 /**
@@ -26,6 +34,9 @@ export class EtcdReleases {
     private readonly connection: EtcdConnection,
     private readonly line: EtcdLine,
     private readonly places: EtcdPlaces,
+    private readonly handover: EtcdHandover,
+    /** Keeps a released lock's lease, which holds nothing any more, for another lock. */
+    private readonly giveBack: (lease: HoldLease) => void,
     waiterTimeout: number,
   ) {
     // etcd3 says nothing when a member answers again: a call answered says etcd is back, and while
@@ -56,17 +67,11 @@ export class EtcdReleases {
     const what = { op: 'release', keys };
     const place = this.places.get(owner);
     const state = place?.state;
+    if (place && state === 'held' && !place.moving) return this.releaseHeld(place, what);
+    // Read before drop() forgets them.
+    const handedOn = place?.keys.length === 1 ? place.waitLease : undefined;
     // A waiter's hold lease carries only its anchor: drop() revokes it.
     if (place) this.places.drop(place);
-    if (place && state === 'held' && !place.moving) {
-      try {
-        return await this.connection.revoke(place.hold.id, what);
-      } catch (error) {
-        // Not revoked, the lease lives on: until its ttl, which an election restarts in full.
-        this.later(keys, owner, { leases: [place.hold.id], waiting: false }, error);
-        throw error;
-      }
-    }
     let response;
     try {
       // Its last request went unanswered and may still land, as long as its hold lease exists (that
@@ -77,15 +82,75 @@ export class EtcdReleases {
       response = await this.connection.txn(this.line.deleteOwn(keys, owner), what);
     } catch (error) {
       const leases = place && state !== 'waiting' ? [place.hold.id, ...(place.movingTo ? [place.movingTo.id] : [])] : [];
-      this.later(keys, owner, { leases, waiting: state !== 'held' }, error);
+      // Retired, that lease runs out once the places on it now are gone, with whatever a release handed
+      // over to this waiter on it: its owner, asking again, stands on another.
+      if (handedOn !== undefined) this.places.retireWaiterLease(handedOn);
+      this.later(keys, owner, { leases, waiting: state !== 'held', handedOn }, error);
       throw error;
     }
     const deleted = this.line.deletedOf(response, keys);
     const held = deleted.filter((kv) => isHeldValue(kv.value));
-    const leases = new Set(held.map((kv) => kv.lease));
+    // A lock handed over sits on a waiter lease, which other places of its process may share.
+    const leases = new Set(held.filter((kv) => !isHandedValue(kv.value)).map((kv) => kv.lease));
     if (place && state !== 'waiting') for (const lease of [place.hold, place.movingTo]) if (lease) leases.add(lease.id);
     for (const lease of leases) this.connection.revokeQuietly(lease, what);
     return held.length > 0;
+  }
+
+  /**
+   * A holder's release: it hands the key to the waiter behind it if it can (etcd.handover.ts),
+   * otherwise its entry goes: with its lease, revoked, or, for a lock handed over to it that still
+   * sits on the waiter lease, deleted by its revision. Its leases are let go after that: the
+   * waiter lease lives on until the entry is gone.
+   */
+  private async releaseHeld(place: Place, what: { op: string; keys: readonly string[] }): Promise<boolean> {
+    const { keys, owner } = place;
+    this.places.detach(place);
+    // Its lease serves another lock once its keys are gone (etcd.spare-leases.ts), unless a request
+    // that named it may still land, or an extension is still out (which revokes it if it finds the
+    // keys gone).
+    const reuse = (place.extending ?? 0) === 0 && this.connection.reusable(place.hold.id);
+    const letGo = () => (reuse ? this.giveBack(place.hold) : this.connection.revokeQuietly(place.hold.id, what));
+    try {
+      const lease = place.handed ? place.waitLease : place.hold.id;
+      // Unanswered, it may land later, but only while the entry is there: what follows deletes it.
+      const handedOver = lease !== undefined && (await this.handover.handOver(place, lease, what).catch(() => false));
+      if (handedOver) {
+        letGo();
+        return true;
+      }
+      if (!place.handed) {
+        if (reuse) {
+          const request = this.line.deleteHeld(keys, owner, place.revision!, place.hold.id);
+          const deleted = await this.connection.txn(request, what).catch(() => undefined);
+          if (deleted?.succeeded) {
+            letGo();
+            return true;
+          }
+        }
+        try {
+          return await this.connection.revoke(place.hold.id, what);
+        } catch (error) {
+          // Not revoked, the lease lives on: until its ttl, which an election restarts in full.
+          this.later(keys, owner, { leases: [place.hold.id], waiting: false }, error);
+          throw error;
+        }
+      }
+      // Handed over to it: the entry may also have moved onto the hold lease (an extension beside
+      // the release), which goes too.
+      let response;
+      try {
+        response = await this.connection.txn(this.line.deleteRevision(keys[0], owner, place.revision!), what);
+      } catch (error) {
+        if (place.waitLease !== undefined) this.places.retireWaiterLease(place.waitLease);
+        this.later(keys, owner, { leases: [place.hold.id], waiting: false, handed: place.revision }, error);
+        throw error;
+      }
+      letGo();
+      return response.succeeded;
+    } finally {
+      this.places.drop(place);
+    }
   }
 
   /** A release that reached nothing: sent again once etcd answers. */
@@ -111,7 +176,11 @@ export class EtcdReleases {
     this.resending++;
     try {
       for (const lease of left.leases) await this.connection.revoke(lease, what);
+      if (left.handed !== undefined) await this.connection.txn(this.line.deleteRevision(keys[0], owner, left.handed), what);
       if (left.waiting) await Promise.all(keys.map((key) => this.connection.txn(this.line.deleteWaiting(key, owner), what)));
+      // After that deletion was answered, the entry is gone, or a release had handed it the key
+      // before: no hand-over can come after, as one needs the entry still waiting.
+      if (left.handedOn !== undefined) await this.connection.txn(this.line.deleteHandedOn(keys[0], owner, left.handedOn), what);
     } catch (error) {
       this.later(keys, owner, left, error);
     } finally {

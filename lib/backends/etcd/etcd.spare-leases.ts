@@ -18,11 +18,20 @@ import type { HoldLease } from './etcd.places.js';
  *   a lease of its own), and the caller counts what is left, or restarts it with a keepalive sent
  *   beside its transaction.
  * - A spare carries no key until taken: a grant whose answer is lost, or a spare nobody takes,
- *   costs etcd a lease until its ttl runs out, nothing else. At most one is kept per ttl, and
- *   close() revokes it (and waits for a grant still out, to revoke that too).
+ *   costs etcd a lease until its ttl runs out, nothing else. close() revokes them (and waits for a
+ *   grant still out, to revoke that too).
+ * - A released lock's lease comes back as a spare (giveBack()) when its keys were deleted and
+ *   nothing else can be on it (EtcdConnection.reusable): then a lock costs etcd its two writes, the
+ *   transaction that puts its keys and the one that deletes them, and no grant or revoke. At most
+ *   two are kept per ttl: a lock taken while another of its ttl is held finds one, and a process
+ *   that locks in a loop grants none after its first.
  */
+/** Spares kept per ttl at most. */
+const MAX_KEPT = 2;
+
 export class EtcdSpareLeases {
-  private readonly spares = new Map<number, HoldLease>();
+  /** Per ttl, the one with most life left last. */
+  private readonly spares = new Map<number, HoldLease[]>();
   private readonly granting = new Map<number, Promise<void>>();
   /** When the last first attempt of each ttl asked (performance.now()). */
   private readonly asked = new Map<number, number>();
@@ -35,19 +44,39 @@ export class EtcdSpareLeases {
 
   /**
    * The spare for `seconds`, if it has at least half its ttl certainly left, and from now on
-   * nobody else's. A spare with less left is dropped (it runs out by itself, holding nothing).
+   * nobody else's. A spare with less left is revoked (it holds nothing).
    */
   take(seconds: number): HoldLease | undefined {
-    const spare = this.spares.get(seconds);
-    this.spares.delete(seconds);
-    if (spare === undefined || spare.aliveSince + spare.ttl * 500 < performance.now()) return undefined;
-    return spare;
+    const kept = this.spares.get(seconds) ?? [];
+    const now = performance.now();
+    for (let spare = kept.pop(); spare; spare = kept.pop()) {
+      if (kept.length === 0) this.spares.delete(seconds);
+      if (spare.aliveSince + spare.ttl * 500 >= now) return spare;
+      // Too old to count on: it goes now rather than when it runs out (etcd deletes it then just the same).
+      this.revoke(spare.id).catch(() => undefined);
+    }
+    return undefined;
+  }
+
+  /**
+   * A released lock's lease, which holds nothing any more: kept as a spare of its ttl, unless two
+   * are kept already (then revoked). It lives on from its last restart, as it did for its lock.
+   */
+  giveBack(lease: HoldLease): void {
+    const kept = this.spares.get(lease.seconds) ?? [];
+    if (this.closed || kept.length >= MAX_KEPT) {
+      this.revoke(lease.id).catch(() => undefined);
+      return;
+    }
+    kept.push({ id: lease.id, seconds: lease.seconds, ttl: lease.ttl, aliveSince: lease.aliveSince });
+    kept.sort((a, b) => a.aliveSince + a.ttl * 1000 - (b.aliveSince + b.ttl * 1000));
+    this.spares.set(lease.seconds, kept);
   }
 
   /** Revokes the spares, and those of grants still out once they are answered. */
   async close(): Promise<void> {
     this.closed = true;
-    const spares = [...this.spares.values()];
+    const spares = [...this.spares.values()].flat();
     this.spares.clear();
     await Promise.all([...spares.map((spare) => this.revoke(spare.id).catch(() => undefined)), ...this.granting.values()]);
   }
@@ -67,7 +96,7 @@ export class EtcdSpareLeases {
     const granting = this.grant(seconds).then(
       async (spare) => {
         if (this.closed) await this.revoke(spare.id).catch(() => undefined);
-        else this.spares.set(seconds, spare);
+        else this.giveBack(spare);
       },
       // Unanswered, it may have been granted: that lease holds nothing, and runs out. The next
       // acquisition of this ttl grants its own lease, and asks for a spare again.

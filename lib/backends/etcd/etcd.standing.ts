@@ -1,5 +1,5 @@
 import type { IKeyValue, ITxnResponse } from 'etcd3';
-import { isHeldValue, keyStanding, type KeyStanding } from './etcd.kinds.js';
+import { isHandedValue, isHeldValue, keyStanding, type KeyStanding } from './etcd.kinds.js';
 import type { LineRequest } from './etcd.line.js';
 
 /**
@@ -12,6 +12,8 @@ export interface Standing {
   lost: boolean;
   /** Its entries are held on its own lease already: it has the keys. */
   won?: boolean;
+  /** A release handed it the key (etcd.handover.ts): it holds, on its waiter lease. */
+  handed?: boolean;
   /** Per line, in order (empty when lost). */
   lines: KeyStanding[];
   /** The revision the lines were read at: watches start after it. */
@@ -38,10 +40,11 @@ export function standing(response: ITxnResponse, request: LineRequest, holdLease
   const own = response.responses.slice(0, keys.length).map((r) => r.response_range.kvs[0]);
   const lost = own.some((kv) => kv === undefined || Number(kv.create_revision) !== revision);
   const won = own.every((kv) => kv && isHeldValue(kv.value) && kv.lease === holdLease);
+  const handed = !lost && own.every((kv) => kv && isHandedValue(kv.value));
   const lines = lost
     ? []
     : limits.map((limit, i) => keyStanding(aheadOf(response.responses[keys.length + i].response_range.kvs, revision), limit));
-  return { lost, won, lines, readRevision: Number(response.header.revision) };
+  return { lost, won, handed, lines, readRevision: Number(response.header.revision) };
 }
 
 /** The entries of a line ahead of `revision`, first first. */
