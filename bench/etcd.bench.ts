@@ -13,6 +13,7 @@ import {
   type HotKeyScenario,
   measureHandoffFloor,
   measureOurHandoff,
+  measureOurHandoffAfterWait,
   ourHandoffRow,
   round,
   timedSections,
@@ -167,6 +168,13 @@ async function hotKey(
     'handoff:ours',
     sectionMs,
   );
+  const oursAfterWait = await measureOurHandoffAfterWait(
+    service(new EtcdLockBackend(cluster.endpoints)),
+    service(new EtcdLockBackend(cluster.endpoints)),
+    service(new EtcdLockBackend(cluster.endpoints)),
+    'handoff:ours-after-wait',
+    sectionMs,
+  );
   await watcher.cancel();
   holder.close();
   waiter.close();
@@ -176,4 +184,5 @@ async function hotKey(
   }
   report.add(handoffFloorRow(scenario, "handoff floor (delete, until the next waiter's watch has it)", floor));
   report.add(ourHandoffRow(scenario, 'ours, one hand-over between two instances (p50)', ours, floor));
+  report.add(ourHandoffRow(scenario, 'ours, the same, the holder having waited (p50)', oursAfterWait, floor));
 }

@@ -198,6 +198,37 @@ export async function measureOurHandoff(holder: LockService, waiter: LockService
   }, sectionMs).finally(() => held?.release());
 }
 
+/**
+ * The same, with a holder that got the key after waiting for it, as every holder of a hot key does
+ * (a backend may learn who waits behind a holder only then): a third instance holds first, the
+ * holder waits behind it and the waiter behind the holder; once the holder has the key, its
+ * release to the waiter is timed.
+ */
+export async function measureOurHandoffAfterWait(
+  front: LockService,
+  holder: LockService,
+  waiter: LockService,
+  key: string,
+  sectionMs: number,
+): Promise<HandoffFloor> {
+  let held: LockHandle | undefined;
+  const waiting = (count: number, what: string) =>
+    until(async () => ((await front.inspect(key))?.waiters?.length ?? 0) >= count, 10_000, what);
+  return measureHandoffFloor(async () => {
+    await held?.release();
+    const first = await front.acquire(key, { ttl: 30_000 });
+    const second = holder.acquire(key, { wait: 30_000, ttl: 30_000 });
+    await waiting(1, 'the holder to wait in line');
+    const third = waiter.acquire(key, { wait: 30_000, ttl: 30_000 });
+    await waiting(2, 'the waiter to wait behind it');
+    await first.release();
+    const holding = await second;
+    return async () => {
+      [, held] = await Promise.all([holding.release(), third]);
+    };
+  }, sectionMs).finally(() => held?.release());
+}
+
 /** Our hand-over's row, against the store's floor measured in the same run. */
 export function ourHandoffRow(scenario: string, impl: string, ours: HandoffFloor, floor: HandoffFloor): Row {
   return { scenario, impl, handoffP50Us: round(ours.p50Ms * 1000, 1), handoffVsFloor: round(ours.p50Ms / floor.p50Ms) };
