@@ -46,6 +46,8 @@
  *   handed the key meanwhile, leaves the key free once etcd answers;
  * - `etcd-settle-revoke`: the test that an owner whose revoke of its lease went unanswered does not
  *   take its lock on that lease;
+ * - `etcd-handed-move`: the test that a lock handed over, released while an extension to another ttl
+ *   moves it, leaves the key free at once;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -238,6 +240,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.adversarial.spec.ts',
     test: 'an owner whose revoke of its lease went unanswered does not take its lock on that lease, which the revoke may still delete',
+    env: {},
+    seeded: false,
+  },
+  'etcd-handed-move': {
+    kind: 'jest',
+    file: 'test/backends/etcd.adversarial.spec.ts',
+    test: 'a lock handed over, released while an extension to another ttl moves it: the key is free at once, not when the new lease runs out',
     env: {},
     seeded: false,
   },
@@ -652,6 +661,13 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.admission.ts',
     replace: [['    if (place.revokeOut) await this.revokeHold(place, what);\n', '']],
     detector: 'etcd-settle-revoke',
+  },
+  {
+    name: 'etcd-handed-move-beside-release',
+    bug: 'an etcd lock handed over and extended to another ttl is released as if it were on its own lease while the extension moves it: the move onto the new lease lands, and the key stays taken for that lease’s ttl',
+    file: 'lib/backends/etcd/etcd.backend.ts',
+    replace: [['      if (another) place.moving = true;\n', '']],
+    detector: 'etcd-handed-move',
   },
   {
     name: 'local-reader-passes-writer',

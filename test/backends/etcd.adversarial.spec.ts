@@ -756,6 +756,46 @@ describe('etcd backend, attacked', () => {
       await (await other).release();
     }, 60_000);
 
+    it('a lock handed over, released while an extension to another ttl moves it: the key is free at once, not when the new lease runs out', async () => {
+      quietLogs();
+      const first = await service().acquire('hand-move');
+      const holderWaits = service().acquire('hand-move', { wait: 20_000 });
+      await until(async () => (await entries()).length === 2, 10_000, 'the holder to be in line');
+      const { locks, gate } = gated({}, { waiterTimeout: 30_000 });
+      const handedWaits = locks.acquire('hand-move', { wait: 20_000, ttl: 9_000 });
+      await until(async () => (await entries()).length === 3, 10_000, 'the one to be handed the key in line');
+      const lastWaits = service().acquire('hand-move', { wait: 40_000 });
+      lastWaits.catch(() => undefined);
+      await until(async () => (await entries()).length === 4, 10_000, 'a waiter behind it');
+      await first.release();
+      await (await holderWaits).release();
+      const handle = await handedWaits;
+      expect((await entries()).some((e) => e.value === 'held handed')).toBe(true);
+      // Its extension to another ttl first moves the entry onto its own lease; that move is held back.
+      const isMove = (r: ITxnRequest) =>
+        r.compare?.some((c) => c.target === 'Lease') === true && !r.compare.some((c) => c.target === 'Mod');
+      const moveOut = gate.slow<ITxnRequest>('kv', 'txn', isMove);
+      const handOver = gate.slow<ITxnRequest>('kv', 'txn', (r) => r.compare?.some((c) => c.target === 'Mod') === true);
+      handOver.caught.catch(() => undefined);
+      const extended = handle.extend(60_000).catch(() => undefined);
+      await moveOut.caught;
+      const released = handle.release().catch(() => undefined);
+      const releasedAt = Date.now();
+      // A second move, to a lease of 60 s, would be applied with its answer lost.
+      const moveOn = gate.lateTxn(isMove);
+      moveOn.caught.catch(() => undefined);
+      await moveOut.send().catch(() => undefined);
+      if ((await Promise.race([moveOn.caught.then(() => 'moved on'), released.then(() => 'released')])) === 'moved on') {
+        await moveOn.send().catch(() => undefined);
+        await handOver.caught;
+        await handOver.send().catch(() => undefined);
+      }
+      await Promise.all([released, extended]);
+      const next = await lastWaits;
+      expect(Date.now() - releasedAt).toBeLessThan(10_000);
+      await next.release();
+    }, 60_000);
+
     /**
      * Owner A of a backend whose requests the test holds back: its first attempt on `key` goes
      * unanswered (and is sent later by `first`), and the revoke of that attempt's lease, which its

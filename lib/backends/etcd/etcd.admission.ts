@@ -148,7 +148,8 @@ export class EtcdAdmission {
     }
     // A release handed it the key before its watch said so.
     if (standing.handed) {
-      if (!this.places.handed(place, place.revision!, false)) return { acquired: false };
+      // Its watch may have told it already, while this attempt was out.
+      if (!place.handed && !this.places.handed(place, place.revision!, false)) return { acquired: false };
       return this.handedLock(place, ttlMs, what);
     }
     // Its place is gone (the waiter lease ran out, or a pending entry was passed and deleted): it
