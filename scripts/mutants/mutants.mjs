@@ -48,6 +48,8 @@
  *   take its lock on that lease;
  * - `etcd-handed-move`: the test that a lock handed over, released while an extension to another ttl
  *   moves it, leaves the key free at once;
+ * - `etcd-start-over`: the test that a waiter's lost deletion of what was left of its place, landing
+ *   after it took a new place and the key, leaves that lock alone;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -247,6 +249,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.adversarial.spec.ts',
     test: 'a lock handed over, released while an extension to another ttl moves it: the key is free at once, not when the new lease runs out',
+    env: {},
+    seeded: false,
+  },
+  'etcd-start-over': {
+    kind: 'jest',
+    file: 'test/backends/etcd.adversarial.spec.ts',
+    test: 'a waiter whose place was gone, and whose deletion of what was left went unanswered, keeps the lock it took at the back when that deletion lands',
     env: {},
     seeded: false,
   },
@@ -668,6 +677,18 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.backend.ts',
     replace: [['      if (another) place.moving = true;\n', '']],
     detector: 'etcd-handed-move',
+  },
+  {
+    name: 'etcd-start-over-deletes-any',
+    bug: 'an etcd waiter that starts over deletes its entries whatever their revision: that deletion, landing late, takes the new place it took since, or the lock it became',
+    file: 'lib/backends/etcd/etcd.admission.ts',
+    replace: [
+      [
+        '  private async startOver(place: Place, ttlMs: number, what: Operation): Promise<AcquireResult> {\n    await this.connection.txn(this.line.deletePlaced(place.keys, place.owner, place.revision!), what);',
+        '  private async startOver(place: Place, ttlMs: number, what: Operation): Promise<AcquireResult> {\n    await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);',
+      ],
+    ],
+    detector: 'etcd-start-over',
   },
   {
     name: 'local-reader-passes-writer',

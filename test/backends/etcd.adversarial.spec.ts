@@ -796,6 +796,41 @@ describe('etcd backend, attacked', () => {
       await next.release();
     }, 60_000);
 
+    it('a waiter whose place was gone, and whose deletion of what was left went unanswered, keeps the lock it took at the back when that deletion lands', async () => {
+      const backend = new EtcdLockBackend(fixture.endpoints);
+      fixture.cleanup(() => backend.close());
+      const gate = new EtcdRequestGate((backend as unknown as { connection: { client: Etcd3 } }).connection.client);
+      fixture.cleanup(() => gate.open());
+      const other = new EtcdLockBackend(fixture.endpoints);
+      fixture.cleanup(() => other.close());
+      expect(await other.tryAcquire(['start-over'], 'H', 10_000)).toMatchObject({ acquired: true });
+      expect(await backend.tryAcquire(['start-over'], 'A', 10_000, { willWait: true })).toMatchObject({ acquired: false });
+      // Its place goes (as when a caller entering past a pending entry deletes it).
+      await fixture.admin.delete().key(`${PREFIX}start-over/A`);
+      // Its next attempt finds it gone and deletes whatever is left of it before it starts over: unanswered, that lands later.
+      const deletes = (r: ITxnRequest): boolean =>
+        !r.compare?.length &&
+        (r.success ?? []).some((op) =>
+          [op.request_delete_range, ...(op.request_txn?.success ?? []).map((inner) => inner.request_delete_range)].some(
+            (d) => d?.key !== undefined && Buffer.from(d.key).toString() === `${PREFIX}start-over/A`,
+          ),
+        );
+      const lost = gate.lateTxn(deletes);
+      await expect(backend.tryAcquire(['start-over'], 'A', 10_000, { willWait: true })).rejects.toThrow();
+      await lost.caught;
+      // It asks again: a new place at the back, then the key once the holder leaves.
+      expect(await backend.tryAcquire(['start-over'], 'A', 10_000, { willWait: true })).toMatchObject({ acquired: false });
+      expect(await other.release(['start-over'], 'H')).toBe(true);
+      await eventually(
+        async () => expect(await backend.tryAcquire(['start-over'], 'A', 10_000, { willWait: true })).toMatchObject({ acquired: true }),
+        10_000,
+      );
+      // The deletion lands now: it leaves the lock A holds alone.
+      await lost.send().catch(() => undefined);
+      expect(await other.tryAcquire(['start-over'], 'C', 10_000, { willWait: false })).toMatchObject({ acquired: false });
+      expect(await backend.release(['start-over'], 'A')).toBe(true);
+    });
+
     /**
      * Owner A of a backend whose requests the test holds back: its first attempt on `key` goes
      * unanswered (and is sent later by `first`), and the revoke of that attempt's lease, which its

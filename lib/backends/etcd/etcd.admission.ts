@@ -198,14 +198,14 @@ export class EtcdAdmission {
 
   /** It leaves every line and takes a new place, at the back, with a new token. */
   private async startOver(place: Place, ttlMs: number, what: Operation): Promise<AcquireResult> {
-    await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
+    await this.connection.txn(this.line.deletePlaced(place.keys, place.owner, place.revision!), what);
     this.places.drop(place);
     return this.firstAttempt(place, ttlMs, true, what);
   }
 
   /** Its limit disagrees with the key's: it leaves every line, and is told. */
   private async refuse(place: Place, index: number, limit: number, what: Operation): Promise<AcquireResult> {
-    await this.connection.txn(this.line.deleteOwn(place.keys, place.owner), what);
+    await this.connection.txn(this.line.deletePlaced(place.keys, place.owner, place.revision!), what);
     this.places.drop(place);
     return { acquired: false, limitMismatch: { key: place.keys[index], limit } };
   }

@@ -204,6 +204,25 @@ export class EtcdLine {
   }
 
   /**
+   * Deletes the owner's entries of revision `revision` (and who it is beside each), each only while
+   * it is of that revision: what is left of a place it gives up. Landing late, after its owner took
+   * a new place (a new revision), it leaves that place, or the lock it became, alone.
+   */
+  deletePlaced(keys: readonly string[], owner: string, revision: number): ITxnRequest {
+    return {
+      success: keys.map((key): IRequestOp => ({
+        request_txn: {
+          compare: [{ key: this.keys.entry(key, owner), target: 'Create', result: 'Equal', create_revision: revision }],
+          success: [
+            { request_delete_range: { key: this.keys.entry(key, owner) } },
+            { request_delete_range: { key: this.keys.identity(key, owner) } },
+          ],
+        },
+      })),
+    };
+  }
+
+  /**
    * Deletes the owner's entry of `key` (and who it is) only while it is a waiter's: a deletion sent again for a
    * waiter whose release failed (see FailedReleases) may land after its owner asked again and took
    * the key, and must leave that lock alone. ("waiting…" and "pending…" sort after "held~",
