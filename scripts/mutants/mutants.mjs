@@ -641,7 +641,7 @@ export const MUTANTS = [
   {
     name: 'etcd-handover-onto-lock-lease',
     bug: "an etcd release hands the key over onto the releasing lock's lease instead of the waiter's waiter lease: a waiter that died in line holds the key for a whole ttl",
-    file: 'lib/backends/etcd/etcd.line.ts',
+    file: 'lib/backends/etcd/etcd.handover.ts',
     replace: [
       [
         '{ request_put: { key: next.key, value: HANDED, lease: next.lease } },',

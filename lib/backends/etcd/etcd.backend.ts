@@ -71,7 +71,7 @@ export class EtcdLockBackend implements LockBackend {
     this.connection = new EtcdConnection(checked, resolved, this.name);
     this.keys = new EtcdKeys(resolved.prefix);
     this.line = new EtcdLine(this.keys);
-    const handover = new EtcdHandover(this.connection, this.line, this.keys);
+    const handover = new EtcdHandover(this.connection, this.keys);
     this.places = new EtcdPlaces(this.connection, handover, leaseSeconds(resolved.waiterTimeout), resolved.commandTimeout);
     this.access = new EtcdAccess(this.connection, resolved.prefix);
     this.admission = new EtcdAdmission(this.connection, this.line, this.places);

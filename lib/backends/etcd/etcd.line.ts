@@ -1,5 +1,5 @@
-import type { ICompare, IKeyValue, IRangeRequest, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
-import { entryValue, HANDED, isHeldValue, parseValue, waitingValue, WAITING_FOR_HANDOVER } from './etcd.kinds.js';
+import type { ICompare, IKeyValue, IRequestOp, ITxnRequest, ITxnResponse } from 'etcd3';
+import { entryValue, HANDED, isHeldValue, parseValue, waitingValue } from './etcd.kinds.js';
 import type { EtcdKeys } from './etcd.keys.js';
 
 /** One acquisition's entries, as the transactions need them. */
@@ -282,48 +282,6 @@ export class EtcdLine {
         { key: entry, target: 'Lease', result: 'Equal', lease },
       ],
       success: [{ request_delete_range: { key: entry } }, { request_delete_range: { key: this.keys.identity(key, owner) } }],
-    };
-  }
-
-  /**
-   * The entry that comes next in the line of `key` after revision `revision` (its holder's), from
-   * the member asked, without a round of its cluster: a member behind the others may miss entries
-   * put since, and those come after any it shows (create revisions only grow). Whether it still
-   * waits as read is checked by the transaction that hands it the key.
-   */
-  nextAfter(key: string, revision: number): IRangeRequest {
-    return {
-      ...this.keys.line(key),
-      sort_target: 'Create',
-      sort_order: 'Ascend',
-      min_create_revision: revision + 1,
-      limit: 1,
-      serializable: true,
-    };
-  }
-
-  /**
-   * A holder of one key hands it to `next`, the waiter just behind it, read by nextAfter(): while
-   * the holder's entry is still the one of its revision on `lease`, and `next` is as read (waiting
-   * for a hand-over, on its process's waiter lease), the holder's entry goes and `next`'s is marked
-   * held where it is, its anchor gone (as taking the key deletes it). Nothing else changes:
-   * `next`'s create revision, its token, stays.
-   */
-  handOver(key: string, owner: string, revision: number, lease: string, next: IKeyValue): ITxnRequest {
-    const entry = this.keys.entry(key, owner);
-    return {
-      compare: [
-        { key: entry, target: 'Create', result: 'Equal', create_revision: revision },
-        { key: entry, target: 'Lease', result: 'Equal', lease },
-        { key: next.key, target: 'Mod', result: 'Equal', mod_revision: next.mod_revision },
-        { key: next.key, target: 'Value', result: 'Equal', value: WAITING_FOR_HANDOVER },
-      ],
-      success: [
-        { request_delete_range: { key: entry } },
-        { request_delete_range: { key: this.keys.identity(key, owner) } },
-        { request_put: { key: next.key, value: HANDED, lease: next.lease } },
-        { request_delete_range: { key: this.keys.anchor(this.keys.ownerOf(next.key)) } },
-      ],
     };
   }
 
