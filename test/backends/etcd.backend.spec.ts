@@ -216,6 +216,17 @@ describe('etcd backend, spare leases', () => {
     return extra;
   }
 
+  /** Takes and releases `key` `count` times in a row, each time as another owner: the leases those locks were on. */
+  async function leasesOfLocksInARow(locks: EtcdLockBackend, key: string, count: number): Promise<Set<string>> {
+    const used = new Set<string>();
+    for (let i = 0; i < count; i++) {
+      expect(await locks.tryAcquire([key], `owner-${i}`, 10_000, { willWait: false })).toMatchObject({ acquired: true });
+      used.add(await leaseOf(key));
+      expect(await locks.release([key], `owner-${i}`)).toBe(true);
+    }
+    return used;
+  }
+
   /**
    * Two locks of one ttl, `<key>` and `<key>2`, taken one right after the other: the second makes
    * the ttl in demand, and a spare is granted after it. Their own leases.
@@ -349,12 +360,7 @@ describe('etcd backend, spare leases', () => {
   it('uses a released lock’s lease for the next lock of its ttl: locking in a loop grants and revokes no lease after the first two', async () => {
     const before = await leases();
     const locks = backend();
-    const used = new Set<string>();
-    for (let i = 0; i < 20; i++) {
-      expect(await locks.tryAcquire(['loop'], `owner-${i}`, 10_000, { willWait: false })).toMatchObject({ acquired: true });
-      used.add(await leaseOf('loop'));
-      expect(await locks.release(['loop'], `owner-${i}`)).toBe(true);
-    }
+    const used = await leasesOfLocksInARow(locks, 'loop', 20);
     // The first lock's own lease, and the spare granted once the ttl was in demand.
     expect(used.size).toBeLessThanOrEqual(2);
     // Each released lease held nothing: no key is left on any.
@@ -368,12 +374,7 @@ describe('etcd backend, spare leases', () => {
     fixture.cleanup(() => client.close());
     const locks = new EtcdLockBackend(client);
     fixture.cleanup(() => locks.close());
-    const used = new Set<string>();
-    for (let i = 0; i < 6; i++) {
-      expect(await locks.tryAcquire(['passed'], `owner-${i}`, 10_000, { willWait: false })).toMatchObject({ acquired: true });
-      used.add(await leaseOf('passed'));
-      expect(await locks.release(['passed'], `owner-${i}`)).toBe(true);
-    }
+    const used = await leasesOfLocksInARow(locks, 'passed', 6);
     expect(used.size).toBe(6);
     const left = await leases();
     expect([...used].filter((lease) => left.includes(lease))).toEqual([]);
