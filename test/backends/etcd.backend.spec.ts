@@ -369,6 +369,19 @@ describe('etcd backend, spare leases', () => {
     expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
   });
 
+  it('keeps at most two released leases of one ttl: three locks held at once leave two leases behind, not three', async () => {
+    const before = await leases();
+    const locks = backend();
+    const owners = ['owner-a', 'owner-b', 'owner-c'];
+    for (const owner of owners)
+      expect(await locks.tryAcquire([`kept-${owner}`], owner, 10_000, { willWait: false })).toMatchObject({ acquired: true });
+    for (const owner of owners) expect(await locks.release([`kept-${owner}`], owner)).toBe(true);
+    // Two kept for the next locks of that ttl; the others (a third lock's lease, a spare granted meanwhile) revoked.
+    await until(async () => (await leases()).filter((l) => !before.includes(l)).length === 2, 5_000, 'two leases kept');
+    await locks.close();
+    expect((await leases()).filter((l) => !before.includes(l))).toEqual([]);
+  });
+
   it('revokes every released lease with a client passed in: it may send a request twice, and a late copy could put a key on a lease in use', async () => {
     const client = new Etcd3({ hosts: fixture.endpoints });
     fixture.cleanup(() => client.close());
