@@ -58,6 +58,10 @@
  *   version it read (a node that turned waiting meanwhile stays);
  * - `zookeeper-leftover-nodes`: the test that a ZooKeeper caller that started over does not take back
  *   by name an old node it could not delete yet;
+ * - `zookeeper-event-own-node`, `zookeeper-event-certified`, `zookeeper-event-validity`: the tests
+ *   that a ZooKeeper waiter that the holder's deletion made first does not enter on that event when
+ *   an operator deleted its own node before, writes first when its last write is over half its
+ *   validity old, and counts its lease from that write;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `conformance-memory-shared`: the conformance suite's test that counts readers, writers and permit
@@ -319,6 +323,27 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/zookeeper.adversarial.spec.ts',
     test: 'is the czxid of the holder’s own node, though other callers wrote the line and its parent between its create and its look',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-event-own-node': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.adversarial.spec.ts',
+    test: 'a waiter whose node an operator deleted does not take the key as the holder goes: the waiter behind it, moved up, does',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-event-certified': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.line.spec.ts',
+    test: 'a waiter whose session was last certified more than half its validity ago writes before it enters',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-event-validity': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.line.spec.ts',
+    test: 'a waiter that enters on the event alone holds for its validity counted from its last write, not from the event',
     env: {},
     seeded: false,
   },
@@ -763,6 +788,32 @@ export const MUTANTS = [
       ['const { created, zxid } = await answer;', 'const [{ created }, { zxid }] = await Promise.all([answer, setAfter]);'],
     ],
     detector: 'zookeeper-token-own-node',
+  },
+  {
+    name: 'zookeeper-event-own-node-ignored',
+    bug: 'a ZooKeeper waiter enters on the event of the holder’s deletion though its own node went before it (a forced release): two holders',
+    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    replace: [['      own.set &&\n      !own.gone &&\n', '      own.set &&\n']],
+    detector: 'zookeeper-event-own-node',
+  },
+  {
+    name: 'zookeeper-event-certified-any-time',
+    bug: 'a ZooKeeper waiter enters on the event however long ago its session was last certified: its lease may be over before it starts',
+    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    replace: [['performance.now() - certifiedAt < this.validity(ttlMs) / 2', 'performance.now() - certifiedAt < Infinity']],
+    detector: 'zookeeper-event-certified',
+  },
+  {
+    name: 'zookeeper-event-lease-from-attempt',
+    bug: 'a ZooKeeper waiter that entered on the event counts its lease from that attempt, not from its last write: it believes it longer than the session is certain',
+    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    replace: [
+      [
+        'this.certify(current, sentAt, Math.min(sentAt, current.certifiedAt ?? sentAt), ttlMs)',
+        'this.certify(current, sentAt, sentAt, ttlMs)',
+      ],
+    ],
+    detector: 'zookeeper-event-validity',
   },
   {
     name: 'mysql-reader-beside-writer',

@@ -561,7 +561,7 @@ describe('ZooKeeper backend under attack', () => {
       await (await waiting).release();
     }, 30_000);
 
-    it('many waiters on one key: each watches only the node just before its own', async () => {
+    it('many waiters on one key: each watches only the node just before its own, and its own', async () => {
       const held = await service().acquire('herd', { ttl: 60_000 });
       const waiters: Promise<LockHandle>[] = [];
       for (let i = 0; i < 6; i++) {
@@ -571,15 +571,17 @@ describe('ZooKeeper backend under attack', () => {
       const line = (await children(`${fixture.root}/herd`)).sort((a, b) => Number(a.slice(-10)) - Number(b.slice(-10)));
       await eventually(async () => {
         const watched = await watchesHere();
-        // Every node but the last is watched, each by one session, and no session watches two.
-        expect([...watched.keys()].sort()).toEqual(
-          line
-            .slice(0, -1)
-            .map((name) => `${fixture.root}/herd/${name}`)
-            .sort(),
-        );
-        for (const sessions of watched.values()) expect(sessions).toHaveLength(1);
-        expect(new Set([...watched.values()].flat()).size).toBe(line.length - 1);
+        const sessions = (i: number) => watched.get(`${fixture.root}/herd/${line[i]}`) ?? [];
+        // Every node is watched: the holder's by the first waiter, the last one's by its waiter
+        // alone (see LineRequest.ownWatch), each other one by its waiter and the waiter behind it.
+        expect(watched.size).toBe(line.length);
+        for (let i = 0; i < line.length; i++) expect(sessions(i)).toHaveLength(i === 0 || i === line.length - 1 ? 1 : 2);
+        // The one session that watches two neighbours is the later one's waiter: nobody watches a
+        // node further ahead, so a release wakes the next waiter only.
+        for (let i = 1; i < line.length; i++) expect(sessions(i).filter((session) => sessions(i - 1).includes(session))).toHaveLength(1);
+        const all = [...watched.values()].flat();
+        expect(new Set(all).size).toBe(line.length - 1);
+        expect(all).toHaveLength(2 * (line.length - 1));
       }, 5_000);
       await held.release();
       for (const waiting of waiters) await (await waiting).release();
@@ -753,7 +755,8 @@ describe('ZooKeeper backend under attack', () => {
       const held = await service(holderBackend).acquire('blip', { ttl: 60_000 });
       const waiting = service(waiterBackend, { pollInterval: 60_000 }).acquire('blip', { wait: 20_000 });
       await until(async () => (await children(`${fixture.root}/blip`)).length === 2, 10_000, 'the waiter in line');
-      await eventually(async () => expect((await watchesHere()).size).toBe(1), 5_000);
+      // The holder's node, and the waiter's own (see LineRequest.ownWatch).
+      await eventually(async () => expect((await watchesHere()).size).toBe(2), 5_000);
       line.set({ kind: 'drop' });
       await until(() => holderBackend.state === 'suspended' && waiterBackend.state === 'suspended', 10_000, 'both to notice');
       line.set({ kind: 'pass' });
@@ -800,6 +803,33 @@ describe('ZooKeeper backend under attack', () => {
       // Not 'backend-error' at the lease's end: the extension sees the node gone.
       expect(await reason).toBe('taken');
       await next.release();
+    });
+
+    it('a waiter whose node an operator deleted does not take the key as the holder goes: the waiter behind it, moved up, does', async () => {
+      const [h, w, x] = [backend(), backend(), backend()];
+      const take = (lockBackend: ZooKeeperLockBackend, owner: string) => lockBackend.tryAcquire(['bypassed'], owner, 60_000);
+      expect((await take(h, 'h')).acquired).toBe(true);
+      // w stands just behind the holder, x just behind w.
+      expect((await take(w, 'w')).acquired).toBe(false);
+      let xWoken = false;
+      await x.watch(['bypassed'], () => (xWoken = true), 'x');
+      expect((await take(x, 'x')).acquired).toBe(false);
+      // A forced release of w's place: x hears its node go, looks again, and stands just behind h.
+      await backend().release(['bypassed'], 'w');
+      await until(() => xWoken, 10_000, 'x to hear that w went');
+      expect((await take(x, 'x')).acquired).toBe(false);
+      let [wWoken, xWokenAgain] = [false, false];
+      await w.watch(['bypassed'], () => (wWoken = true), 'w');
+      await x.watch(['bypassed'], () => (xWokenAgain = true), 'x');
+      await h.release(['bypassed'], 'h');
+      await until(() => wWoken && xWokenAgain, 10_000, 'both to hear that h went');
+      // w heard its own node go before h's: it must write first, which finds its node gone.
+      expect((await take(w, 'w')).acquired).toBe(false);
+      const xs = await take(x, 'x');
+      expect(xs.acquired).toBe(true);
+      expect((await h.inspect('bypassed'))?.holders?.map((holder) => holder.owner)).toEqual(['x']);
+      await x.release(['bypassed'], 'x');
+      await w.release(['bypassed'], 'w');
     });
 
     it('a waiter whose whole line an operator deleted (deleteall) takes the lock, which is free', async () => {

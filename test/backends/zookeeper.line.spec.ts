@@ -39,20 +39,40 @@ function countingBackend(): { backend: LockBackend; attempts: () => number; fail
   return { backend, attempts: () => attempts, failed: () => failed, wakes: () => wakes };
 }
 
-/** Backends (sessions of their own, as other processes) that count, per process, the line reads (getChildren) and the watches set (exists) they send. */
-function lookCounting(): { reads: number[]; watches: number[]; backend: (i: number) => ZooKeeperLockBackend } {
+/**
+ * Backends (sessions of their own, as other processes) that count, per process, the line reads
+ * (getChildren), the watches set (exists) on others' nodes, and the writes (multi) they send.
+ */
+function lookCounting() {
   const reads = [0, 0, 0];
   const watches = [0, 0, 0];
-  const backend = (i: number) =>
-    new ZooKeeperLockBackend(
+  // Writes that neither create nor delete (the write that marks a node as in, or checks it), held
+  // back while `marks.held` is a promise, and counted in `marks.waiting`.
+  const marks: { held?: Promise<void>; waiting: number } = { waiting: 0 };
+  const backend = (i: number) => {
+    const own = new Set<string>();
+    return new ZooKeeperLockBackend(
       fixture.connectionString,
       { root: fixture.root, sessionTimeout: 4_000 },
       tappedClients(fixture.connectionString, 4_000, {
         getChildren: (_path, send) => (reads[i]++, send()),
-        exists: (_path, watcher, send) => (watcher && watches[i]++, send()),
+        exists: (path, watcher, send) => (watcher && !own.has(path) && watches[i]++, send()),
+        multi: async (ops, send) => {
+          if (marks.held && ops.every((op) => op.op === 'set' || op.op === 'check')) {
+            marks.waiting++;
+            await marks.held;
+          }
+          const answer = await send();
+          for (const path of answer.created) own.add(path);
+          return answer;
+        },
       }),
     );
-  return { reads, watches, backend };
+  };
+  let open = () => undefined as void;
+  const holdMarks = () => (marks.held = new Promise<void>((resolve) => (open = resolve)));
+  const letMarksThrough = () => ((marks.held = undefined), open());
+  return { reads, watches, marks, holdMarks, letMarksThrough, backend };
 }
 
 function service(backend: LockBackend): LockService {
@@ -120,6 +140,63 @@ describe('ZooKeeper lines', () => {
     expect(reads[2] - before).toBe(0);
     expect(lastHeld.fencingToken).toBeGreaterThan(held.fencingToken!);
     await lastHeld.release();
+  });
+
+  it('a waiter just behind the holder enters as the holder goes, before the write that marks it in is answered', async () => {
+    const { watches, marks, holdMarks, letMarksThrough, backend } = lookCounting();
+    const [first, second] = [service(backend(0)), service(backend(1))];
+    const holder = await first.acquire('on-the-event', { ttl: 60_000, site: 'Holder.run' });
+    const next = second.acquire('on-the-event', { wait: 20_000, ttl: 60_000, site: 'Next.run' });
+    await until(() => watches[1] === 1, 10_000, 'the second to watch the holder');
+    holdMarks();
+    await holder.release();
+    const held = await next;
+    expect(held.isHeld).toBe(true);
+    // Its write went out, and is still held back: it entered on the deletion's event alone.
+    expect(marks.waiting).toBe(1);
+    letMarksThrough();
+    await held.release();
+  });
+
+  it('a waiter whose session was last certified more than half its validity ago writes before it enters', async () => {
+    const { watches, marks, holdMarks, letMarksThrough, backend } = lookCounting();
+    const [first, second] = [service(backend(0)), service(backend(1))];
+    const holder = await first.acquire('certified-late', { ttl: 60_000 });
+    // A ttl of 400 ms: the validity of its lock is 400 ms, counted from the write that certifies it.
+    let took = false;
+    const next = second.acquire('certified-late', { wait: 20_000, ttl: 400, site: 'Next.run' }).then((handle) => ((took = true), handle));
+    await until(() => watches[1] === 1, 10_000, 'the second to watch the holder');
+    // Its create, the last write of its node, is now more than 200 ms old.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    holdMarks();
+    await holder.release();
+    await until(() => marks.waiting === 1, 10_000, 'its write to go out');
+    expect(took).toBe(false);
+    letMarksThrough();
+    const held = await next;
+    expect(held.isHeld).toBe(true);
+    await held.release();
+  });
+
+  it('a waiter that enters on the event alone holds for its validity counted from its last write, not from the event', async () => {
+    const { backend } = lookCounting();
+    const [h, w] = [backend(0), backend(1)];
+    for (const opened of [h, w]) fixture.cleanup(() => opened.close());
+    expect((await h.tryAcquire(['counted'], 'h', 60_000)).acquired).toBe(true);
+    let woken = false;
+    await w.watch(['counted'], () => (woken = true), 'w');
+    // Its create is its last write: it was sent before this answer came.
+    expect((await w.tryAcquire(['counted'], 'w', 1_000)).acquired).toBe(false);
+    const created = performance.now();
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    await h.release(['counted'], 'h');
+    await until(() => woken, 10_000, 'w to hear that h went');
+    const asked = performance.now();
+    const result = await w.tryAcquire(['counted'], 'w', 1_000);
+    expect(result.acquired).toBe(true);
+    // Counted from its own request, the lease ends no later than a ttl after the create was sent.
+    expect(asked + (result.acquired ? result.validityMs! : 0)).toBeLessThanOrEqual(created + 1_000);
+    await w.release(['counted'], 'w');
   });
 
   it('a waiter behind one that gives up does not take the key from the holder: it looks again, then takes it when the holder goes', async () => {

@@ -112,9 +112,10 @@ export class ZooKeeperLockBackend implements LockBackend {
     const current = request;
     current.woken = false;
     try {
-      const outcome = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait));
+      const outcome = await this.session.run('acquire', keys, (session) => this.attempt(session, current, willWait, ttlMs));
       if (outcome !== true) return outcome ? { acquired: false, limitMismatch: outcome } : { acquired: false };
-      const certifiedAt = await this.certify(current, sentAt, ttlMs);
+      // From this attempt's write, or from an earlier one when it took the key on the event alone.
+      const certifiedAt = await this.certify(current, sentAt, Math.min(sentAt, current.certifiedAt ?? sentAt), ttlMs);
       // Its nodes are given up (or gone): the key may be free, and nothing would wake the caller,
       // whose place in line this was, before its next poll. It tries again at once.
       if (certifiedAt === undefined) return { acquired: false, retryAfterMs: 0 };
@@ -151,6 +152,7 @@ export class ZooKeeperLockBackend implements LockBackend {
     const ok = await this.session.run('extend', keys, (session) =>
       session.generation === request.generation ? stillThere(session.client, nodes) : Promise.resolve(false),
     );
+    if (ok) request.certifiedAt = sentAt;
     if (!ok || !this.requests.isCurrent(request)) {
       this.requests.forget(request);
       // A node gone (an operator deleted one, or the session went): the request's others go too,
@@ -217,8 +219,8 @@ export class ZooKeeperLockBackend implements LockBackend {
   }
 
   /**
-   * When the lock is certain from, as a performance.now() time: `sentAt`, or the moment a later
-   * check of the nodes was sent. An answer that comes after the lease it certifies ran out (an
+   * When the lock is certain from, as a performance.now() time: `certifiedAt` (when the last write
+   * of its nodes was sent), or the moment a later check of the nodes was sent. An answer that comes after the lease it certifies ran out (an
    * event loop stalled, an ensemble slow under load) is useless to the caller, who takes it as
    * lost, while the nodes stay first in line, waking nobody, until the ttl ends them: so the
    * session is certified again with a write (the check) before the lock is reported. (Once the
@@ -226,8 +228,7 @@ export class ZooKeeperLockBackend implements LockBackend {
    * Undefined, and the nodes given up, when the lock could not be certified (gone, or every check
    * late too).
    */
-  private async certify(request: LineRequest, sentAt: number, ttlMs: number): Promise<number | undefined> {
-    let certifiedAt = sentAt;
+  private async certify(request: LineRequest, sentAt: number, certifiedAt: number, ttlMs: number): Promise<number | undefined> {
     for (let check = 0; ; check++) {
       const now = performance.now();
       if (now < certifiedAt + this.validity(ttlMs) || now >= sentAt + ttlMs) return certifiedAt;
@@ -246,6 +247,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         void this.discard(request, nodes);
         return undefined;
       }
+      request.certifiedAt = certifiedAt;
     }
   }
 
@@ -297,7 +299,12 @@ export class ZooKeeperLockBackend implements LockBackend {
    * key and limit of the holders when they disagree with the request on its limit (its nodes go:
    * waiting cannot heal that); false otherwise.
    */
-  private async attempt(session: LiveSession, request: LineRequest, willWait: boolean): Promise<boolean | { key: string; limit: number }> {
+  private async attempt(
+    session: LiveSession,
+    request: LineRequest,
+    willWait: boolean,
+    ttlMs: number,
+  ): Promise<boolean | { key: string; limit: number }> {
     for (let round = 0; ; round++) {
       // One create at a time per request, settled before anything looks for its nodes.
       if (!(await this.places.settle(session, request))) return false;
@@ -328,6 +335,13 @@ export class ZooKeeperLockBackend implements LockBackend {
         return where.mismatch;
       }
       if (where.first) {
+        // Told by the event alone, its node there all along and its session certified lately: in
+        // now, the write that marks it goes out behind (see certifiedLately).
+        if (clear && this.certifiedLately(request, ttlMs)) {
+          request.held = true;
+          if (request.data) this.markLater(session, request);
+          return true;
+        }
         // Reads alone could come from a follower cut off from the leader, which may have ended our
         // session already; nodes made by this attempt were a write, else one is made now. Nodes to
         // mark as in are marked by that write (or one made for them), pending ones turn held and
@@ -363,7 +377,11 @@ export class ZooKeeperLockBackend implements LockBackend {
       if (where.firstAhead) request.firstAhead = { path: where.firstAhead, node: request.nodes![0], gone: false };
       request.adjacent = where.adjacent;
       // A node we wait for went while we looked: look again, a few times (the caller retries later).
-      if (!(await this.watchNodes(session, request, where.waitFor)) || round >= 10) return false;
+      const [moved] = await Promise.all([
+        this.watchNodes(session, request, where.waitFor),
+        where.adjacent && this.watchOwn(session, request),
+      ]);
+      if (!moved || round >= 10) return false;
     }
   }
 
@@ -397,6 +415,66 @@ export class ZooKeeperLockBackend implements LockBackend {
     // Marked since the look: its data was set after the version read then (a node that counts is
     // written only as it goes in; it may have been written before, as it turned from pending).
     return stats.some((stat, i) => stat === undefined || (waitFor[i].marks && stat.version > waitFor[i].version));
+  }
+
+  /**
+   * Sets the watch on the request's own node (see LineRequest.ownWatch), unless one set on this
+   * connection is still there. A watch that could not be set counts as one that fired.
+   */
+  private async watchOwn(session: LiveSession, request: LineRequest): Promise<void> {
+    const node = request.nodes![0];
+    const armed = request.ownWatch;
+    const connection = this.session.connectedOn;
+    if (connection === undefined || (armed?.node === node && armed.connection === connection && !armed.gone)) return;
+    const watch = { node, connection, set: false, gone: false };
+    request.ownWatch = watch;
+    const stat = await session.client.exists(node, () => (watch.gone = true)).catch(() => undefined);
+    if (stat) watch.set = true;
+    else watch.gone = true;
+  }
+
+  /**
+   * Whether a request that the deletion of the node just ahead made first (LineRequest.firstAhead)
+   * may take the key without a write of its own. It may when:
+   * - its own node was there when the one ahead went. Its watch on it stayed quiet on the
+   *   connection it was set on, and one connection delivers events in the order ZooKeeper applied
+   *   the changes: a deletion of its node before the one ahead (another process releasing it by
+   *   force, or its session ending) would have come first;
+   * - and its session is certain for a while yet: a write of its nodes (the create, most often)
+   *   was answered less than half the validity ago, so the lease counted from that write (see
+   *   certify) leaves the caller at least the other half.
+   * Else the write is sent first, as for any look.
+   */
+  private certifiedLately(request: LineRequest, ttlMs: number): boolean {
+    const own = request.ownWatch;
+    const certifiedAt = request.certifiedAt;
+    return (
+      own !== undefined &&
+      own.set &&
+      !own.gone &&
+      own.node === request.nodes![0] &&
+      own.connection === this.session.connectedOn &&
+      certifiedAt !== undefined &&
+      performance.now() - certifiedAt < this.validity(ttlMs) / 2
+    );
+  }
+
+  /**
+   * The write a request that took the key on the event alone still owes: its node marked as in,
+   * so inspect tells when it went in and the request just behind it hears that it is first (see
+   * LineRequest.firstAhead). Sent without waiting: the session answers it before the release that
+   * may follow. A node found gone means the lock was taken from it since; its next extension
+   * tells the holder.
+   */
+  private markLater(session: LiveSession, request: LineRequest): void {
+    const nodes = request.nodes!;
+    const sentAt = performance.now();
+    writeLook(session.client, nodes, { marks: nodes, flips: [], passed: [] }, request.data).then(
+      (wrote) => {
+        if (wrote === 'done' && request.nodes === nodes) request.certifiedAt = sentAt;
+      },
+      () => undefined,
+    );
   }
 
   /**
@@ -446,7 +524,10 @@ export class ZooKeeperLockBackend implements LockBackend {
     writes: Parameters<typeof writeLook>[2],
     round: number,
   ): Promise<'done' | 'look again' | 'later'> {
-    const wrote = await writeLook(session.client, request.nodes!, writes, request.data);
+    const sentAt = performance.now();
+    const nodes = request.nodes!;
+    const wrote = await writeLook(session.client, nodes, writes, request.data);
+    if (wrote === 'done' && request.nodes === nodes) request.certifiedAt = sentAt;
     if (wrote === 'gone') {
       await this.discard(request, request.nodes!);
       return 'look again';

@@ -64,6 +64,18 @@ export interface LineRequest {
    * could turn waiting meanwhile.
    */
   adjacent?: string;
+  /**
+   * When the last write of its nodes that ZooKeeper applied was sent (performance.now()): the
+   * session outlives it by the validity the backend counts from an answered request.
+   */
+  certifiedAt?: number;
+  /**
+   * A request of one key, exclusive, that waits: a watch on its own node, set on the connection
+   * `connection` (see ZooKeeperSession.connectedOn). `gone` once the node was deleted or written,
+   * or the watch could not be set. While it stays quiet on that connection, the node was there
+   * when the one ahead went: events reach a client in the order ZooKeeper applied them.
+   */
+  ownWatch?: { node: string; connection: number; set: boolean; gone: boolean };
   /** A predecessor went while nobody listened: the next watch() calls its callback at once. */
   woken: boolean;
   waker: (() => void) | undefined;

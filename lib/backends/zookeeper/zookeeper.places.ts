@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import { ZooKeeperError } from './zookeeper.client.js';
 import { createNodes, findNodes, removeNodes, type Created, type LinePaths, type LineRequest } from './zookeeper.line.js';
 import type { ParentNodes } from './zookeeper.parents.js';
@@ -66,6 +67,7 @@ export class LinePlaces {
    */
   async create(session: LiveSession, request: LineRequest): Promise<{ lines?: Created['lines'] } | false> {
     request.createdIn = session.generation;
+    const sentAt = performance.now();
     const creating = createNodes(session, this.paths, request, this.parents.known);
     // Runs before the await below resumes: an answer that comes after the caller gave up on it
     // still tells where the nodes are.
@@ -73,7 +75,7 @@ export class LinePlaces {
       generation: session.generation,
       settled: creating
         .then(
-          (made) => this.created(request, session, made),
+          (made) => this.created(request, session, made, sentAt),
           (error: unknown) => this.createFailed(request, error),
         )
         .finally(() => {
@@ -87,9 +89,10 @@ export class LinePlaces {
   }
 
   /** A create answered: its nodes are the request's place, or go when the request has one, or was given up. */
-  private created(request: LineRequest, session: LiveSession, { nodes, czxid }: Created): void {
+  private created(request: LineRequest, session: LiveSession, { nodes, czxid }: Created, sentAt: number): void {
     if (this.requests.isCurrent(request) && !request.nodes) {
       this.adopt(request, session, nodes, czxid);
+      request.certifiedAt = sentAt;
       request.uncertain = false;
     } else if (request.nodes?.join('\n') !== nodes.join('\n')) {
       // Not the ones already found by name after a lost answer: they would stand in line for
@@ -116,6 +119,8 @@ export class LinePlaces {
     request.generation = session.generation;
     request.czxid = czxid;
     request.watched.clear();
+    request.ownWatch = undefined;
+    request.certifiedAt = undefined;
   }
 }
 

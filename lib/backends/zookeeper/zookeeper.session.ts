@@ -73,6 +73,16 @@ export class ZooKeeperSession {
     return this.current;
   }
 
+  /**
+   * The connection the client is on now, while it is connected: a number that changes with every
+   * change of connection; undefined while it has none. On a reconnection the client sets its
+   * watches again, and the server reports what changed meanwhile in no particular order, where
+   * one connection delivers every event in the order ZooKeeper applied the changes.
+   */
+  get connectedOn(): number | undefined {
+    return this.current === 'connected' ? this.connection : undefined;
+  }
+
   /** The session timeout the server granted (0 before the first session). */
   get timeout(): number {
     return this.live?.client.sessionTimeout ?? 0;
