@@ -1,9 +1,8 @@
 import 'reflect-metadata';
-import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { EtcdLockBackend, LockService } from '../lib/index.js';
 import { EtcdCluster } from '../test/support/etcd-server.js';
-import { timedSections } from './harness.js';
+import { cpuSecondsOf, timedSections } from './harness.js';
 
 /**
  * A probe, not a bench group: where the time of a hand-over on an etcd hot key goes. It runs the
@@ -19,12 +18,6 @@ import { timedSections } from './harness.js';
 const sections = Number(process.argv[2] ?? 100);
 const members = Number(process.argv[3] ?? 1);
 const workers = 8;
-
-/** CPU seconds a process has used (user + system), from /proc. */
-function cpuOf(pid: number): number {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-  return (Number(fields[11]) + Number(fields[12])) / 100;
-}
 
 /** etcd's count of handled requests, by gRPC method. */
 async function handled(endpoint: string): Promise<Map<string, number>> {
@@ -47,12 +40,17 @@ async function main(): Promise<void> {
       Promise.all(Array.from({ length: workers }, (_, w) => timedSections(lock(w), count, 1, waits, inside)));
     await rounds(5, [], []);
     const pids = cluster.members.map((m) => m.pid!);
-    const before = { at: performance.now(), self: process.cpuUsage(), etcd: pids.map(cpuOf), calls: await handled(cluster.endpoints[0]) };
+    const before = {
+      at: performance.now(),
+      self: process.cpuUsage(),
+      etcd: pids.map(cpuSecondsOf),
+      calls: await handled(cluster.endpoints[0]),
+    };
     const inside: number[] = [];
     await rounds(sections, [], inside);
     const elapsed = performance.now() - before.at;
     const self = process.cpuUsage(before.self);
-    const etcd = pids.map((pid, i) => cpuOf(pid) - before.etcd[i]).reduce((a, b) => a + b, 0);
+    const etcd = pids.map((pid, i) => cpuSecondsOf(pid) - before.etcd[i]).reduce((a, b) => a + b, 0);
     const calls = await handled(cluster.endpoints[0]);
     const total = workers * sections;
     const section = inside.reduce((a, b) => a + b, 0) / inside.length;

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { LockHandle, LockService } from '../lib/index.js';
@@ -275,4 +276,10 @@ export async function timedSections(
     inside.push(performance.now() - entered);
     await release();
   }
+}
+
+/** CPU seconds another process (a store's server) has used, user and system, from /proc. */
+export function cpuSecondsOf(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / 100;
 }

@@ -174,7 +174,10 @@ async function hotKey(
     const key = `hot:${impl}`;
     const rounds = (count: number, waits: number[], inside: number[]) =>
       Promise.all(Array.from({ length: workers }, (_, w) => timedSections(() => lockFor(w)(key), count, sectionMs, waits, inside)));
-    await rounds(5, [], []); // warm: sessions, parent nodes, JIT
+    // Warm: sessions, parent nodes, and the servers' JIT. A JVM compiles its hot paths over the
+    // first thousands of requests: on a cold one a section cost ZooKeeper twice the CPU it does
+    // after 8 000 (bench/zookeeper-hot-key.probe.ts), and the rows measured the compiler.
+    await rounds(sections, [], []);
     const waits: number[] = [];
     const inside: number[] = [];
     const started = performance.now();

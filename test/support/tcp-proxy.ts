@@ -17,7 +17,13 @@ export type ProxyMode =
    * request applied twice, the copy late (a client resending after a reconnect). Meaningful on
    * a protocol without a handshake (Redis); elsewhere the server refuses the copy.
    */
-  | { kind: 'late-replay'; ms: number };
+  | { kind: 'late-replay'; ms: number }
+  /**
+   * Answers are cut into the protocol's frames (a 4-byte big-endian length, then that many bytes:
+   * ZooKeeper's), each written on its own `ms` after the one before: packets the server sent back
+   * to back reach the client in reads of their own, in order, as on a slow or lossy link.
+   */
+  | { kind: 'split-down'; ms: number };
 
 /**
  * A TCP proxy in front of a server on this machine whose behaviour a test, the fault harness or
@@ -78,8 +84,9 @@ export class TcpProxy {
     upstream.setNoDelay(true);
     const up = new Lane(upstream);
     const down = new Lane(client);
+    const frames = new Frames();
     client.on('data', (chunk) => this.forward(chunk, up, 'up'));
-    upstream.on('data', (chunk) => this.forward(chunk, down, 'down'));
+    upstream.on('data', (chunk) => this.forward(chunk, down, 'down', frames));
     for (const [from, to] of [
       [client, upstream],
       [upstream, client],
@@ -93,9 +100,14 @@ export class TcpProxy {
     }
   }
 
-  private forward(chunk: Buffer, lane: Lane, way: 'up' | 'down'): void {
+  private forward(chunk: Buffer, lane: Lane, way: 'up' | 'down', frames?: Frames): void {
     const mode = this.mode;
     if (mode.kind === 'drop' || mode.kind === `blackhole-${way}`) return;
+    // A frame cut in two goes on whole, after the mode changed too.
+    if (frames && (mode.kind === 'split-down' || frames.partial)) {
+      for (const frame of frames.cut(chunk)) lane.send(frame, 0, mode.kind === 'split-down' ? mode.ms : 0);
+      return;
+    }
     if (mode.kind === 'late-replay') {
       if (way === 'up') setTimeout(() => this.replay(chunk), mode.ms).unref();
       return void lane.send(chunk, way === 'down' ? mode.ms : 0);
@@ -116,9 +128,10 @@ class Lane {
 
   constructor(private readonly to: Socket) {}
 
-  send(chunk: Buffer, delayMs: number): void {
+  /** `gapMs`: at least this long after the chunk before. */
+  send(chunk: Buffer, delayMs: number, gapMs = 0): void {
     // Never before an earlier chunk: a delay that ends must not let new bytes overtake old ones.
-    const at = Math.max(Date.now() + delayMs, this.last);
+    const at = Math.max(Date.now() + delayMs, this.last + gapMs);
     this.last = at;
     if (at <= Date.now() && this.pending === 0) return void this.write(chunk);
     this.pending++;
@@ -132,5 +145,25 @@ class Lane {
 
   private write(chunk: Buffer): void {
     if (!this.to.destroyed) this.to.write(chunk);
+  }
+}
+
+/** Cuts a byte stream into frames of a 4-byte big-endian length and that many bytes. */
+class Frames {
+  private pending = Buffer.alloc(0);
+
+  get partial(): boolean {
+    return this.pending.length > 0;
+  }
+
+  cut(chunk: Buffer): Buffer[] {
+    this.pending = Buffer.concat([this.pending, chunk]);
+    const whole: Buffer[] = [];
+    while (this.pending.length >= 4 && this.pending.length >= 4 + this.pending.readInt32BE(0)) {
+      const size = 4 + this.pending.readInt32BE(0);
+      whole.push(this.pending.subarray(0, size));
+      this.pending = this.pending.subarray(size);
+    }
+    return whole;
   }
 }

@@ -119,7 +119,6 @@ export class LinePlaces {
     request.generation = session.generation;
     request.czxid = czxid;
     request.watched.clear();
-    request.ownWatch = undefined;
     request.certifiedAt = undefined;
   }
 }

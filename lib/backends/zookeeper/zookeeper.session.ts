@@ -75,9 +75,9 @@ export class ZooKeeperSession {
 
   /**
    * The connection the client is on now, while it is connected: a number that changes with every
-   * change of connection; undefined while it has none. On a reconnection the client sets its
-   * watches again, and the server reports what changed meanwhile in no particular order, where
-   * one connection delivers every event in the order ZooKeeper applied the changes.
+   * change of connection; undefined while it has none. One connection brings answers and events in
+   * the order its server applied the changes; the next may be to another member, behind the first,
+   * and the events of the watches the client sets again come in no particular order.
    */
   get connectedOn(): number | undefined {
     return this.current === 'connected' ? this.connection : undefined;
