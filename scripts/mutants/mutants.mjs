@@ -58,10 +58,11 @@
  *   version it read (a node that turned waiting meanwhile stays);
  * - `zookeeper-leftover-nodes`: the test that a ZooKeeper caller that started over does not take back
  *   by name an old node it could not delete yet;
- * - `zookeeper-event-own-node`, `zookeeper-event-certified`, `zookeeper-event-validity`: the tests
- *   that a ZooKeeper waiter that the holder's deletion made first does not enter without a write
- *   when an operator deleted its own node before, nor when its last write is over half its
- *   validity old, and counts its lease from that write;
+ * - `zookeeper-event-own-node`, `zookeeper-event-reconnection`, `zookeeper-event-certified`,
+ *   `zookeeper-event-validity`: the tests that a ZooKeeper waiter that the holder's deletion made
+ *   first does not enter without a write when an operator deleted its own node before, nor on the
+ *   events of a reconnection, nor when its last write is over half its validity old, and counts
+ *   its lease from that write;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `conformance-memory-shared`: the conformance suite's test that counts readers, writers and permit
@@ -330,6 +331,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/zookeeper.adversarial.spec.ts',
     test: 'a waiter whose node an operator deleted does not take the key as the holder goes: the waiter behind it, moved up, does',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-event-reconnection': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.adversarial.spec.ts',
+    test: 'a waiter cut off while an operator released its place and the holder released does not take the key on the events of its reconnection',
     env: {},
     seeded: false,
   },
@@ -790,11 +798,18 @@ export const MUTANTS = [
     detector: 'zookeeper-token-own-node',
   },
   {
-    name: 'zookeeper-event-no-read',
-    bug: 'a ZooKeeper waiter enters on the event of the holder’s deletion without reading its own node: one an operator deleted before (or with) the holder’s makes two holders',
+    name: 'zookeeper-event-own-node-ignored',
+    bug: 'a ZooKeeper waiter enters on the event of the holder’s deletion though its own node went before it (a forced release): two holders',
     file: 'lib/backends/zookeeper/zookeeper.backend.ts',
-    replace: [["    const node = await session.client.exists(request.nodes![0]);\n    if (!node) return 'gone';\n", '']],
+    replace: [['      own.set &&\n      !own.gone &&\n', '      own.set &&\n']],
     detector: 'zookeeper-event-own-node',
+  },
+  {
+    name: 'zookeeper-event-any-connection',
+    bug: 'a ZooKeeper waiter enters on the event of the holder’s deletion whatever connection its own watch was set on: the events replayed at a reconnection come in no order, its own node’s after the holder’s',
+    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    replace: [['      own.connection === this.session.connectedOn &&\n', '']],
+    detector: 'zookeeper-event-reconnection',
   },
   {
     name: 'zookeeper-event-certified-any-time',

@@ -41,7 +41,7 @@ function countingBackend(): { backend: LockBackend; attempts: () => number; fail
 
 /**
  * Backends (sessions of their own, as other processes) that count, per process, the line reads
- * (getChildren) and the watches set (exists) they send, and can hold back their marks.
+ * (getChildren), the watches set (exists) on others' nodes, and the writes (multi) they send.
  */
 function lookCounting() {
   const reads = [0, 0, 0];
@@ -49,22 +49,26 @@ function lookCounting() {
   // Writes that neither create nor delete (the write that marks a node as in, or checks it), held
   // back while `marks.held` is a promise, and counted in `marks.waiting`.
   const marks: { held?: Promise<void>; waiting: number } = { waiting: 0 };
-  const backend = (i: number) =>
-    new ZooKeeperLockBackend(
+  const backend = (i: number) => {
+    const own = new Set<string>();
+    return new ZooKeeperLockBackend(
       fixture.connectionString,
       { root: fixture.root, sessionTimeout: 4_000 },
       tappedClients(fixture.connectionString, 4_000, {
         getChildren: (_path, send) => (reads[i]++, send()),
-        exists: (_path, watcher, send) => (watcher && watches[i]++, send()),
+        exists: (path, watcher, send) => (watcher && !own.has(path) && watches[i]++, send()),
         multi: async (ops, send) => {
           if (marks.held && ops.every((op) => op.op === 'set' || op.op === 'check')) {
             marks.waiting++;
             await marks.held;
           }
-          return send();
+          const answer = await send();
+          for (const path of answer.created) own.add(path);
+          return answer;
         },
       }),
     );
+  };
   let open = () => undefined as void;
   const holdMarks = () => (marks.held = new Promise<void>((resolve) => (open = resolve)));
   const letMarksThrough = () => ((marks.held = undefined), open());

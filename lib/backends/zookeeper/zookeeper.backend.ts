@@ -335,21 +335,12 @@ export class ZooKeeperLockBackend implements LockBackend {
         return where.mismatch;
       }
       if (where.first) {
-        // First by the deletion alone, its session certified lately: a read on the connection that
-        // told it shows its node still there, and it is in; the write that marks it goes out behind
-        // (see enteredOnRead).
-        if (clear) {
-          const entered = await this.enteredOnRead(session, request, ahead, ttlMs);
-          if (entered === 'gone') {
-            await this.discard(request, request.nodes!);
-            if (round < 3) continue;
-            return false;
-          }
-          if (entered) {
-            request.held = true;
-            if (request.data) this.markLater(session, request);
-            return true;
-          }
+        // Told by the event alone, its node there all along and its session certified lately: in
+        // now, the write that marks it goes out behind (see certifiedLately).
+        if (clear && this.certifiedLately(request, ttlMs)) {
+          request.held = true;
+          if (request.data) this.markLater(session, request);
+          return true;
         }
         // Reads alone could come from a follower cut off from the leader, which may have ended our
         // session already; nodes made by this attempt were a write, else one is made now. Nodes to
@@ -386,7 +377,11 @@ export class ZooKeeperLockBackend implements LockBackend {
       if (where.firstAhead) request.firstAhead = { path: where.firstAhead, node: request.nodes![0], gone: false };
       request.adjacent = where.adjacent;
       // A node we wait for went while we looked: look again, a few times (the caller retries later).
-      if (!(await this.watchNodes(session, request, where.waitFor)) || round >= 10) return false;
+      const [moved] = await Promise.all([
+        this.watchNodes(session, request, where.waitFor),
+        where.adjacent && this.watchOwn(session, request),
+      ]);
+      if (!moved || round >= 10) return false;
     }
   }
 
@@ -423,36 +418,53 @@ export class ZooKeeperLockBackend implements LockBackend {
   }
 
   /**
-   * Whether a request that the deletion of the node just ahead made first (LineRequest.firstAhead)
-   * takes the key without a write of its own: 'gone' when its own node is not there any more.
-   * - Its session must be certain for a while yet: a write of its nodes (the create, most often)
-   *   was sent less than half the validity ago, so the lease counted from that write (see certify)
-   *   leaves the caller at least the other half.
-   * - Its own node must have been there when the one ahead went. A read of it on the connection
-   *   that told of that deletion (its event, or a read that found the node gone) is answered after
-   *   every change the server applied before it: a node there then was there before (a deleted
-   *   node never comes back), and nothing came in ahead of it since. Not an event on its own node:
-   *   one transaction (an operator's deleteall) may delete both, the holder's first, and a client
-   *   may read the two events apart. On another connection the server may be behind the one that
-   *   told (after a reconnection to another member): the write is sent, as for any look.
+   * Sets the watch on the request's own node (see LineRequest.ownWatch), unless one set on this
+   * connection is still there. A watch that could not be set counts as one that fired.
    */
-  private async enteredOnRead(
-    session: LiveSession,
-    request: LineRequest,
-    ahead: NonNullable<LineRequest['firstAhead']>,
-    ttlMs: number,
-  ): Promise<boolean | 'gone'> {
-    const certifiedAt = request.certifiedAt;
-    const on = ahead.connection;
-    const recent = certifiedAt !== undefined && performance.now() - certifiedAt < this.validity(ttlMs) / 2;
-    if (!recent || on === undefined || on !== this.session.connectedOn) return false;
-    const node = await session.client.exists(request.nodes![0]);
-    if (!node) return 'gone';
-    return this.session.connectedOn === on;
+  private async watchOwn(session: LiveSession, request: LineRequest): Promise<void> {
+    const node = request.nodes![0];
+    const armed = request.ownWatch;
+    const connection = this.session.connectedOn;
+    if (connection === undefined || (armed?.node === node && armed.connection === connection && !armed.gone)) return;
+    const watch = { node, connection, set: false, gone: false };
+    request.ownWatch = watch;
+    const stat = await session.client.exists(node, () => (watch.gone = true)).catch(() => undefined);
+    if (stat) watch.set = true;
+    else watch.gone = true;
   }
 
   /**
-   * The write a request that took the key without one still owes: its node marked as in,
+   * Whether a request that the deletion of the node just ahead made first (LineRequest.firstAhead)
+   * may take the key without a write of its own. It may when:
+   * - its own node was there when the one ahead went. Its watch on it stayed quiet on the
+   *   connection it was set on, and one connection delivers events in the order ZooKeeper applied
+   *   the changes: a deletion of its node before the one ahead (another process releasing it by
+   *   force, or its session ending) would have come first. On a later connection the events of the
+   *   watches the client sets again come in no order. One transaction that deletes both nodes, the
+   *   one ahead first (an operator's deleteall), may bring the two events in two reads, and the
+   *   request in: to it that is a forced release right after the hand-over, which its next
+   *   extension tells it of, as it does any holder's (docs/zookeeper.md);
+   * - and its session is certain for a while yet: a write of its nodes (the create, most often)
+   *   was answered less than half the validity ago, so the lease counted from that write (see
+   *   certify) leaves the caller at least the other half.
+   * Else the write is sent first, as for any look.
+   */
+  private certifiedLately(request: LineRequest, ttlMs: number): boolean {
+    const own = request.ownWatch;
+    const certifiedAt = request.certifiedAt;
+    return (
+      own !== undefined &&
+      own.set &&
+      !own.gone &&
+      own.node === request.nodes![0] &&
+      own.connection === this.session.connectedOn &&
+      certifiedAt !== undefined &&
+      performance.now() - certifiedAt < this.validity(ttlMs) / 2
+    );
+  }
+
+  /**
+   * The write a request that took the key on the event alone still owes: its node marked as in,
    * so inspect tells when it went in and the request just behind it hears that it is first (see
    * LineRequest.firstAhead). Sent without waiting: the session answers it before the release that
    * may follow. A node found gone means the lock was taken from it since; its next extension
@@ -500,10 +512,7 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   /** `deleted`: the node is known to be gone (not a watch that failed). */
   private wake(request: LineRequest, path: string, deleted = false): void {
-    if (deleted && request.firstAhead?.path === path) {
-      request.firstAhead.gone = true;
-      request.firstAhead.connection = this.session.connectedOn;
-    }
+    if (deleted && request.firstAhead?.path === path) request.firstAhead.gone = true;
     request.watched.delete(path);
     this.requests.wake(request);
   }

@@ -54,11 +54,9 @@ export interface LineRequest {
    * A request of one key, exclusive: the node just ahead of its own (`node`) when that one is
    * first in the line (it was first at the last look, or its data was set since: an exclusive node
    * is written only as it goes in). Sequence numbers only grow, so nothing can come in ahead: once
-   * it is deleted (`gone`, learned on the client's connection `connection`, see
-   * ZooKeeperSession.connectedOn), the request is first, and takes the key without reading its line
-   * again.
+   * it is deleted (`gone`), the request is first, and takes the key without reading its line again.
    */
-  firstAhead?: { path: string; node: string; gone: boolean; connection?: number };
+  firstAhead?: { path: string; node: string; gone: boolean };
   /**
    * A request of one key, exclusive: the node just ahead of its own in the whole line, when it is
    * the one watched (no pending node between them). Its data being set means it went in, and is
@@ -71,6 +69,13 @@ export interface LineRequest {
    * session outlives it by the validity the backend counts from an answered request.
    */
   certifiedAt?: number;
+  /**
+   * A request of one key, exclusive, that waits: a watch on its own node, set on the connection
+   * `connection` (see ZooKeeperSession.connectedOn). `gone` once the node was deleted or written,
+   * or the watch could not be set. While it stays quiet on that connection, the node was there
+   * when the one ahead went: events reach a client in the order ZooKeeper applied them.
+   */
+  ownWatch?: { node: string; connection: number; set: boolean; gone: boolean };
   /** A predecessor went while nobody listened: the next watch() calls its callback at once. */
   woken: boolean;
   waker: (() => void) | undefined;

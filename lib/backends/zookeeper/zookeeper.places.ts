@@ -119,6 +119,7 @@ export class LinePlaces {
     request.generation = session.generation;
     request.czxid = czxid;
     request.watched.clear();
+    request.ownWatch = undefined;
     request.certifiedAt = undefined;
   }
 }
