@@ -220,13 +220,13 @@ export class ZooKeeperLockBackend implements LockBackend {
 
   /**
    * When the lock is certain from, as a performance.now() time: `certifiedAt` (when the last write
-   * of its nodes was sent), or the moment a later check of the nodes was sent. An answer that comes after the lease it certifies ran out (an
-   * event loop stalled, an ensemble slow under load) is useless to the caller, who takes it as
-   * lost, while the nodes stay first in line, waking nobody, until the ttl ends them: so the
-   * session is certified again with a write (the check) before the lock is reported. (Once the
-   * ttl itself ran out there is nothing to certify: the expiry deletes the nodes at once.)
-   * Undefined, and the nodes given up, when the lock could not be certified (gone, or every check
-   * late too).
+   * of its nodes was sent), or the moment a later check of the nodes was sent. An answer that
+   * comes after the lease it certifies ran out (an event loop stalled, an ensemble slow under
+   * load) is useless to the caller, who takes it as lost, while the nodes stay first in line,
+   * waking nobody, until the ttl ends them: so the session is certified again with a write (the
+   * check) before the lock is reported. (Once the ttl itself ran out there is nothing to certify:
+   * the expiry deletes the nodes at once.) Undefined, and the nodes given up, when the lock could
+   * not be certified (gone, or every check late too).
    */
   private async certify(request: LineRequest, sentAt: number, certifiedAt: number, ttlMs: number): Promise<number | undefined> {
     for (let check = 0; ; check++) {
