@@ -63,6 +63,8 @@
  *   first does not enter without a write when an operator deleted its own node before, nor on the
  *   events of a reconnection, nor when its last write is over half its validity old, and counts
  *   its lease from that write;
+ * - `zookeeper-held-with`: the test that a ZooKeeper holder released by force, whose timed-out
+ *   attempt lined up again behind the next holder, is told at its next extension;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `conformance-memory-shared`: the conformance suite's test that counts readers, writers and permit
@@ -338,6 +340,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/zookeeper.adversarial.spec.ts',
     test: 'a waiter cut off while an operator released its place and the holder released does not take the key on the events of its reconnection',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-held-with': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.adversarial.spec.ts',
+    test: 'a holder released by force whose timed-out attempt lines up again behind the next holder is told at its next extension',
     env: {},
     seeded: false,
   },
@@ -810,6 +819,13 @@ export const MUTANTS = [
     file: 'lib/backends/zookeeper/zookeeper.backend.ts',
     replace: [['      own.connection === this.session.connectedOn &&\n', '']],
     detector: 'zookeeper-event-reconnection',
+  },
+  {
+    name: 'zookeeper-extend-any-nodes',
+    bug: 'a ZooKeeper extension checks whatever nodes the request has now: a holder released by force whose timed-out attempt lined up again keeps extending while the next holder holds',
+    file: 'lib/backends/zookeeper/zookeeper.backend.ts',
+    replace: [[' || request.nodes !== request.heldWith) return { extended: false };', ') return { extended: false };']],
+    detector: 'zookeeper-held-with',
   },
   {
     name: 'zookeeper-event-certified-any-time',

@@ -899,6 +899,33 @@ describe('ZooKeeper backend under attack', () => {
       await w.release(['wiped-both'], 'w');
     }, 30_000);
 
+    it('a holder released by force whose timed-out attempt lines up again behind the next holder is told at its next extension', async () => {
+      const slowRead = gate();
+      let reads = 0;
+      // w's first look at the line, right behind its create, is answered after its caller gave up on it.
+      const w = backend(
+        { commandTimeout: 500 },
+        { getChildren: async (_path, send) => (++reads === 1 ? slowRead.wait.then(send) : send()) },
+      );
+      const h = backend();
+      const take = (lockBackend: ZooKeeperLockBackend, owner: string) => lockBackend.tryAcquire(['taken-twice'], owner, 60_000);
+      expect((await take(h, 'h')).acquired).toBe(true);
+      // Its first attempt times out and goes on; the caller tries again (as the service does) and holds.
+      await expect(take(w, 'w')).rejects.toThrow(/did not answer/);
+      await h.release(['taken-twice'], 'h');
+      expect((await take(w, 'w')).acquired).toBe(true);
+      // A forced release of w, then y takes the free key.
+      await backend().release(['taken-twice'], 'w');
+      const y = backend();
+      expect((await take(y, 'y')).acquired).toBe(true);
+      // The first attempt resumes, finds w's node gone, and lines up again behind y.
+      slowRead.open();
+      await until(async () => (await children(`${fixture.root}/taken-twice`)).length === 2, 5_000, 'w to line up again');
+      expect((await w.extend(['taken-twice'], 'w', 60_000)).extended).toBe(false);
+      await w.release(['taken-twice'], 'w');
+      await y.release(['taken-twice'], 'y');
+    }, 30_000);
+
     it('a waiter whose whole line an operator deleted (deleteall) takes the lock, which is free', async () => {
       quietWarnings();
       const held = await service().acquire('wiped', { ttl: 60_000 });

@@ -145,7 +145,7 @@ export class ZooKeeperLockBackend implements LockBackend {
   async extend(keys: readonly string[], owner: string, ttlMs: number): Promise<ExtendResult> {
     const sentAt = performance.now();
     const request = this.requests.get(owner);
-    if (!request?.held || !request.nodes) return { extended: false };
+    if (!request?.held || !request.nodes || request.nodes !== request.heldWith) return { extended: false };
     const nodes = request.nodes;
     // A write, so the leader itself says the session is alive: a follower cut off from it could
     // still answer a read for a session the leader already ended. A node gone is 'taken'.
@@ -339,6 +339,7 @@ export class ZooKeeperLockBackend implements LockBackend {
         // now, the write that marks it goes out behind (see certifiedLately).
         if (clear && this.certifiedLately(request, ttlMs)) {
           request.held = true;
+          request.heldWith = request.nodes;
           if (request.data) this.markLater(session, request);
           return true;
         }
@@ -355,6 +356,7 @@ export class ZooKeeperLockBackend implements LockBackend {
           if (next === 'later') return false;
         }
         request.held = true;
+        request.heldWith = request.nodes;
         return true;
       }
       if (!willWait) {

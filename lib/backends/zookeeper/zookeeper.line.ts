@@ -41,6 +41,12 @@ export interface LineRequest {
   czxid: number | undefined;
   held: boolean;
   /**
+   * The nodes it went in with. An attempt that timed out goes on in the background, and may find
+   * them gone (released by force, or the session lost) and line up again with new ones: those
+   * hold nothing, so an extension that finds other nodes says the lock was taken.
+   */
+  heldWith?: readonly string[];
+  /**
    * Nodes watched already (a watch is one-shot and stays set until it fires), and whether their
    * mark (data set: that waiter went in) counts as a wake-up, or only their deletion.
    */
