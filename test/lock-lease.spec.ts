@@ -30,6 +30,16 @@ class HeldExtensionsBackend extends MemoryLockBackend {
 
 const nextTurn = () => new Promise((resolve) => setImmediate(resolve));
 
+/**
+ * When the backend's lease of 'lock:job' ends, by the wall clock. The clock is read after the
+ * answer: read before it, a process paused in between (on a loaded machine) would put the end
+ * too early by the pause.
+ */
+async function endOfLease(backend: MemoryLockBackend): Promise<number> {
+  const { ttlMs } = (await backend.inspect('lock:job'))!;
+  return Date.now() + ttlMs;
+}
+
 describe('Lease extensions', () => {
   let locks: LockService | undefined;
   afterEach(async () => {
@@ -52,7 +62,7 @@ describe('Lease extensions', () => {
     backend.answerNext();
     await manual;
 
-    const backendEndsAt = Date.now() + (await backend.inspect('lock:job'))!.ttlMs;
+    const backendEndsAt = await endOfLease(backend);
     expect(handle.isHeld).toBe(true);
     expect(handle.expiresAt.getTime()).toBeGreaterThan(Date.now() + 60_000);
     // Never later than the backend's own expiry (both clocks count whole milliseconds).
@@ -88,7 +98,7 @@ describe('Lease extensions', () => {
     await both;
 
     expect(backend.sent).toEqual([120_000, 30_000]);
-    const backendEndsAt = Date.now() + (await backend.inspect('lock:job'))!.ttlMs;
+    const backendEndsAt = await endOfLease(backend);
     expect(handle.expiresAt.getTime()).toBeLessThanOrEqual(backendEndsAt + 2);
   });
 
@@ -107,7 +117,7 @@ describe('Lease extensions', () => {
     const handle = await locks.acquire('job', { ttl: 60_000, autoExtend: false });
     await expect(handle.extend(1_000)).rejects.toThrow(/extend failed/);
     await backend.applied;
-    const backendEndsAt = Date.now() + (await backend.inspect('lock:job'))!.ttlMs;
+    const backendEndsAt = await endOfLease(backend);
     expect(handle.expiresAt.getTime()).toBeLessThanOrEqual(backendEndsAt + 2);
   });
 });
