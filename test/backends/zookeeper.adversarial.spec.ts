@@ -117,6 +117,23 @@ function gate(): { wait: Promise<void>; open: () => void } {
   return { wait, open };
 }
 
+/**
+ * A backend whose first look at a line (the read right behind its first create) is answered only
+ * once `open()` is called: after the command timeout, its caller gave up on the attempt.
+ */
+function slowFirstLook(): { backend: ZooKeeperLockBackend; open: () => void } {
+  const slowRead = gate();
+  let reads = 0;
+  const slow = backend(
+    { commandTimeout: 500 },
+    { getChildren: async (_path, send) => (++reads === 1 ? slowRead.wait.then(send) : send()) },
+  );
+  return { backend: slow, open: slowRead.open };
+}
+
+/** One attempt on `key` by `owner` through a backend directly, with a lease of 60 s. */
+const taking = (key: string) => (lockBackend: ZooKeeperLockBackend, owner: string) => lockBackend.tryAcquire([key], owner, 60_000);
+
 function lostReason(handle: LockHandle): Promise<string> {
   return new Promise((resolve) =>
     handle.signal.addEventListener('abort', () => resolve((handle.signal.reason as LockLostError).reason), { once: true }),
@@ -148,18 +165,11 @@ describe('ZooKeeper backend under attack', () => {
     }, 30_000);
 
     it('a tryAcquire whose create was answered but whose look at the line came after the command timeout leaves no node', async () => {
-      const slowRead = gate();
-      let reads = 0;
-      const slow = backend(
-        { commandTimeout: 500 },
-        {
-          // The first look at the line after the create: answered after the caller gave up.
-          getChildren: async (path, send) => (++reads === 1 ? slowRead.wait.then(send) : send()),
-        },
-      );
-      const locks = service(slow);
+      // The first look at the line after the create: answered after the caller gave up.
+      const slow = slowFirstLook();
+      const locks = service(slow.backend);
       await expect(locks.tryAcquire('cron')).rejects.toBeInstanceOf(LockBackendError);
-      slowRead.open(); // ...and says the node is first in line
+      slow.open(); // ...and says the node is first in line
       const other = service();
       const handle = await other.acquire('cron', { wait: 5_000 });
       await handle.release();
@@ -775,7 +785,7 @@ describe('ZooKeeper backend under attack', () => {
       quietWarnings();
       const line = await proxy();
       const [h, w] = [backend(), backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 8_000 })];
-      const take = (lockBackend: ZooKeeperLockBackend, owner: string) => lockBackend.tryAcquire(['replayed'], owner, 60_000);
+      const take = taking('replayed');
       expect((await take(h, 'h')).acquired).toBe(true);
       // w stands just behind the holder, and watches its node.
       expect((await take(w, 'w')).acquired).toBe(false);
@@ -837,7 +847,7 @@ describe('ZooKeeper backend under attack', () => {
 
     it('a waiter whose node an operator deleted does not take the key as the holder goes: the waiter behind it, moved up, does', async () => {
       const [h, w, x] = [backend(), backend(), backend()];
-      const take = (lockBackend: ZooKeeperLockBackend, owner: string) => lockBackend.tryAcquire(['bypassed'], owner, 60_000);
+      const take = taking('bypassed');
       expect((await take(h, 'h')).acquired).toBe(true);
       // w stands just behind the holder, x just behind w.
       expect((await take(w, 'w')).acquired).toBe(false);
@@ -865,7 +875,7 @@ describe('ZooKeeper backend under attack', () => {
     it('a waiter whose node an operator deleted with the holder’s, in one transaction after it, is told at its next extension, as after a forced release', async () => {
       const line = await proxy();
       const [h, w] = [backend(), backend({ connectionString: `127.0.0.1:${line.port}` })];
-      const take = (lockBackend: ZooKeeperLockBackend, owner: string) => lockBackend.tryAcquire(['wiped-both'], owner, 60_000);
+      const take = taking('wiped-both');
       expect((await take(h, 'h')).acquired).toBe(true);
       expect((await take(w, 'w')).acquired).toBe(false);
       let attempt: Promise<AcquireResult> | undefined;
@@ -900,15 +910,11 @@ describe('ZooKeeper backend under attack', () => {
     }, 30_000);
 
     it('a holder released by force whose timed-out attempt lines up again behind the next holder is told at its next extension', async () => {
-      const slowRead = gate();
-      let reads = 0;
       // w's first look at the line, right behind its create, is answered after its caller gave up on it.
-      const w = backend(
-        { commandTimeout: 500 },
-        { getChildren: async (_path, send) => (++reads === 1 ? slowRead.wait.then(send) : send()) },
-      );
+      const slow = slowFirstLook();
+      const w = slow.backend;
       const h = backend();
-      const take = (lockBackend: ZooKeeperLockBackend, owner: string) => lockBackend.tryAcquire(['taken-twice'], owner, 60_000);
+      const take = taking('taken-twice');
       expect((await take(h, 'h')).acquired).toBe(true);
       // Its first attempt times out and goes on; the caller tries again (as the service does) and holds.
       await expect(take(w, 'w')).rejects.toThrow(/did not answer/);
@@ -919,7 +925,7 @@ describe('ZooKeeper backend under attack', () => {
       const y = backend();
       expect((await take(y, 'y')).acquired).toBe(true);
       // The first attempt resumes, finds w's node gone, and lines up again behind y.
-      slowRead.open();
+      slow.open();
       await until(async () => (await children(`${fixture.root}/taken-twice`)).length === 2, 5_000, 'w to line up again');
       expect((await w.extend(['taken-twice'], 'w', 60_000)).extended).toBe(false);
       await w.release(['taken-twice'], 'w');
