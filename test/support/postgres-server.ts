@@ -17,6 +17,8 @@ export interface PostgresServerOptions {
    * server (not of the machine: fsync stays off). For tests that crash and restart it.
    */
   durable?: boolean;
+  /** More server settings (`-c name=value`), for probes that load an extension such as pg_stat_statements. */
+  settings?: Record<string, string>;
 }
 
 /**
@@ -35,6 +37,7 @@ export class PostgresServer {
     private readonly bin: string,
     private readonly user: { uid: number; gid: number } | undefined,
     private readonly durable: boolean,
+    private readonly settings: Record<string, string> = {},
   ) {}
 
   static async start(options: PostgresServerOptions = {}): Promise<PostgresServer> {
@@ -44,7 +47,7 @@ export class PostgresServer {
     const user = process.getuid?.() === 0 ? systemUser('postgres') : undefined;
     const dir = mkdtempSync(join(tmpdir(), 'ndl-postgres-'));
     if (user) chownSync(dir, user.uid, user.gid);
-    const server = new PostgresServer(await freePort(), dir, bin, user, options.durable ?? false);
+    const server = new PostgresServer(await freePort(), dir, bin, user, options.durable ?? false, options.settings);
     try {
       await run(
         join(bin, 'initdb'),
@@ -255,6 +258,7 @@ export class PostgresServer {
         'full_page_writes=off',
         '-c',
         'max_connections=200',
+        ...Object.entries(this.settings).flatMap(([name, value]) => ['-c', `${name}=${value}`]),
       ],
       { stdio: ['ignore', 'pipe', 'pipe'], uid: this.user?.uid, gid: this.user?.gid },
     );
