@@ -15,6 +15,8 @@ import { cpuSecondsOf, median, timedSections } from './harness.js';
  * - `handovers`: one hand-over at a time between two instances (a holder, a waiter in line, then
  *   after 1 ms the release), timing the release's statement and the waiter's entry;
  * - `hot`: the bench's hot key, 8 instances x sections of 1 ms;
+ * - `keys`: many keys, acquire + release of keys nobody else takes, by 1, 8 and 32 callers of one
+ *   instance on a pool of 10 (the bench's many-keys row): whether the rate is bound by the server;
  * - `idle`: the backend's own functions called inside the server (a procedure, a transaction
  *   each), a release that hands the key over and one that frees it, back to back and after the
  *   session slept 0.2 ms and 1 ms: what a pause before a statement costs, without the client.
@@ -27,7 +29,7 @@ import { cpuSecondsOf, median, timedSections } from './harness.js';
 const count = Number(process.argv[2] ?? 400);
 /** With `statements`, pg_stat_statements is loaded (it slows every statement down: leave it out for the timings). */
 const statements = process.argv[3] === 'statements';
-/** `PROBE_ONLY=pairs|handovers|hot|idle`: one part alone (to profile it with `node --cpu-prof`). */
+/** `PROBE_ONLY=pairs|handovers|keys|hot|idle`: one part alone (to profile it with `node --cpu-prof`). */
 const only = process.env.PROBE_ONLY;
 
 /** CPU seconds of the server: the postmaster and every process it started. */
@@ -144,7 +146,11 @@ async function measured(name: string, locks: number, server: PostgresServer, adm
   const serverMs = (serverCpu(server.pid!) - before.server) * 1000;
   const per = (value: number) => Math.round((value / locks) * 1000) / 1000;
   console.log(`\n## ${name}: ${locks} locks in ${Math.round(elapsed)} ms, ${per(elapsed)} ms each`);
-  console.log(`CPU per lock: this process ${per((self.user + self.system) / 1000)} ms, the server ${per(serverMs)} ms`);
+  const busy = (ms: number) => (ms / elapsed).toFixed(2);
+  console.log(
+    `CPU per lock: this process ${per((self.user + self.system) / 1000)} ms, the server ${per(serverMs)} ms ` +
+      `(cores busy: ${busy((self.user + self.system) / 1000)} and ${busy(serverMs)})`,
+  );
   console.log(
     `  of it: ${[...byRole].map(([role, seconds]) => `${role} ${per((seconds - (before.byRole.get(role) ?? 0)) * 1000)} ms`).join(', ')}`,
   );
@@ -216,6 +222,22 @@ async function main(): Promise<void> {
     if (releases.length)
       console.log(`release's statement p50 ${median(releases).toFixed(3)} ms; the waiter in, p50 ${median(entries).toFixed(3)} ms`);
 
+    if (!only || only === 'keys') {
+      const many = new PostgresLockBackend(url);
+      const locks = new LockService(many);
+      for (const callers of [1, 8, 32]) {
+        let next = 0;
+        await measured(`many keys, ${callers} caller(s) of one instance`, count * 4, server, admin, () =>
+          Promise.all(
+            Array.from({ length: callers }, async () => {
+              while (next < count * 4) await (await locks.acquire(`many:${next++}`)).release();
+            }),
+          ).then(() => undefined),
+        );
+      }
+      await locks.onApplicationShutdown();
+      await many.close();
+    }
     if (!only || only === 'idle') await releasesInsideTheServer(admin, count);
     if (only && only !== 'hot') return;
     const lock = (w: number) => async () => {
