@@ -7,7 +7,7 @@ const fixture = useZooKeeper();
 
 describeBackendConformance('zookeeper (one server)', {
   // Each "process" gets a backend, and so a session, of its own.
-  connect: async () => new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 2_000 }),
+  connect: async () => new ZooKeeperLockBackend(fixture.connectionString, { root: fixture.root, sessionTimeout: 4_000 }),
   passedStartsOver: true,
   deleteLineParent: (key) => deleteZooKeeperLineParent(fixture.connectionString, fixture.root, key),
 });
