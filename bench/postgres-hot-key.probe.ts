@@ -9,8 +9,7 @@ import { cpuSecondsOf, median, timedSections } from './harness.js';
 
 /**
  * A probe, not a bench group: where the time of a hand-over on a PostgreSQL hot key goes. On a
- * durable cluster of its own with `pg_stat_statements` (every statement, the functions' own too,
- * with their planning), it runs, each measured alone:
+ * durable cluster of its own it runs, each measured alone:
  * - `pairs`: acquire + release of a free key, by one instance;
  * - `handovers`: one hand-over at a time between two instances (a holder, a waiter in line, then
  *   after 1 ms the release), timing the release's statement and the waiter's entry;
@@ -20,8 +19,9 @@ import { cpuSecondsOf, median, timedSections } from './harness.js';
  * - `idle`: the backend's own functions called inside the server (a procedure, a transaction
  *   each), a release that hands the key over and one that frees it, back to back and after the
  *   session slept 0.2 ms and 1 ms: what a pause before a statement costs, without the client.
- * For the first three: the server's CPU (every backend process) and this process's per lock, and
- * the statements that took the server's time, per lock.
+ * For all but `idle`: the server's CPU (every backend process, by role) and this process's per
+ * lock, and with `statements` (pg_stat_statements: every statement, the functions' own too, with
+ * their planning) the statements that took the server's time, per lock.
  *
  *   npx tsc -p tsconfig.json   # compiles it to dist-dev, as npm run bench does
  *   node dist-dev/bench/postgres-hot-key.probe.js [count=400] [statements]
@@ -50,7 +50,7 @@ function serverCpu(postmaster: number): number {
 /**
  * The functions' time inside the server: a holder A, a waiter B in line, A's release (it hands the
  * key to B), then B's (it frees the key), each in a transaction of its own, `rounds` times, the
- * session sleeping `idleSeconds` before each release. Prints the µs per release, commit apart.
+ * session sleeping `idle_seconds` before each release. Prints the µs per release, commit apart.
  */
 async function releasesInsideTheServer(admin: pg.Client, rounds: number): Promise<void> {
   const fn = (name: string) => `"public"."distributed_locks_${name}"`;
