@@ -65,6 +65,8 @@
  *   its lease from that write;
  * - `zookeeper-held-with`: the test that a ZooKeeper holder released by force, whose timed-out
  *   attempt lined up again behind the next holder, is told at its next extension;
+ * - `zookeeper-held-answer`: the test that a ZooKeeper session whose server keeps an answer until
+ *   its next request (ZOOKEEPER-4537), and misses the first such request too, is answered in time;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `conformance-memory-shared`: the conformance suite's test that counts readers, writers and permit
@@ -347,6 +349,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/zookeeper.adversarial.spec.ts',
     test: 'a holder released by force whose timed-out attempt lines up again behind the next holder is told at its next extension',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-held-answer': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.adversarial.spec.ts',
+    test: 'a server that keeps each answer until its next request (ZOOKEEPER-4537): the session sends it reads until the acquisition and release are answered',
     env: {},
     seeded: false,
   },
@@ -845,6 +854,23 @@ export const MUTANTS = [
       ],
     ],
     detector: 'zookeeper-event-validity',
+  },
+  {
+    name: 'zookeeper-no-nudge',
+    bug: 'a ZooKeeper session sends nothing while a request of its goes unanswered: a server of 3.6.0 to 3.8.0 that missed the commit (ZOOKEEPER-4537) keeps the answer past the command timeout',
+    file: 'lib/backends/zookeeper/zookeeper.session.ts',
+    replace: [['      this.nudgeIfLate(live);\n', '      void live;\n']],
+    detector: 'zookeeper-held-answer',
+  },
+  {
+    name: 'zookeeper-nudge-waits',
+    bug: 'a ZooKeeper session sends its next read to a server that keeps an answer only once the last read is answered: when the server missed that read too, nothing more comes',
+    file: 'lib/backends/zookeeper/zookeeper.session.ts',
+    replace: [
+      ['      this.nudgedAt = now;\n', '      this.nudgedAt = Infinity;\n'],
+      ['        () => this.heard(),\n', '        () => ((this.nudgedAt = -Infinity), this.heard()),\n'],
+    ],
+    detector: 'zookeeper-held-answer',
   },
   {
     name: 'mysql-reader-beside-writer',

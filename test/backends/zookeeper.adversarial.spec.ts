@@ -500,6 +500,20 @@ describe('ZooKeeper backend under attack', () => {
       await taken.release();
     }, 30_000);
 
+    it('a server that keeps each answer until its next request (ZOOKEEPER-4537): the session sends it reads until the acquisition and release are answered', async () => {
+      const line = await proxy();
+      // The session's own pings start after a third of its timeout (3.3 s), past the command timeout.
+      const slowServer = backend({ connectionString: `127.0.0.1:${line.port}`, sessionTimeout: 10_000, commandTimeout: 2_000 });
+      const locks = service(slowServer);
+      await locks.acquire('held-answer').then((handle) => handle.release());
+      // It misses the first request after the answer it keeps too: one read is not enough.
+      line.set({ kind: 'hold-down-until-up', requests: 2 });
+      const handle = await locks.acquire('held-answer', { ttl: 60_000 });
+      await handle.release();
+      expect(await children(`${fixture.root}/held-answer`)).toEqual([]);
+      expect(slowServer.state).toBe('connected');
+    }, 30_000);
+
     it('inspect() during a connection loss fails with LockBackendError, the error every other call gives', async () => {
       let failNext = false;
       const flaky = backend(

@@ -76,4 +76,18 @@ describe('the test harness TCP proxy', () => {
     clients.push(refused);
     await new Promise((resolve) => refused.once('close', resolve));
   });
+
+  it('keeps answers until the client sends as many more chunks as asked, then lets them go first', async () => {
+    const client = await connect();
+    proxy.set({ kind: 'hold-down-until-up', requests: 2 });
+    client.socket.write('a');
+    await until(() => proxy.held === 1, 2_000, 'the answer to a to be kept');
+    client.socket.write('b');
+    await until(() => proxy.held === 2, 2_000, 'the answer to b to be kept too');
+    expect(client.answers()).toBe('');
+    client.socket.write('c');
+    await until(() => client.answers() === 'ab', 2_000, 'the kept answers');
+    proxy.set({ kind: 'pass' });
+    await until(() => client.answers() === 'abc', 2_000, 'the answer kept when the mode changed');
+  });
 });

@@ -23,7 +23,13 @@ export type ProxyMode =
    * ZooKeeper's), each written on its own `ms` after the one before: packets the server sent back
    * to back reach the client in reads of their own, in order, as on a slow or lossy link.
    */
-  | { kind: 'split-down'; ms: number };
+  | { kind: 'split-down'; ms: number }
+  /**
+   * Answers are kept until the client sends more (`requests` more chunks, default 1), then go
+   * before it: a server that holds an answer until its next request arrives (ZooKeeper 3.6.0 to
+   * 3.8.0 on a missed commit, ZOOKEEPER-4537), or one that misses that request too (2).
+   */
+  | { kind: 'hold-down-until-up'; requests?: number };
 
 /**
  * A TCP proxy in front of a server on this machine whose behaviour a test, the fault harness or
@@ -31,6 +37,8 @@ export type ProxyMode =
  */
 export class TcpProxy {
   private readonly sockets = new Set<Socket>();
+  /** The answer lanes of open connections, which may hold answers (`hold-down-until-up`). */
+  private readonly holding = new Set<Lane>();
   private readonly server: Server;
   mode: ProxyMode;
 
@@ -48,6 +56,13 @@ export class TcpProxy {
     return proxy;
   }
 
+  /** Answers kept now (`hold-down-until-up`), over every connection. */
+  get held(): number {
+    let count = 0;
+    for (const lane of this.holding) count += lane.holding;
+    return count;
+  }
+
   get port(): number {
     return (this.server.address() as { port: number }).port;
   }
@@ -55,6 +70,7 @@ export class TcpProxy {
   set(mode: ProxyMode): void {
     this.mode = mode;
     if (mode.kind === 'drop') for (const socket of this.sockets) socket.destroy();
+    if (mode.kind !== 'hold-down-until-up') for (const lane of this.holding) lane.letGo();
   }
 
   async close(): Promise<void> {
@@ -85,7 +101,13 @@ export class TcpProxy {
     const up = new Lane(upstream);
     const down = new Lane(client);
     const frames = new Frames();
-    client.on('data', (chunk) => this.forward(chunk, up, 'up'));
+    this.holding.add(down);
+    client.on('close', () => this.holding.delete(down));
+    client.on('data', (chunk) => {
+      // What the server kept goes out as the client's next bytes reach it.
+      if (this.mode.kind === 'hold-down-until-up') down.heard(this.mode.requests ?? 1);
+      this.forward(chunk, up, 'up');
+    });
     upstream.on('data', (chunk) => this.forward(chunk, down, 'down', frames));
     for (const [from, to] of [
       [client, upstream],
@@ -108,6 +130,7 @@ export class TcpProxy {
       for (const frame of frames.cut(chunk)) lane.send(frame, 0, mode.kind === 'split-down' ? mode.ms : 0);
       return;
     }
+    if (mode.kind === 'hold-down-until-up' && way === 'down') return void lane.hold(chunk);
     if (mode.kind === 'late-replay') {
       if (way === 'up') setTimeout(() => this.replay(chunk), mode.ms).unref();
       return void lane.send(chunk, way === 'down' ? mode.ms : 0);
@@ -126,7 +149,32 @@ class Lane {
   private pending = 0;
   private tail: Promise<void> = Promise.resolve();
 
+  private held: Buffer[] = [];
+  /** Chunks the other way since the first chunk held. */
+  private since = 0;
+
   constructor(private readonly to: Socket) {}
+
+  get holding(): number {
+    return this.held.length;
+  }
+
+  /** Kept until letGo(), or until `heard` counts enough chunks the other way. */
+  hold(chunk: Buffer): void {
+    this.held.push(chunk);
+  }
+
+  /** A chunk went the other way: what is held goes once `requests` did. */
+  heard(requests: number): void {
+    if (this.held.length > 0 && ++this.since >= requests) this.letGo();
+  }
+
+  letGo(): void {
+    const held = this.held;
+    this.held = [];
+    this.since = 0;
+    for (const chunk of held) this.send(chunk, 0);
+  }
 
   /** `gapMs`: at least this long after the chunk before. */
   send(chunk: Buffer, delayMs: number, gapMs = 0): void {

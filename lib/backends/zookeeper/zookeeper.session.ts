@@ -6,6 +6,16 @@ import { ZooKeeperError, type ZooKeeperClient, type ZooKeeperClientState } from 
 const logger = new Logger('DistributedLock');
 
 /**
+ * How long a request may go unanswered on a connection that stayed up before the session sends
+ * the server a read. ZooKeeper 3.6.0 to 3.8.0 (ZOOKEEPER-4537, fixed in 3.8.1; Debian 12 ships
+ * 3.8.0) can miss the commit of a write on the member that received it and keep the answer until
+ * another request reaches that member: for seconds on a quiet ensemble. Any request wakes it, and
+ * a session's answers come in order, so the write's answer comes first. A usual answer takes
+ * milliseconds: the read costs nothing until one is this late.
+ */
+const NUDGE_AFTER_MS = 250;
+
+/**
  * ZooKeeper's answers that waiting cannot change, by code, with what to do: the session's
  * identity may not do this under the lock root, or its credentials were refused. NO_AUTH and
  * INVALID_ACL only count on a connection known to be authenticated (see `run`).
@@ -59,6 +69,9 @@ export class ZooKeeperSession {
   private connection = 0;
   /** Operations waiting for a suspended session to connect again (or for close()). */
   private readonly resuming = new Set<() => void>();
+  /** Operations sent and not answered yet: when, and on which connection (see NUDGE_AFTER_MS). */
+  private readonly unanswered = new Set<{ sentAt: number; on: number }>();
+  private nudgedAt = -Infinity;
   private readonly listeners = new Set<(state: ZooKeeperSessionState) => void>();
   /** Called after each operation ZooKeeper answered in time: it is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
@@ -99,6 +112,7 @@ export class ZooKeeperSession {
     if (this.closed) throw this.error(what, keys, 'the backend is closed (the application shut down).');
     let timer: NodeJS.Timeout | undefined;
     let sentOn = -1;
+    let sent: { sentAt: number; on: number } | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
         const message = `ZooKeeper did not answer within ${this.commandTimeout} ms (commandTimeout); is it reachable? ${this.stage(sentOn)}`;
@@ -106,11 +120,13 @@ export class ZooKeeperSession {
       }, this.commandTimeout);
     });
     try {
-      const sent = this.session().then((session) => {
+      const answered = this.session().then((session) => {
         sentOn = this.connection;
+        sent = { sentAt: performance.now(), on: sentOn };
+        this.unanswered.add(sent);
         return operation(session);
       });
-      const result = await Promise.race([sent, timeout]);
+      const result = await Promise.race([answered, timeout]);
       this.heard();
       this.onAnswer?.();
       return result;
@@ -130,6 +146,7 @@ export class ZooKeeperSession {
       throw this.error(what, keys, String(error), error);
     } finally {
       clearTimeout(timer);
+      if (sent) this.unanswered.delete(sent);
     }
   }
 
@@ -234,6 +251,28 @@ export class ZooKeeperSession {
       this.run('ping', [], (s) => s.client.exists('/'))
         .catch(() => undefined)
         .finally(() => (this.pinging = false));
+    } else if (this.current === 'connected') {
+      this.nudgeIfLate(live);
+    }
+  }
+
+  /**
+   * A read on the session when a request sent on this connection is NUDGE_AFTER_MS late, and again
+   * every NUDGE_AFTER_MS while one is: the read may itself reach the member before the commit it is
+   * to wake up (the race of ZOOKEEPER-4537), and then only the next request frees both. Its answer
+   * is not waited for, nor bounded: the late request's own timeout still decides.
+   */
+  private nudgeIfLate(live: LiveSession): void {
+    const now = performance.now();
+    if (now - this.nudgedAt < NUDGE_AFTER_MS) return;
+    for (const { sentAt, on } of this.unanswered) {
+      if (on !== this.connection || now - sentAt < NUDGE_AFTER_MS) continue;
+      this.nudgedAt = now;
+      live.client.exists('/').then(
+        () => this.heard(),
+        () => undefined,
+      );
+      return;
     }
   }
 
