@@ -67,6 +67,7 @@
  *   attempt lined up again behind the next holder, is told at its next extension;
  * - `zookeeper-held-answer`: the test that a ZooKeeper session whose server keeps an answer until
  *   its next request (ZOOKEEPER-4537), and misses the first such request too, is answered in time;
+ * - `zookeeper-late-answer-reads`: the test that those reads stop once the late answer came;
  * - `fencing-redis`: the test of a handed-over lock's token after a Redis restart from an older snapshot;
  * - `conformance-memory-line`: the conformance suite's test that readers do not starve a queued writer;
  * - `conformance-memory-shared`: the conformance suite's test that counts readers, writers and permit
@@ -356,6 +357,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/zookeeper.adversarial.spec.ts',
     test: 'a server that keeps each answer until its next request (ZOOKEEPER-4537): the session sends it reads until the acquisition and release are answered',
+    env: {},
+    seeded: false,
+  },
+  'zookeeper-late-answer-reads': {
+    kind: 'jest',
+    file: 'test/backends/zookeeper.adversarial.spec.ts',
+    test: 'reads sent while an answer is late stop once it comes, also when it came after the command timeout',
     env: {},
     seeded: false,
   },
@@ -871,6 +879,13 @@ export const MUTANTS = [
       ['        () => this.heard(),\n', '        () => ((this.nudgedAt = -Infinity), this.heard()),\n'],
     ],
     detector: 'zookeeper-held-answer',
+  },
+  {
+    name: 'zookeeper-nudge-forever',
+    bug: 'a ZooKeeper session counts a request as unanswered for ever: once one was late, it sends its server a read every 250 ms for as long as the connection lasts',
+    file: 'lib/backends/zookeeper/zookeeper.session.ts',
+    replace: [['    const answered = (): void => void this.unanswered.delete(sent);\n', '    const answered = (): void => undefined;\n']],
+    detector: 'zookeeper-late-answer-reads',
   },
   {
     name: 'mysql-reader-beside-writer',

@@ -514,6 +514,40 @@ describe('ZooKeeper backend under attack', () => {
       expect(slowServer.state).toBe('connected');
     }, 30_000);
 
+    it('reads sent while an answer is late stop once it comes, also when it came after the command timeout', async () => {
+      quietWarnings();
+      let holdNext = false;
+      let letGo: () => void = () => undefined;
+      let nudges = 0;
+      const late = backend(
+        { commandTimeout: 500 },
+        {
+          multi: async (ops, send) => {
+            if (!holdNext) return send();
+            holdNext = false;
+            await new Promise<void>((resolve) => (letGo = resolve));
+            return send();
+          },
+          exists: (path, watcher, send) => {
+            if (path === '/' && !watcher) nudges++;
+            return send();
+          },
+        },
+      );
+      const locks = service(late);
+      await locks.acquire('late-answer').then((handle) => handle.release());
+      holdNext = true;
+      await expect(locks.tryAcquire('late-answer', { ttl: 60_000 })).rejects.toBeInstanceOf(LockBackendError);
+      // Past its command timeout, the request is still unanswered: the session still asks.
+      await until(() => nudges >= 2, 5_000, 'reads while the answer is late');
+      letGo();
+      await until(async () => (await children(`${fixture.root}/late-answer`)).length === 0, 10_000, 'the late node to go');
+      const after = nudges;
+      // What must not happen is watched for a fixed while: four periods of the reads.
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+      expect(nudges).toBe(after);
+    }, 30_000);
+
     it('inspect() during a connection loss fails with LockBackendError, the error every other call gives', async () => {
       let failNext = false;
       const flaky = backend(

@@ -112,7 +112,6 @@ export class ZooKeeperSession {
     if (this.closed) throw this.error(what, keys, 'the backend is closed (the application shut down).');
     let timer: NodeJS.Timeout | undefined;
     let sentOn = -1;
-    let sent: { sentAt: number; on: number } | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
         const message = `ZooKeeper did not answer within ${this.commandTimeout} ms (commandTimeout); is it reachable? ${this.stage(sentOn)}`;
@@ -122,9 +121,7 @@ export class ZooKeeperSession {
     try {
       const answered = this.session().then((session) => {
         sentOn = this.connection;
-        sent = { sentAt: performance.now(), on: sentOn };
-        this.unanswered.add(sent);
-        return operation(session);
+        return this.tracked(sentOn, () => operation(session));
       });
       const result = await Promise.race([answered, timeout]);
       this.heard();
@@ -146,7 +143,24 @@ export class ZooKeeperSession {
       throw this.error(what, keys, String(error), error);
     } finally {
       clearTimeout(timer);
-      if (sent) this.unanswered.delete(sent);
+    }
+  }
+
+  /**
+   * Runs what sends the requests, counted as unanswered until it settles: also past its command
+   * timeout, and also when the session came after that timeout (its answer is just as late).
+   */
+  private tracked<T>(on: number, send: () => Promise<T>): Promise<T> {
+    const sent = { sentAt: performance.now(), on };
+    this.unanswered.add(sent);
+    const answered = (): void => void this.unanswered.delete(sent);
+    try {
+      const pending = send();
+      pending.then(answered, answered);
+      return pending;
+    } catch (error) {
+      answered();
+      throw error;
     }
   }
 
