@@ -876,7 +876,10 @@ export const MUTANTS = [
     file: 'lib/backends/zookeeper/zookeeper.session.ts',
     replace: [
       ['      this.nudgedAt = now;\n', '      this.nudgedAt = Infinity;\n'],
-      ['        () => this.heard(),\n', '        () => ((this.nudgedAt = -Infinity), this.heard()),\n'],
+      [
+        '        () => this.live === live && this.heard(),\n',
+        '        () => ((this.nudgedAt = -Infinity), this.live === live && this.heard()),\n',
+      ],
     ],
     detector: 'zookeeper-held-answer',
   },

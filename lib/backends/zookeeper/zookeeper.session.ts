@@ -279,11 +279,14 @@ export class ZooKeeperSession {
   private nudgeIfLate(live: LiveSession): void {
     const now = performance.now();
     if (now - this.nudgedAt < NUDGE_AFTER_MS) return;
-    for (const { sentAt, on } of this.unanswered) {
-      if (on !== this.connection || now - sentAt < NUDGE_AFTER_MS) continue;
+    for (const sent of this.unanswered) {
+      // Sent on an earlier connection: never worth a read on this one, and a request the client
+      // queued on a connection that dropped may never settle.
+      if (sent.on !== this.connection) this.unanswered.delete(sent);
+      if (sent.on !== this.connection || now - sent.sentAt < NUDGE_AFTER_MS) continue;
       this.nudgedAt = now;
       live.client.exists('/').then(
-        () => this.heard(),
+        () => this.live === live && this.heard(),
         () => undefined,
       );
       return;
