@@ -280,10 +280,13 @@ export class ZooKeeperSession {
     const now = performance.now();
     if (now - this.nudgedAt < NUDGE_AFTER_MS) return;
     for (const sent of this.unanswered) {
-      // Sent on an earlier connection: never worth a read on this one, and a request the client
-      // queued on a connection that dropped may never settle.
-      if (sent.on !== this.connection) this.unanswered.delete(sent);
-      if (sent.on !== this.connection || now - sent.sentAt < NUDGE_AFTER_MS) continue;
+      if (sent.on !== this.connection) {
+        // Never worth a read on this connection, and a request the client queued on one that
+        // dropped may never settle.
+        this.unanswered.delete(sent);
+        continue;
+      }
+      if (now - sent.sentAt < NUDGE_AFTER_MS) continue;
       this.nudgedAt = now;
       live.client.exists('/').then(
         () => this.live === live && this.heard(),
