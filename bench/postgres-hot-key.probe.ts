@@ -1,5 +1,4 @@
 import 'reflect-metadata';
-import { readdirSync, readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
@@ -19,7 +18,7 @@ import { cpuSecondsOf, median, timedSections } from './harness.js';
  * - `idle`: the backend's own functions called inside the server (a procedure, a transaction
  *   each), a release that hands the key over and one that frees it, back to back and after the
  *   session slept 0.2 ms and 1 ms: what a pause before a statement costs, without the client.
- * For all but `idle`: the server's CPU (every backend process, by role) and this process's per
+ * For all but `idle`: the server's CPU (every process of it, by role) and this process's per
  * lock, and with `statements` (pg_stat_statements: every statement, the functions' own too, with
  * their planning) the statements that took the server's time, per lock.
  *
@@ -32,21 +31,6 @@ const statements = process.argv[3] === 'statements';
 /** `PROBE_ONLY=pairs|handovers|keys|hot|idle`: one part alone (to profile it with `node --cpu-prof`). */
 const only = process.env.PROBE_ONLY;
 
-/** CPU seconds of the server: the postmaster and every process it started. */
-function serverCpu(postmaster: number): number {
-  let total = cpuSecondsOf(postmaster);
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const fields = readFileSync(`/proc/${entry}/stat`, 'utf8').split(') ')[1].split(' ');
-      if (Number(fields[1]) === postmaster) total += cpuSecondsOf(Number(entry));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return total;
-}
-
 /**
  * The functions' time inside the server: a holder A, a waiter B in line, A's release (it hands the
  * key to B), then B's (it frees the key), each in a transaction of its own, `rounds` times, the
@@ -55,43 +39,36 @@ function serverCpu(postmaster: number): number {
 async function releasesInsideTheServer(admin: pg.Client, rounds: number): Promise<void> {
   const fn = (name: string) => `"public"."distributed_locks_${name}"`;
   await admin.query(`
-    CREATE OR REPLACE PROCEDURE probe_releases(rounds int, idle_seconds float8, INOUT handing float8, INOUT handing_commit float8,
-                                               INOUT freeing float8, INOUT freeing_commit float8)
+    CREATE OR REPLACE PROCEDURE probe_releases(rounds int, idle_seconds float8, INOUT spent float8[])
     LANGUAGE plpgsql AS $p$
     DECLARE
       t timestamptz;
       us CONSTANT float8 := 1e6 / rounds;
     BEGIN
-      handing := 0; handing_commit := 0; freeing := 0; freeing_commit := 0;
+      -- A's release, which hands the key to B, then B's, which frees it: each its run, then its commit.
+      spent := '{0, 0, 0, 0}';
       FOR i IN 1 .. rounds LOOP
         PERFORM ${fn('acquire')}(ARRAY['idle'], 'A', 30000, 30000, false, 'probe_a', NULL, NULL);
         COMMIT;
         PERFORM ${fn('acquire')}(ARRAY['idle'], 'B', 30000, 30000, true, 'probe_b', NULL, NULL);
         COMMIT;
-        PERFORM pg_sleep(idle_seconds);
-        t := clock_timestamp();
-        PERFORM ${fn('release')}(ARRAY['idle'], 'A');
-        handing := handing + extract(epoch FROM clock_timestamp() - t) * us;
-        t := clock_timestamp();
-        COMMIT;
-        handing_commit := handing_commit + extract(epoch FROM clock_timestamp() - t) * us;
-        PERFORM pg_sleep(idle_seconds);
-        t := clock_timestamp();
-        PERFORM ${fn('release')}(ARRAY['idle'], 'B');
-        freeing := freeing + extract(epoch FROM clock_timestamp() - t) * us;
-        t := clock_timestamp();
-        COMMIT;
-        freeing_commit := freeing_commit + extract(epoch FROM clock_timestamp() - t) * us;
+        FOR k IN 0 .. 1 LOOP
+          PERFORM pg_sleep(idle_seconds);
+          t := clock_timestamp();
+          PERFORM ${fn('release')}(ARRAY['idle'], (ARRAY['A', 'B'])[k + 1]);
+          spent[2 * k + 1] := spent[2 * k + 1] + extract(epoch FROM clock_timestamp() - t) * us;
+          t := clock_timestamp();
+          COMMIT;
+          spent[2 * k + 2] := spent[2 * k + 2] + extract(epoch FROM clock_timestamp() - t) * us;
+        END LOOP;
       END LOOP;
     END $p$`);
   console.log(`\n## the functions inside the server, ${rounds} rounds each (µs per release, then its commit)`);
   for (const idle of [0, 0.0002, 0.001, 0]) {
-    const { rows } = await admin.query('CALL probe_releases($1, $2, 0, 0, 0, 0)', [rounds, idle]);
-    const [row] = rows as { handing: number; handing_commit: number; freeing: number; freeing_commit: number }[];
-    const us = (value: number) => value.toFixed(1);
+    const { rows } = await admin.query('CALL probe_releases($1, $2, NULL)', [rounds, idle]);
+    const [handing, handingCommit, freeing, freeingCommit] = (rows[0].spent as number[]).map((value) => value.toFixed(1));
     console.log(
-      `after ${idle * 1000} ms idle: a release that hands over ${us(row.handing)} + ${us(row.handing_commit)}, ` +
-        `one that frees ${us(row.freeing)} + ${us(row.freeing_commit)}`,
+      `after ${idle * 1000} ms idle: a release that hands over ${handing} + ${handingCommit}, one that frees ${freeing} + ${freeingCommit}`,
     );
   }
 }
@@ -112,13 +89,13 @@ class TappedBackend extends PostgresLockBackend {
 }
 
 /** The server's processes by what they do: the LISTEN connections, the others, and PostgreSQL's own. */
-async function roles(admin: pg.Client): Promise<Map<number, string>> {
+async function roles(admin: pg.Client, postmaster: number): Promise<Map<number, string>> {
   const { rows } = await admin.query(
     `SELECT pid, CASE WHEN backend_type <> 'client backend' THEN 'the server''s own processes'
                       WHEN query LIKE 'LISTEN%' THEN 'LISTEN connections' ELSE 'the pools'' connections' END AS role
        FROM pg_stat_activity WHERE pid <> pg_backend_pid()`,
   );
-  return new Map(rows.map((row) => [Number(row.pid), String(row.role)]));
+  return new Map([[postmaster, "the server's own processes"], ...rows.map((row) => [Number(row.pid), String(row.role)] as const)]);
 }
 
 function cpuByRole(pids: Map<number, string>): Map<string, number> {
@@ -135,15 +112,15 @@ function cpuByRole(pids: Map<number, string>): Map<string, number> {
 
 async function measured(name: string, locks: number, server: PostgresServer, admin: pg.Client, run: () => Promise<void>): Promise<void> {
   if (statements) await admin.query('SELECT pg_stat_statements_reset()');
-  const pids = await roles(admin);
-  const before = { at: performance.now(), self: process.cpuUsage(), server: serverCpu(server.pid!), byRole: cpuByRole(pids) };
+  const pids = await roles(admin, server.pid!);
+  const before = { at: performance.now(), self: process.cpuUsage(), byRole: cpuByRole(pids) };
   await run();
   // Connections made during the run (a LISTEN connection is made at its backend's first wait).
-  for (const [pid, role] of await roles(admin)) if (!pids.has(pid)) pids.set(pid, role);
-  const byRole = cpuByRole(pids);
+  for (const [pid, role] of await roles(admin, server.pid!)) if (!pids.has(pid)) pids.set(pid, role);
+  const spent = [...cpuByRole(pids)].map(([role, seconds]) => [role, (seconds - (before.byRole.get(role) ?? 0)) * 1000] as const);
   const elapsed = performance.now() - before.at;
   const self = process.cpuUsage(before.self);
-  const serverMs = (serverCpu(server.pid!) - before.server) * 1000;
+  const serverMs = spent.reduce((sum, [, ms]) => sum + ms, 0);
   const per = (value: number) => Math.round((value / locks) * 1000) / 1000;
   console.log(`\n## ${name}: ${locks} locks in ${Math.round(elapsed)} ms, ${per(elapsed)} ms each`);
   const busy = (ms: number) => (ms / elapsed).toFixed(2);
@@ -151,9 +128,7 @@ async function measured(name: string, locks: number, server: PostgresServer, adm
     `CPU per lock: this process ${per((self.user + self.system) / 1000)} ms, the server ${per(serverMs)} ms ` +
       `(cores busy: ${busy((self.user + self.system) / 1000)} and ${busy(serverMs)})`,
   );
-  console.log(
-    `  of it: ${[...byRole].map(([role, seconds]) => `${role} ${per((seconds - (before.byRole.get(role) ?? 0)) * 1000)} ms`).join(', ')}`,
-  );
+  console.log(`  of it: ${spent.map(([role, ms]) => `${role} ${per(ms)} ms`).join(', ')}`);
   if (!statements) return;
   const { rows } = await admin.query(
     `SELECT calls, total_exec_time, total_plan_time, plans, toplevel, query FROM pg_stat_statements
