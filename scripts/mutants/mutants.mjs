@@ -50,6 +50,8 @@
  *   moves it, leaves the key free at once;
  * - `etcd-start-over`: the test that a waiter's lost deletion of what was left of its place, landing
  *   after it took a new place and the key, leaves that lock alone;
+ * - `etcd-close-revokes`: the test that a closed etcd backend leaves no lease it was revoking in the
+ *   background;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -266,6 +268,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.adversarial.spec.ts',
     test: 'a waiter whose place was gone, and whose deletion of what was left went unanswered, keeps the lock it took at the back when that deletion lands',
+    env: {},
+    seeded: false,
+  },
+  'etcd-close-revokes': {
+    kind: 'jest',
+    file: 'test/backends/etcd.backend.spec.ts',
+    test: 'waits, once closed, for the leases it was revoking in the background: none of them is left when close() resolves',
     env: {},
     seeded: false,
   },
@@ -748,6 +757,13 @@ export const MUTANTS = [
       ],
     ],
     detector: 'etcd-start-over',
+  },
+  {
+    name: 'etcd-close-cuts-revokes',
+    bug: 'a closed etcd backend closes its client without waiting for the revokes it sent in the background: they are cut off, and their leases stay for a whole ttl',
+    file: 'lib/backends/etcd/etcd.backend.ts',
+    replace: [['    await this.connection.revokesAnswered();\n', '']],
+    detector: 'etcd-close-revokes',
   },
   {
     name: 'local-reader-passes-writer',

@@ -145,7 +145,8 @@ async function detect(ws, name, seeds, label) {
   const detector = DETECTORS[name];
   mkdirSync(ws.log, { recursive: true });
   const logFile = join(ws.log, `${label}-${seeds.join('-')}.log`);
-  const bySeed = (outcome, detail) => seeds.map((seed) => ({ seed, outcome, detail, logFile }));
+  const bySeed = (outcome, detail) =>
+    seeds.map((seed) => ({ seed, outcome, detail, failure: outcome === 'error' ? logTail(logFile) : undefined, logFile }));
   if (detector.kind === 'jest') {
     const report = join(ws.log, `${label}-${seeds.join('-')}.json`);
     // Seeded detectors run a test per seed (MODEL_SEEDS), all in one process.
@@ -185,7 +186,9 @@ async function detect(ws, name, seeds, label) {
               .find((l) => /: (at |token |the store )|Expected/.test(l))
               ?.trim()
               .slice(0, 160);
-      return { seed, outcome, detail, logFile };
+      // Its first lines: the log goes with the copy, and a run on a machine of its own may be all there is.
+      const failure = message.slice(0, 24).join('\n');
+      return { seed, outcome, detail, failure, logFile };
     });
   }
   const [seed] = seeds;
@@ -200,6 +203,15 @@ async function detect(ws, name, seeds, label) {
   const violations = counted.filter(([, count]) => count > 0);
   if (violations.length > 0) return bySeed('failed', violations.map(([kind, count]) => `${kind} ${count}`).join(', '));
   return bySeed('passed');
+}
+
+/** The last lines of a log, read before its copy is removed. */
+function logTail(file) {
+  try {
+    return readFileSync(file, 'utf8').trimEnd().split('\n').slice(-24).join('\n');
+  } catch {
+    return undefined;
+  }
 }
 
 /** Runs one task (a detector on the unchanged copy, or on a mutant) in `ws`, restoring the copy after. */
@@ -306,5 +318,9 @@ console.log(
   `\n${results.filter((r) => r.mutant && r.outcome === 'failed').length} of ${results.filter((r) => r.mutant).length} mutant runs caught, ` +
     `${survived.length} not; unchanged detectors: ${broken.length === 0 ? 'all pass' : `${broken.length} FAIL`}; ${total.toFixed(0)} s in all, ${jobs} at a time.`,
 );
-for (const r of [...broken, ...survived]) console.log(`  see ${r.logFile}${keep ? '' : ' (MUTANTS_KEEP=1 keeps it)'}`);
+for (const r of [...broken, ...survived]) {
+  console.log(`  see ${r.logFile}${keep ? '' : ' (MUTANTS_KEEP=1 keeps it)'}`);
+  if (r.failure) console.log(r.failure.replace(/^/gm, '    '));
+  else if (r.detail) console.log(`    ${r.detail}`);
+}
 process.exit(survived.length > 0 || broken.length > 0 ? 1 : 0);

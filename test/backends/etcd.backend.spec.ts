@@ -194,6 +194,24 @@ describe('etcd backend on one member', () => {
     // Its holder's, its waiter's and its waiters' leases, and the spare its acquisitions left.
     expect((await leases()).filter((lease) => !before.includes(lease))).toEqual([]);
   });
+
+  it('waits, once closed, for the leases it was revoking in the background: none of them is left when close() resolves', async () => {
+    const leases = async () => (await fixture.admin.leaseClient.leaseLeases({})).leases.map((lease) => String(lease.ID));
+    const holder = backend();
+    expect(await holder.tryAcquire(['background'], 'owner-a', 10_000, { willWait: false })).toMatchObject({ acquired: true });
+    const before = await leases();
+    const proxy = await TcpProxy.start(fixture.cluster.members[0].clientPort);
+    fixture.cleanup(() => proxy.close());
+    const closing = backend(`http://127.0.0.1:${proxy.port}`);
+    // Every request now takes 300 ms to reach etcd. A caller that does not wait finds the key held:
+    // the lease its attempt was granted is revoked in the background, still on its way when
+    // close() is called, which has nothing else to do.
+    proxy.set({ kind: 'delay', ms: 300, direction: 'up' });
+    expect(await closing.tryAcquire(['background'], 'owner-b', 10_000, { willWait: false })).toMatchObject({ acquired: false });
+    await closing.close();
+    expect((await leases()).filter((lease) => !before.includes(lease))).toEqual([]);
+    await holder.release(['background'], 'owner-a');
+  });
 });
 
 describe('etcd backend, spare leases', () => {

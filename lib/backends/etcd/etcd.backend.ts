@@ -224,6 +224,8 @@ export class EtcdLockBackend implements LockBackend {
     // The waiter lease goes with the places, and every entry on it.
     this.releases.close();
     await Promise.all([this.places.close(), this.admission.close()]);
+    // Those sent in the background, by releases and attempts that gave up, too.
+    await this.connection.revokesAnswered();
     this.connection.closeClient();
   }
 

@@ -40,6 +40,8 @@ export class EtcdConnection {
   private readonly mayRetry: boolean;
   /** Leases named by a request that went unanswered: it may still land, and put keys on them. */
   private readonly doubtful = new Set<string>();
+  /** Revokes not yet answered, sent in the background too (revokeQuietly()). */
+  private readonly revoking = new Set<Promise<void>>();
   private readonly identity: EtcdIdentity;
   private stopped = false;
 
@@ -107,6 +109,23 @@ export class EtcdConnection {
 
   /** Deletes a lease and every key on it; false when it was already gone. */
   revoke(lease: string, what: Operation): Promise<boolean> {
+    const revoking = this.sendRevoke(lease, what);
+    // Counted until answered: close() waits for it, or closing the client would cut it off and
+    // leave the lease (and anything on it) for its whole ttl.
+    const settled: Promise<void> = revoking.then(
+      () => void this.revoking.delete(settled),
+      () => void this.revoking.delete(settled),
+    );
+    this.revoking.add(settled);
+    return revoking;
+  }
+
+  /** Resolves once every revoke sent so far is answered or timed out (each within commandTimeout). */
+  async revokesAnswered(): Promise<void> {
+    while (this.revoking.size > 0) await Promise.all(this.revoking);
+  }
+
+  private sendRevoke(lease: string, what: Operation): Promise<boolean> {
     return this.call(what, (options) =>
       this.client.leaseClient.leaseRevoke({ ID: lease }, options).then(
         () => true,
