@@ -186,7 +186,7 @@ async function detect(ws, name, seeds, label) {
               .find((l) => /: (at |token |the store )|Expected/.test(l))
               ?.trim()
               .slice(0, 160);
-      // Its first lines: the log goes with the copy, and a run on a machine of its own may be all there is.
+      // Its first lines: the log goes with the copy, and on CI what is printed is all that is kept.
       const failure = message.slice(0, 24).join('\n');
       return { seed, outcome, detail, failure, logFile };
     });
