@@ -18,8 +18,11 @@ export interface HolderMessage {
 /** A child process holding `key` through one backend's holder fixture, and the messages it sent so far. */
 export class Holder {
   readonly messages: HolderMessage[] = [];
+  /** When the child exited (Date.now()), if it did. */
+  private exitedAt?: number;
   private constructor(readonly child: ChildProcess) {
     child.on('message', (message: HolderMessage) => this.messages.push(message));
+    child.on('exit', () => (this.exitedAt = Date.now()));
   }
 
   /** `fixture`: the file name under test/fixtures, e.g. 'redis-lock-holder.mjs'; `args` follow the ttl. */
@@ -39,10 +42,26 @@ export class Holder {
     );
   }
 
+  /**
+   * The first message of `type`. A child that exited without it fails the wait; one still running
+   * gets 20 s, since a process that loads the library and a client takes seconds on a busy
+   * 2-core machine.
+   */
   next(type: HolderMessage['type']): Promise<HolderMessage> {
-    return until(() => this.messages.some((m) => m.type === type), 10_000, `the holder's '${type}' message`).then(() =>
-      this.messages.find((m) => m.type === type)!,
-    );
+    const sent = () => this.messages.find((m) => m.type === type);
+    return until(
+      () => {
+        if (sent()) return true;
+        // A second for messages it sent just before it exited, still on their way.
+        if (this.exitedAt !== undefined && Date.now() - this.exitedAt > 1_000) {
+          const { exitCode, signalCode } = this.child;
+          throw new Error(`The holder exited (${signalCode ?? `code ${exitCode}`}) without its '${type}' message`);
+        }
+        return false;
+      },
+      20_000,
+      `the holder's '${type}' message`,
+    ).then(() => sent()!);
   }
 
   async kill(): Promise<void> {
