@@ -170,6 +170,8 @@ export class Lease {
       if (kept) return;
     }
     const releasing = this.backend.release(this.keys, this.owner);
+    // Out of the service's leases from now on: shutdown waits for it all the same, before it closes the backend.
+    this.tracker.track(releasing);
     // The release request is on its way; a local waiter's acquire now goes out behind it (on one
     // connection: in order), saving the wait for the pub/sub message. Were it to arrive first, it
     // fails and the waiter sleeps until that message: slower, never unsafe.
@@ -356,10 +358,13 @@ export class Lease {
    * the rest of the TTL. Compare-and-delete: it never touches another owner's lock.
    */
   private free(): Promise<void> {
-    return this.backend
+    const freeing = this.backend
       .release(this.keys, this.owner)
       .then(ignore, ignore)
       .finally(() => this.tracker.leaseFreed(this));
+    // A lease lost before shutdown is no longer among the service's leases: shutdown waits for this all the same.
+    this.tracker.track(freeing);
+    return freeing;
   }
 
   private end(state: LeaseState): void {

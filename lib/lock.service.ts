@@ -2,6 +2,7 @@ import { Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } fro
 import { performance } from 'node:perf_hooks';
 import { isObservable } from 'rxjs';
 import type { LockBackend, LockHolderIdentity } from './backends/lock-backend.interface.js';
+import { InFlight } from './backends/in-flight.js';
 import { MemoryLockBackend } from './backends/memory.backend.js';
 import {
   checkAcquireOptions,
@@ -44,8 +45,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   /** Acquired, released, busy, failed, lost, extended: `locks.events.on('busy', (event) => ...)` (docs/observability.md). */
   readonly events = new LockEvents();
   private readonly leases = new Set<Lease>();
-  /** Requests that run in the background (releases after a scope returned, acquisitions under way); shutdown waits for them. */
-  private readonly releasing = new Set<Promise<void>>();
+  /** Requests that run in the background (releases after a scope returned or a lease ended, acquisitions under way); shutdown waits for them. */
+  private readonly requests = new InFlight();
   /** Aborted on application shutdown: no acquisition starts or keeps waiting after it. */
   private readonly stopper = new AbortController();
   private verifying: Promise<void> | undefined;
@@ -219,7 +220,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     await Promise.allSettled([...this.leases].map((lease) => lease.shutdown()));
     // Attempts in flight (bounded by the backend's own timeouts) may still win, and what they win
     // is given back by a release sent after they answer: wait until nothing is left.
-    while (this.releasing.size > 0) await Promise.allSettled([...this.releasing]);
+    await this.requests.settled();
     await this.backend.close?.();
   }
 
@@ -229,7 +230,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * the locks held and waited for at this moment, never by the keys used before.
    */
   footprint(): { leases: number; requests: number; keySets: number; countedKeys: number; scheduled: number } {
-    return { leases: this.leases.size, requests: this.releasing.size, ...this.queue.footprint, scheduled: leaseScheduler.size };
+    return { leases: this.leases.size, requests: this.requests.size, ...this.queue.footprint, scheduled: leaseScheduler.size };
   }
 
   /** @internal Whether the application is shutting down: no acquisition starts or keeps waiting. */
@@ -404,9 +405,6 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * caller's to see; here it only ends the tracking.
    */
   track(request: Promise<unknown>): void {
-    // One reaction per request: this runs on every asynchronous acquisition.
-    const untrack = (): void => void this.releasing.delete(tracked);
-    const tracked: Promise<void> = request.then(untrack, untrack);
-    this.releasing.add(tracked);
+    this.requests.track(request);
   }
 }

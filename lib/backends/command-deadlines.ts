@@ -1,5 +1,25 @@
 import { performance } from 'node:perf_hooks';
 
+/**
+ * How long after its deadline a statement still unanswered gives up its pooled connection. An
+ * answer swallowed on the way (a network black hole, a failover behind a virtual IP) never comes:
+ * its connection would stay checked out for good, and once as many as the pool has, no lock
+ * operation would work again. Long enough for a statement that only waited on a lock to finish
+ * and be answered late (its late win is then given back); one given up costs its lock, if it won
+ * one, the rest of its ttl.
+ */
+export const GIVE_UP_CONNECTION_AFTER_MS = 10_000;
+
+/** The pooled connection a statement runs on, once it has one: `giveUp` closes it, and fails the statement. */
+export interface Seat {
+  giveUp?: () => void;
+}
+
+/** The statement's deadline passed: its connection is given up if its answer has not come GIVE_UP_CONNECTION_AFTER_MS later. */
+export function giveUpLater(seat: Seat): void {
+  setTimeout(() => seat.giveUp?.(), GIVE_UP_CONNECTION_AFTER_MS).unref();
+}
+
 /** A command waiting for its answer. */
 export interface PendingCommand {
   readonly deadline: number;

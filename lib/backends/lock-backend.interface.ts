@@ -103,7 +103,13 @@ export interface LockBackend {
    */
   verify?(): Promise<void>;
 
-  /** Optional: free connections, subscriptions and timers the backend owns. */
+  /**
+   * Optional: free connections, subscriptions and timers the backend owns. The service calls it
+   * once its own releases are answered. Requests still under way, and the releases their answers
+   * start (one sent again after a failure, the release of a lock won by an attempt whose caller
+   * gave up), go out and are answered first, within the command timeout: closing a connection
+   * under them would leave their keys held by nobody until the ttl.
+   */
   close?(): Promise<void>;
 
   /**

@@ -52,6 +52,16 @@
  *   after it took a new place and the key, leaves that lock alone;
  * - `etcd-close-revokes`: the test that a closed etcd backend leaves no lease it was revoking in the
  *   background;
+ * - `shutdown-holder-release`, `shutdown-lost-release`: the tests that LockService shutdown closes
+ *   the backend only after a release its holder sent, or the release of a lease lost, is answered;
+ * - `postgres-close-kept`, `mysql-close-kept`: the tests that a release kept during a partition and
+ *   sent again just before close() is not cut off by the pool's end;
+ * - `redis-close-late-win`: the test that a late answer to an acquire, come after close(), frees
+ *   the lock it won;
+ * - `mysql-procedure-dropped`, `mysql-procedure-missing-at-start`: the tests that a MySQL procedure
+ *   dropped by hand is made again, by the running backend and by one started after;
+ * - `postgres-black-hole`, `mysql-black-hole`: the tests that a pool whose every connection lost an
+ *   answer works again once the link heals;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -268,6 +278,69 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/etcd.adversarial.spec.ts',
     test: 'a waiter whose place was gone, and whose deletion of what was left went unanswered, keeps the lock it took at the back when that deletion lands',
+    env: {},
+    seeded: false,
+  },
+  'shutdown-holder-release': {
+    kind: 'jest',
+    file: 'test/lock.shutdown.spec.ts',
+    test: 'waits, before closing the backend, for a release its holder sent just before: it is answered before close()',
+    env: {},
+    seeded: false,
+  },
+  'shutdown-lost-release': {
+    kind: 'jest',
+    file: 'test/lock.shutdown.spec.ts',
+    test: 'waits, before closing the backend, for the release of a lock lost just before: it is answered before close()',
+    env: {},
+    seeded: false,
+  },
+  'postgres-close-kept': {
+    kind: 'jest',
+    file: 'test/backends/postgres.release.spec.ts',
+    test: 'sends the release it kept again before close() ends the pool: a statement answered just before close() leaves no key behind',
+    env: {},
+    seeded: false,
+  },
+  'mysql-close-kept': {
+    kind: 'jest',
+    file: 'test/backends/mysql.faults.spec.ts',
+    test: 'a release kept during a partition is sent again before close() ends the pool: a statement answered just before close() leaves no key behind',
+    env: {},
+    seeded: false,
+  },
+  'redis-close-late-win': {
+    kind: 'jest',
+    file: 'test/backends/redis.late-replies.spec.ts',
+    test: 'a late answer to an acquire that gave up frees the lock it won, also when close() was called before it came',
+    env: {},
+    seeded: false,
+  },
+  'mysql-procedure-dropped': {
+    kind: 'jest',
+    file: 'test/backends/mysql.layout.spec.ts',
+    test: 'a procedure dropped under a running backend is made again: the call that met its absence fails, the next one works',
+    env: {},
+    seeded: false,
+  },
+  'mysql-procedure-missing-at-start': {
+    kind: 'jest',
+    file: 'test/backends/mysql.layout.spec.ts',
+    test: 'a process started after a procedure was dropped makes it again, or with createTables: false says which are missing',
+    env: {},
+    seeded: false,
+  },
+  'postgres-black-hole': {
+    kind: 'jest',
+    file: 'test/backends/postgres.faults.spec.ts',
+    test: 'answers lost for as many statements as the pool has connections (a black hole): once the link heals, locks work again and a held lock is freed',
+    env: {},
+    seeded: false,
+  },
+  'mysql-black-hole': {
+    kind: 'jest',
+    file: 'test/backends/mysql.faults.spec.ts',
+    test: 'answers lost for as many statements as the pool has connections (a black hole): once the link heals, locks work again and a held lock is freed',
     env: {},
     seeded: false,
   },
@@ -764,6 +837,74 @@ export const MUTANTS = [
     file: 'lib/backends/etcd/etcd.backend.ts',
     replace: [['    await this.connection.revokesAnswered();\n', '']],
     detector: 'etcd-close-revokes',
+  },
+  {
+    name: 'shutdown-skips-holder-release',
+    bug: 'LockService shutdown closes the backend without waiting for a release its holder sent just before: a pool ending under it cuts it off',
+    file: 'lib/lock-lease.ts',
+    replace: [['    this.tracker.track(releasing);\n', '']],
+    detector: 'shutdown-holder-release',
+  },
+  {
+    name: 'shutdown-skips-lost-release',
+    bug: 'LockService shutdown closes the backend without waiting for the release of a lease lost just before, which undoes a late extension',
+    file: 'lib/lock-lease.ts',
+    replace: [['    this.tracker.track(freeing);\n', '']],
+    detector: 'shutdown-lost-release',
+  },
+  {
+    name: 'postgres-close-cuts-requests',
+    bug: 'a closed PostgreSQL backend ends its pool without waiting for the statements under way: a kept release sent again is cut off, and its key stays held for the ttl',
+    file: 'lib/backends/postgres/postgres.backend.ts',
+    replace: [['    await this.connection.requestsSettled();\n', '']],
+    detector: 'postgres-close-kept',
+  },
+  {
+    name: 'mysql-close-cuts-requests',
+    bug: 'a closed MySQL backend ends its pool without waiting for the statements under way: a kept release sent again is cut off, and its key stays held for the ttl',
+    file: 'lib/backends/mysql/mysql.backend.ts',
+    replace: [['    await this.connection.requestsSettled();\n', '']],
+    detector: 'mysql-close-kept',
+  },
+  {
+    name: 'redis-close-refuses-release',
+    bug: 'a stopped Redis backend refuses the release a late answer starts: the lock an acquire won after its caller gave up stays held for the ttl',
+    file: 'lib/backends/redis/redis.connection.ts',
+    replace: [
+      [
+        "    if (this.ended || (this.stopped && op !== 'release')) throw this.closedError(op, keys);",
+        '    if (this.ended || this.stopped) throw this.closedError(op, keys);',
+      ],
+    ],
+    detector: 'redis-close-late-win',
+  },
+  {
+    name: 'mysql-dropped-procedure-forgotten',
+    bug: 'a MySQL backend that met a dropped procedure keeps taking its tables as ready: every later call fails until someone runs the migration',
+    file: 'lib/backends/mysql/mysql.connection.ts',
+    replace: [['              this.tables = undefined;\n', '']],
+    detector: 'mysql-procedure-dropped',
+  },
+  {
+    name: 'mysql-procedures-not-counted',
+    bug: "a MySQL backend takes the tables' comments for proof that every procedure is there: one dropped by hand is never made again",
+    file: 'lib/backends/mysql/mysql.connection.ts',
+    replace: [[' && complete(found)) return true;', ') return true;']],
+    detector: 'mysql-procedure-missing-at-start',
+  },
+  {
+    name: 'postgres-keeps-silent-connection',
+    bug: 'a PostgreSQL statement whose answer was lost keeps its pooled connection for good: after a black hole as long as the pool is wide, no lock operation works again',
+    file: 'lib/backends/postgres/postgres.connection.ts',
+    replace: [['        giveUpLater(seat);\n', '']],
+    detector: 'postgres-black-hole',
+  },
+  {
+    name: 'mysql-keeps-silent-connection',
+    bug: 'a MySQL statement whose answer was lost keeps its pooled connection for good: after a black hole as long as the pool is wide, no lock operation works again',
+    file: 'lib/backends/mysql/mysql.connection.ts',
+    replace: [['        giveUpLater(seat);\n', '']],
+    detector: 'mysql-black-hole',
   },
   {
     name: 'local-reader-passes-writer',

@@ -1,7 +1,7 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import type mysql from 'mysql2/promise';
-import { LockBackendError, LockNotAcquiredError, LockService, MysqlLockBackend } from '../../lib/index.js';
+import { LockBackendError, LockNotAcquiredError, LockService, MysqlLockBackend, type LockHandle } from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedWrite } from '../fixtures/mysql-fenced-store.mjs';
 import { useMariadbServer } from '../support/mariadb-fixture.js';
@@ -135,6 +135,76 @@ describe('MySQL backend under faults, with real processes', () => {
     await until(async () => (await locks.tryAcquire('after')) !== undefined, 10_000, 'the link to carry statements again');
     await until(async () => !(await other.isLocked('partition')), 5_000, 'the kept release to free the key');
   });
+
+  it('a release kept during a partition is sent again before close() ends the pool: a statement answered just before close() leaves no key behind', async () => {
+    quietWarnings();
+    const link = await proxy();
+    const backend = new MysqlLockBackend(through(link), { commandTimeout: 500 });
+    fixture.cleanup(() => backend.close());
+    const other = service();
+    expect(await backend.tryAcquire(['fault:closing'], 'holder-closing', 60_000)).toMatchObject({ acquired: true });
+    link.set({ kind: 'drop' });
+    await expect(backend.release(['fault:closing'], 'holder-closing')).rejects.toThrow(LockBackendError);
+    link.set({ kind: 'pass' });
+    // The first statement answered after the heal sends the kept release again, in the background;
+    // the application closes right after it (a shutdown's own last release is such a statement).
+    await until(
+      () =>
+        backend.extend(['fault:other'], 'nobody', 1_000).then(
+          () => true,
+          () => false,
+        ),
+      10_000,
+      'a statement answered',
+    );
+    await backend.close();
+    expect(await other.isLocked('closing')).toBe(false);
+  });
+
+  it('an acquire that timed out and won while close() waited for its connection is freed: no key is left once close() resolves', async () => {
+    quietWarnings();
+    const link = await proxy();
+    const backend = new MysqlLockBackend(through(link), { commandTimeout: 500 });
+    fixture.cleanup(() => backend.close());
+    const other = service();
+    expect(await backend.tryAcquire(['fault:warm-up-close'], 'warm-up', 60_000)).toMatchObject({ acquired: true });
+    // Every request now takes 800 ms to reach the server: past the command timeout, not lost.
+    link.set({ kind: 'delay', ms: 800, direction: 'up' });
+    // No onLateAcquire: the backend frees a late win itself (TryAcquireOptions.onLateAcquire).
+    await expect(backend.tryAcquire(['fault:late-close'], 'late-owner', 60_000, { willWait: false })).rejects.toThrow(
+      /did not answer within 500 ms/,
+    );
+    await backend.close();
+    expect(await other.isLocked('late-close')).toBe(false);
+  });
+
+  it('answers lost for as many statements as the pool has connections (a black hole): once the link heals, locks work again and a held lock is freed', async () => {
+    quietWarnings();
+    const link = await proxy();
+    const locks = new LockService(new MysqlLockBackend({ uri: through(link), connectionLimit: 4 }, { commandTimeout: 500 }), {
+      keyPrefix: 'fault:',
+    });
+    fixture.cleanup(() => locks.onApplicationShutdown());
+    const other = service();
+    const held = await locks.acquire('black-hole', { ttl: 60_000, autoExtend: false });
+    // Every connection of the pool open, then as many statements carried out with their answers lost.
+    await Promise.all(Array.from({ length: 4 }, (_, i) => locks.isLocked(`warm-${i}`)));
+    link.set({ kind: 'blackhole-down' });
+    const lost = await Promise.all(Array.from({ length: 4 }, (_, i) => locks.isLocked(`lost-${i}`).catch((e: unknown) => e)));
+    for (const error of lost) expect(error).toBeInstanceOf(LockBackendError);
+    link.set({ kind: 'pass' });
+    // Its release fails while the pool has no connection to give (the caller hears of it); it is
+    // kept, and sent again.
+    await expect(held.release()).rejects.toThrow(LockBackendError);
+    let after: LockHandle | undefined;
+    await until(
+      async () => (after = await locks.tryAcquire('after-heal').catch(() => undefined)) !== undefined,
+      25_000,
+      'a lock to be taken again',
+    );
+    await after!.release();
+    await until(async () => !(await other.isLocked('black-hole')), 5_000, 'the held lock to be freed');
+  }, 40_000);
 
   it('answers that never come (a black hole): calls fail within commandTimeout, and an acquire the server carried out is released once its caller gave up', async () => {
     quietWarnings();

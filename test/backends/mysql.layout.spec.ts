@@ -294,3 +294,25 @@ describe('MySQL lock tables: who holds, next to the release before it', () => {
     expect((await backend(table, { createTables: false }).tryAcquire(['k'], 'owner', 30_000, { holder })).acquired).toBe(true);
   });
 });
+
+describe('MySQL lock procedures dropped by hand', () => {
+  it('a procedure dropped under a running backend is made again: the call that met its absence fails, the next one works', async () => {
+    const { table, db } = place();
+    const locks = backend(table);
+    expect(await locks.tryAcquire(['dropped'], 'holder', 60_000)).toMatchObject({ acquired: true });
+    await db.query(`DROP PROCEDURE ${table}_release`);
+    await expect(locks.release(['dropped'], 'holder')).rejects.toThrow(/PROCEDURE .*_release does not exist/);
+    expect(await locks.release(['dropped'], 'holder')).toBe(true);
+    expect(await locks.inspect('dropped')).toBeUndefined();
+  });
+
+  it('a process started after a procedure was dropped makes it again, or with createTables: false says which are missing', async () => {
+    const { table, db } = place();
+    expect(await backend(table).tryAcquire(['dropped'], 'holder', 60_000)).toMatchObject({ acquired: true });
+    await db.query(`DROP PROCEDURE ${table}_extend`);
+    const attempt = backend(table, { createTables: false }).extend(['dropped'], 'holder', 60_000);
+    await expect(attempt).rejects.toMatchObject({ permanent: true });
+    await expect(attempt).rejects.toThrow(/is at version 2 with procedures missing \(of .*_extend.*\) and createTables is false/);
+    expect(await backend(table).extend(['dropped'], 'holder', 60_000)).toEqual({ extended: true });
+  });
+});

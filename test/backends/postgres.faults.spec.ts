@@ -4,12 +4,20 @@ import { execFile } from 'node:child_process';
 import { resolve } from 'node:path';
 import { promisify } from 'node:util';
 import type pg from 'pg';
-import { LockBackendError, LockLostError, LockNotAcquiredError, LockService, PostgresLockBackend } from '../../lib/index.js';
+import {
+  LockBackendError,
+  LockLostError,
+  LockNotAcquiredError,
+  LockService,
+  PostgresLockBackend,
+  type LockHandle,
+} from '../../lib/index.js';
 // @ts-expect-error: a plain ESM fixture shared with the child processes, without types.
 import { fencedWrite } from '../fixtures/postgres-fenced-store.mjs';
 import { usePostgresServer } from '../support/postgres-fixture.js';
 import { freePort } from '../support/redis-server.js';
 import { Holder } from '../support/lock-holder-process.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
 import { until } from '../support/wait.js';
 
 const fixtures = resolve(import.meta.dirname, '../fixtures');
@@ -194,6 +202,36 @@ describe('PostgreSQL backend under faults, with real processes', () => {
       'the late acquisitions to be released',
     );
   });
+
+  it('answers lost for as many statements as the pool has connections (a black hole): once the link heals, locks work again and a held lock is freed', async () => {
+    quietWarnings();
+    const proxy = await TcpProxy.start(fixture.server.port);
+    fixture.cleanup(() => proxy.close());
+    const url = new URL(fixture.url);
+    url.port = String(proxy.port);
+    const backend = new PostgresLockBackend({ connectionString: url.toString(), max: 4 }, { commandTimeout: 500 });
+    const locks = new LockService(backend, { keyPrefix: 'fault:' });
+    fixture.cleanup(() => locks.onApplicationShutdown());
+    const other = service();
+    const held = await locks.acquire('black-hole', { ttl: 60_000, autoExtend: false });
+    // Every connection of the pool open, then as many statements carried out with their answers lost.
+    await Promise.all(Array.from({ length: 4 }, (_, i) => locks.isLocked(`warm-${i}`)));
+    proxy.set({ kind: 'blackhole-down' });
+    const lost = await Promise.all(Array.from({ length: 4 }, (_, i) => locks.isLocked(`lost-${i}`).catch((e: unknown) => e)));
+    for (const error of lost) expect(error).toBeInstanceOf(LockBackendError);
+    proxy.set({ kind: 'pass' });
+    // Its release fails while the pool has no connection to give (the caller hears of it); it is
+    // kept, and sent again once a statement is answered.
+    await expect(held.release()).rejects.toThrow(LockBackendError);
+    let after: LockHandle | undefined;
+    await until(
+      async () => (after = await locks.tryAcquire('after-heal').catch(() => undefined)) !== undefined,
+      25_000,
+      'a lock to be taken again',
+    );
+    await after!.release();
+    await until(async () => !(await other.isLocked('black-hole')), 5_000, 'the held lock to be freed');
+  }, 40_000);
 
   it('an app whose PostgreSQL is unreachable at start-up fails with a clear error and exits', async () => {
     const url = `postgres://postgres@127.0.0.1:${await freePort()}/nowhere`;

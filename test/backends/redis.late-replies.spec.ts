@@ -75,4 +75,38 @@ describe('Redis backend: late answers', () => {
     fixture.server.resume();
     await until(async () => (await fixture.admin.get('late:line')) === 'waiter', 5_000, 'the lock to be handed to the waiter');
   });
+
+  it('a release that timed out in its short form, and found someone in line, still hands the lock over when close() follows it', async () => {
+    const holder = new RedisLockBackend(fixture.server.url, { commandTimeout: 300 });
+    const waiter = new RedisLockBackend(fixture.server.url);
+    fixture.cleanup(() => Promise.all([holder.close(), waiter.close()]));
+    // Its scripts loaded before the stall: a NOSCRIPT fallback would go out later than the call.
+    await holder.tryAcquire(['late:warm-up'], 'warm-up', 1_000, { willWait: false });
+    await holder.release(['late:warm-up'], 'warm-up');
+    expect((await holder.tryAcquire(['late:close-line'], 'holder', 60_000)).acquired).toBe(true);
+    expect((await waiter.tryAcquire(['late:close-line'], 'waiter', 60_000)).acquired).toBe(false);
+    fixture.server.pause();
+    await expect(holder.release(['late:close-line'], 'holder')).rejects.toThrow(/did not answer/);
+    // Closed while Redis still stalls: QUIT goes out behind the release, and Redis goes on well
+    // within the second close() gives it. The release's answer (-1, someone in line) comes first.
+    const closing = holder.close();
+    fixture.server.resume();
+    await closing;
+    expect(await fixture.admin.get('late:close-line')).toBe('waiter');
+  });
+
+  it('a late answer to an acquire that gave up frees the lock it won, also when close() was called before it came', async () => {
+    const backend = new RedisLockBackend(fixture.server.url, { commandTimeout: 300 });
+    fixture.cleanup(() => backend.close());
+    // Connected, its scripts loaded, before the stall: a NOSCRIPT fallback would go out later than the call.
+    await backend.tryAcquire(['late:warm-up'], 'warm-up', 1_000, { willWait: false });
+    await backend.release(['late:warm-up'], 'warm-up');
+    fixture.server.pause();
+    // No onLateAcquire: the backend frees a late win itself (TryAcquireOptions.onLateAcquire).
+    await expect(backend.tryAcquire(['late:closed'], 'late-owner', 60_000, { willWait: false })).rejects.toThrow(/did not answer/);
+    const closing = backend.close();
+    fixture.server.resume();
+    await closing;
+    expect(await fixture.admin.get('late:closed')).toBeNull();
+  });
 });

@@ -5,6 +5,7 @@ import { accessRefusal, type EtcdIdentity } from './etcd.access.js';
 import { hostPolicies, noRetries, watchBackoff } from './etcd.host-policy.js';
 import type { CheckedEtcdConnection, ResolvedEtcdOptions } from './etcd.options.js';
 import { sentence } from '../backend-message.js';
+import { InFlight } from '../in-flight.js';
 
 type Etcd3Package = typeof import('etcd3');
 
@@ -41,7 +42,7 @@ export class EtcdConnection {
   /** Leases named by a request that went unanswered: it may still land, and put keys on them. */
   private readonly doubtful = new Set<string>();
   /** Revokes not yet answered, sent in the background too (revokeQuietly()). */
-  private readonly revoking = new Set<Promise<void>>();
+  private readonly revoking = new InFlight();
   private readonly identity: EtcdIdentity;
   private stopped = false;
 
@@ -109,20 +110,14 @@ export class EtcdConnection {
 
   /** Deletes a lease and every key on it; false when it was already gone. */
   revoke(lease: string, what: Operation): Promise<boolean> {
-    const revoking = this.sendRevoke(lease, what);
     // Counted until answered: close() waits for it, or closing the client would cut it off and
     // leave the lease (and anything on it) for its whole ttl.
-    const settled: Promise<void> = revoking.then(
-      () => void this.revoking.delete(settled),
-      () => void this.revoking.delete(settled),
-    );
-    this.revoking.add(settled);
-    return revoking;
+    return this.revoking.track(this.sendRevoke(lease, what));
   }
 
   /** Resolves once every revoke sent so far is answered or timed out (each within commandTimeout). */
-  async revokesAnswered(): Promise<void> {
-    while (this.revoking.size > 0) await Promise.all(this.revoking);
+  revokesAnswered(): Promise<void> {
+    return this.revoking.settled();
   }
 
   private sendRevoke(lease: string, what: Operation): Promise<boolean> {

@@ -95,8 +95,7 @@ export class MysqlLockBackend implements LockBackend {
         // now: the caller decides.
         if (Number(late?.acquired) !== 1) return;
         this.wakeHanded(late.handed_to);
-        if (options?.onLateAcquire) options.onLateAcquire();
-        else this.release(keys, owner).catch(() => undefined);
+        return options?.onLateAcquire ? options.onLateAcquire() : this.release(keys, owner).catch(() => undefined);
       },
     });
     // A waiter leaving a later line may hand its key to the next: woken too when it failed.
@@ -228,6 +227,7 @@ export class MysqlLockBackend implements LockBackend {
     this.failedReleases.close();
     this.line.close();
     await this.sweeping;
+    await this.connection.requestsSettled();
     await this.connection.closePool();
   }
 

@@ -2,9 +2,10 @@ import { Logger } from '@nestjs/common';
 import type { Pool, PoolOptions } from 'mysql2';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
-import { CommandDeadlines } from '../command-deadlines.js';
+import { CommandDeadlines, GIVE_UP_CONNECTION_AFTER_MS, giveUpLater, type Seat } from '../command-deadlines.js';
 import {
   errnoOf,
+  isReadOnly,
   isRetryable,
   NO_SUCH_PROCEDURE,
   permanentCause,
@@ -14,6 +15,7 @@ import {
   type MysqlIdentity,
 } from './mysql.errors.js';
 import type { CheckedMysqlConnection, ResolvedMysqlOptions } from './mysql.options.js';
+import { procedureNames } from './mysql.procedures.js';
 import {
   lockNames,
   mysqlLockTablesSql,
@@ -26,6 +28,7 @@ import {
 } from './mysql.schema.js';
 import { sentence } from '../backend-message.js';
 import { withTimeout } from '../bounded-wait.js';
+import { InFlight } from '../in-flight.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -36,8 +39,8 @@ export interface MysqlStatement {
   keys: readonly string[];
   sql: string;
   values: readonly unknown[];
-  /** The answer that came after the statement was reported as failed (timed out). */
-  onLateAnswer?: (rows: Record<string, unknown>[]) => void;
+  /** The answer that came after the statement was reported as failed (timed out); what it returns (the release it starts) is waited for by close(). */
+  onLateAnswer?: (rows: Record<string, unknown>[]) => unknown;
 }
 
 /**
@@ -56,6 +59,9 @@ export class MysqlConnection {
   private tablesReady = false;
   private readonly deadlines: CommandDeadlines;
   private stopped = false;
+  /** The pool ended (closePool()). */
+  private ended = false;
+  private readonly requests = new InFlight();
   /** Called after each statement answered in time: the server is reachable (see FailedReleases). */
   onAnswer: (() => void) | undefined;
 
@@ -81,11 +87,13 @@ export class MysqlConnection {
    * set; failures become a LockBackendError that names the operation and the keys.
    */
   run(statement: MysqlStatement): Promise<Record<string, unknown>[]> {
-    if (this.stopped) return Promise.reject(this.closedError(statement.op, statement.keys));
+    if (this.refuses(statement.op)) return Promise.reject(this.closedError(statement.op, statement.keys));
     return new Promise((resolve, reject) => {
       let expired = false;
+      const seat: Seat = {};
       const command = this.deadlines.track(() => {
         expired = true;
+        giveUpLater(seat);
         reject(
           this.failure(
             statement,
@@ -100,42 +108,62 @@ export class MysqlConnection {
         if (!this.tablesReady) await this.ensureTables();
         for (;;) {
           try {
-            return await this.query(statement.sql, statement.values);
+            return await this.query(statement.sql, statement.values, seat);
           } catch (error) {
             // Rolled back whole by the procedure's handler: sent again while the caller still waits.
-            if (!isRetryable(error) || expired || this.stopped) throw error;
+            if (!isRetryable(error) || expired || this.refuses(statement.op)) throw error;
           }
         }
       };
-      send().then(
-        (rows) => {
-          if (this.deadlines.answered(command)) {
+      // Until its answer is handled: a late one starts a release, which close() waits for too.
+      this.requests.track(
+        send().then(
+          (rows) => {
+            if (!this.deadlines.answered(command)) return statement.onLateAnswer?.(rows);
             resolve(rows);
             this.onAnswer?.();
-          } else statement.onLateAnswer?.(rows);
-        },
-        (error: unknown) => {
-          // A procedure dropped behind our back (or made again by a newer version): look again next time.
-          if (errnoOf(error) === NO_SUCH_PROCEDURE) this.tablesReady = false;
-          if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
-        },
+          },
+          (error: unknown) => {
+            // A procedure dropped behind our back (or made again by a newer version): look again next time.
+            if (errnoOf(error) === NO_SUCH_PROCEDURE) {
+              this.tablesReady = false;
+              this.tables = undefined;
+            }
+            if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+          },
+        ),
       );
     });
   }
 
-  /** Refuses statements from now on; false if it was already closed. */
+  /** Refuses statements other than releases from now on; false if it was already closed. */
   stop(): boolean {
     if (this.stopped) return false;
     this.stopped = true;
     return true;
   }
 
-  /** Ends the pool if the backend created it (after stop()). */
+  /**
+   * Resolves once the statements under way are answered, and the releases those answers started
+   * (a kept release sent again, a late win given back), or after the command timeout: ending the
+   * pool first would cut them off. Releases still go out after stop() until then.
+   */
+  requestsSettled(): Promise<void> {
+    return this.requests.settled(this.options.commandTimeout);
+  }
+
+  /** Ends the pool if the backend created it (after stop() and requestsSettled()). */
   async closePool(): Promise<void> {
+    this.ended = true;
     if (!this.owned || !this.pool) return;
     const pool = this.pool;
     // end() waits for connections in use: one stuck on a paused server would hold up the shutdown.
     await withTimeout(new Promise<void>((resolve) => pool.end(() => resolve())), 1_000);
+  }
+
+  /** Closed: nothing goes out once the pool ends, and only releases once stop() was called. */
+  private refuses(op: string): boolean {
+    return this.ended || (this.stopped && op !== 'release');
   }
 
   closedError(op: string, keys: readonly string[]): LockBackendError {
@@ -178,17 +206,35 @@ export class MysqlConnection {
    * One statement on a connection of the pool. Rows come back as objects whatever the pool's own
    * settings (rowsAsArray, nestTables); a CALL answers with its result set first.
    */
-  query(sql: string, values: readonly unknown[] = []): Promise<Record<string, unknown>[]> {
+  query(sql: string, values: readonly unknown[] = [], seat: Seat = {}): Promise<Record<string, unknown>[]> {
     const pool = this.openPool();
     return new Promise((resolve, reject) => {
-      pool.query(
-        { sql, values: values as unknown[], rowsAsArray: false, nestTables: false } as never,
-        (error: unknown, result: unknown) => {
-          if (error) return reject(error);
-          const rows = Array.isArray(result) && Array.isArray(result[0]) ? result[0] : result;
-          resolve(Array.isArray(rows) ? (rows as Record<string, unknown>[]) : []);
-        },
-      );
+      pool.getConnection((error, connection) => {
+        if (error) return reject(error);
+        // As pool.query() does, on a connection `seat` can give up. Given back once, answered or
+        // given up: closed rather than reused when its answer never came, or when the server said
+        // it is read-only (a demoted primary), so the pool opens another.
+        let done = false;
+        const giveBack = (close: boolean): boolean => {
+          if (done) return false;
+          done = true;
+          if (close) connection.destroy();
+          else connection.release();
+          return true;
+        };
+        seat.giveUp = () => {
+          if (giveBack(true)) reject(new Error(`no answer ${GIVE_UP_CONNECTION_AFTER_MS} ms after the command timeout`));
+        };
+        connection.query(
+          { sql, values: values as unknown[], rowsAsArray: false, nestTables: false } as never,
+          (error: unknown, result: unknown) => {
+            if (!giveBack(error !== null && isReadOnly(error))) return;
+            if (error) return reject(error);
+            const rows = Array.isArray(result) && Array.isArray(result[0]) ? result[0] : result;
+            resolve(Array.isArray(rows) ? (rows as Record<string, unknown>[]) : []);
+          },
+        );
+      });
     });
   }
 
@@ -237,13 +283,18 @@ export class MysqlConnection {
     const { table, createTables } = this.options;
     // The version is the holders table's comment; the key table's tells whether an earlier layout is
     // there; the waiters table's, the revision of the procedures (see MYSQL_PROCEDURES_REVISION).
+    // And how many of this release's procedures are there: one dropped by hand is made again.
+    const procedures = procedureNames(this.names);
     const versionSql =
       'SELECT MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS version, MAX(TABLE_NAME = ?) AS earlier, ' +
-      'MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS revision ' +
+      'MAX(IF(TABLE_NAME = ?, TABLE_COMMENT, NULL)) AS revision, ' +
+      `(SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' ` +
+      `AND ROUTINE_NAME IN (${procedures.map(() => '?').join(', ')})) AS procedures ` +
       'FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)';
-    const versionValues = [`${table}_holders`, table, `${table}_waiters`, `${table}_holders`, table, `${table}_waiters`];
+    const versionValues = [`${table}_holders`, table, `${table}_waiters`, ...procedures, `${table}_holders`, table, `${table}_waiters`];
+    const complete = (found: Found | undefined): boolean => Number(found?.procedures) === procedures.length;
     const check = (found: Found | undefined): boolean => {
-      if (found?.version === MYSQL_SCHEMA_VERSION && found.revision === MYSQL_PROCEDURES_REVISION) return true;
+      if (found?.version === MYSQL_SCHEMA_VERSION && found.revision === MYSQL_PROCEDURES_REVISION && complete(found)) return true;
       const newer = newerMysqlLayoutRefusal(found?.version, table);
       if (newer) throw new LockBackendError(this.backendName, newer, undefined, { permanent: true });
       return false;
@@ -254,7 +305,9 @@ export class MysqlConnection {
       const layout = mysqlSchemaLayout(found?.version) ?? (Number(found?.earlier) === 1 ? 1 : undefined);
       const now =
         found?.version === MYSQL_SCHEMA_VERSION
-          ? `is at version ${MYSQL_SCHEMA_LAYOUT} with procedures of an earlier release (not '${MYSQL_PROCEDURES_REVISION}')`
+          ? found.revision === MYSQL_PROCEDURES_REVISION
+            ? `is at version ${MYSQL_SCHEMA_LAYOUT} with procedures missing (of ${procedures.join(', ')})`
+            : `is at version ${MYSQL_SCHEMA_LAYOUT} with procedures of an earlier release (not '${MYSQL_PROCEDURES_REVISION}')`
           : layout === undefined
             ? 'is missing'
             : `is at version ${layout}`;
@@ -303,6 +356,7 @@ interface Found {
   version?: unknown;
   earlier?: unknown;
   revision?: unknown;
+  procedures?: unknown;
 }
 
 interface PoolConnectionLike {

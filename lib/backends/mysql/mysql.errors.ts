@@ -31,6 +31,16 @@ export function isRetryable(error: unknown): boolean {
   return errno === DEADLOCK || errno === LOCK_WAIT_TIMEOUT;
 }
 
+/**
+ * A server that refuses writes (1290 a read-only option, 1792 a read-only transaction, 1836
+ * read-only mode): mysql2's pool.query() closes such a connection rather than reuse it (a
+ * demoted primary behind the same address), and so does the backend.
+ */
+export function isReadOnly(error: unknown): boolean {
+  const errno = errnoOf(error);
+  return errno === READ_ONLY_SERVER || errno === READ_ONLY_TRANSACTION || errno === 1836;
+}
+
 export function errnoOf(error: unknown): unknown {
   return (error as ServerError | undefined)?.errno;
 }

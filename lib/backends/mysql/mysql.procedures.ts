@@ -390,3 +390,11 @@ BEGIN
 END`,
   ];
 }
+
+/**
+ * The procedures proceduresSql() makes, by name as information_schema lists them: the tables'
+ * comments say which release made them, these say they are all still there.
+ */
+export function procedureNames(n: MysqlLockNames): string[] {
+  return proceduresSql(n).flatMap((sql) => /^CREATE PROCEDURE `([^`]+)`/.exec(sql)?.[1] ?? []);
+}

@@ -113,8 +113,7 @@ export class PostgresLockBackend implements LockBackend {
         // same owner tries again (its next attempt finds the lock its own) or holds the lock by
         // now: the caller decides.
         if (late?.acquired !== true) return;
-        if (options?.onLateAcquire) options.onLateAcquire();
-        else this.release(keys, owner).catch(() => undefined);
+        return options?.onLateAcquire ? options.onLateAcquire() : this.release(keys, owner).catch(() => undefined);
       },
     });
     if (row.acquired === true) {
@@ -277,6 +276,7 @@ export class PostgresLockBackend implements LockBackend {
     this.failedReleases.close();
     await this.line.close();
     await this.sweeping;
+    await this.connection.requestsSettled();
     await this.connection.closePool();
   }
 

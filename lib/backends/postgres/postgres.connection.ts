@@ -3,7 +3,7 @@ import { Logger } from '@nestjs/common';
 import type { Client, ClientConfig, Pool, PoolConfig } from 'pg';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
-import { CommandDeadlines } from '../command-deadlines.js';
+import { CommandDeadlines, GIVE_UP_CONNECTION_AFTER_MS, giveUpLater, type Seat } from '../command-deadlines.js';
 import { PoolStarvationWatch } from './postgres.pool-watch.js';
 import { PreparedStatements, type QueryConfig } from './postgres.prepared.js';
 import {
@@ -27,6 +27,7 @@ import {
 } from './postgres.schema.js';
 import { sentence } from '../backend-message.js';
 import { withTimeout } from '../bounded-wait.js';
+import { InFlight } from '../in-flight.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -51,8 +52,8 @@ export interface Statement {
   values: readonly unknown[];
   /** Sent as a named prepared statement (see PreparedStatements): the lock operations. */
   prepared?: boolean;
-  /** The answer that came after the statement was reported as failed (timed out). */
-  onLateAnswer?: (rows: Record<string, unknown>[]) => void;
+  /** The answer that came after the statement was reported as failed (timed out); what it returns (the release it starts) is waited for by close(). */
+  onLateAnswer?: (rows: Record<string, unknown>[]) => unknown;
 }
 
 /**
@@ -71,6 +72,9 @@ export class PostgresConnection {
   private tablesReady = false;
   private readonly deadlines: CommandDeadlines;
   private stopped = false;
+  /** The pool ended (closePool()). */
+  private ended = false;
+  private readonly requests = new InFlight();
   /** The last connection error of a pool we created, to say why an operation failed. */
   private lastError: Error | undefined;
   /** For the app's own pool: warns when lock statements wait long for one of its connections. */
@@ -108,9 +112,10 @@ export class PostgresConnection {
    * LockBackendError that names the operation and the keys.
    */
   run(statement: Statement): Promise<Record<string, unknown>[]> {
-    if (this.stopped) return Promise.reject(this.closedError(statement.op, statement.keys));
+    if (this.refuses(statement.op)) return Promise.reject(this.closedError(statement.op, statement.keys));
     return new Promise((resolve, reject) => {
-      const command = this.deadlines.track(() =>
+      const seat: Seat = {};
+      const command = this.deadlines.track(() => {
         reject(
           this.failure(
             statement,
@@ -119,21 +124,24 @@ export class PostgresConnection {
                 `or is the statement waiting for a lock another transaction holds on the lock table?`,
             ),
           ),
-        ),
-      );
-      const sent = (this.tablesReady ? this.query(statement) : this.ensureTables().then(() => this.query(statement))).catch(
+        );
+        giveUpLater(seat);
+      });
+      const sent = (this.tablesReady ? this.query(statement, seat) : this.ensureTables().then(() => this.query(statement, seat))).catch(
         (error: unknown) => this.readOnlyCheck(error),
       );
-      sent.then(
-        (rows) => {
-          if (this.deadlines.answered(command)) {
+      // Until its answer is handled: a late one starts a release, which close() waits for too.
+      this.requests.track(
+        sent.then(
+          (rows) => {
+            if (!this.deadlines.answered(command)) return statement.onLateAnswer?.(rows);
             resolve(rows);
             this.onAnswer?.();
-          } else statement.onLateAnswer?.(rows);
-        },
-        (error: unknown) => {
-          if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
-        },
+          },
+          (error: unknown) => {
+            if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+          },
+        ),
       );
     });
   }
@@ -155,20 +163,35 @@ export class PostgresConnection {
     return new PoolClient(pool.options);
   }
 
-  /** Refuses statements from now on; false if it was already closed. */
+  /** Refuses statements other than releases from now on; false if it was already closed. */
   stop(): boolean {
     if (this.stopped) return false;
     this.stopped = true;
     return true;
   }
 
-  /** Ends the pool if the backend created it (after stop()). */
+  /**
+   * Resolves once the statements under way are answered, and the releases those answers started
+   * (a kept release sent again, a late win given back), or after the command timeout: ending the
+   * pool first would cut them off. Releases still go out after stop() until then.
+   */
+  requestsSettled(): Promise<void> {
+    return this.requests.settled(this.options.commandTimeout);
+  }
+
+  /** Ends the pool if the backend created it (after stop() and requestsSettled()). */
   async closePool(): Promise<void> {
+    this.ended = true;
     if (!this.owned || !this.pool) return;
     const pool = this.pool;
     // pool.end() waits for every checked-out connection: one stuck on a paused server would hold up
     // the shutdown, so it gets a second, and its sockets go with the process.
     await withTimeout(pool.end(), 1_000).catch(() => undefined);
+  }
+
+  /** Closed: nothing goes out once the pool ends, and only releases once stop() was called. */
+  private refuses(op: string): boolean {
+    return this.ended || (this.stopped && op !== 'release');
   }
 
   closedError(op: string, keys: readonly string[]): LockBackendError {
@@ -233,22 +256,21 @@ export class PostgresConnection {
     return { role: typeof role === 'string' ? role : undefined, database: typeof database === 'string' ? database : undefined };
   }
 
-  private async query(statement: Statement): Promise<Record<string, unknown>[]> {
+  private async query(statement: Statement, seat: Seat = {}): Promise<Record<string, unknown>[]> {
     const config = this.prepared.config(statement.text, statement.values, statement.prepared ? statement.op : undefined);
     try {
-      return await this.queryOnce(config);
+      return await this.queryOnce(config, seat);
     } catch (error) {
       // Refused before it ran: sent again, unnamed.
       if (!this.prepared.refused(config, error)) throw error;
-      return this.queryOnce(this.prepared.config(statement.text, statement.values, undefined));
+      return this.queryOnce(this.prepared.config(statement.text, statement.values, undefined), seat);
     }
   }
 
-  private async queryOnce(config: QueryConfig): Promise<Record<string, unknown>[]> {
+  /** As pool.query() does, on a connection `seat` can give up; the wait for a connection of the app's pool is watched. */
+  private async queryOnce(config: QueryConfig, seat: Seat): Promise<Record<string, unknown>[]> {
     const pool = this.openPool();
-    if (!this.poolWatch) return (await pool.query(config)).rows as Record<string, unknown>[];
-    // The app's pool: as pool.query() does, but the wait for a connection is watched.
-    const client = await this.poolWatch.connect();
+    const client = this.poolWatch ? await this.poolWatch.connect() : await pool.connect();
     // pg-pool takes its own 'error' listener off a checked-out connection, and pg emits 'error' on
     // it when the connection ends unexpectedly: without this one, an uncaught exception. Whichever
     // comes first, the error or the answer, gives the connection back, once (an error: closed
@@ -262,6 +284,8 @@ export class PostgresConnection {
     };
     const onError = (error: Error) => giveBack(error);
     client.once('error', onError);
+    // Released with an error, pg-pool closes it and opens another.
+    seat.giveUp = () => giveBack(new Error(`no answer ${GIVE_UP_CONNECTION_AFTER_MS} ms after the command timeout`));
     try {
       const result = await client.query(config);
       giveBack();

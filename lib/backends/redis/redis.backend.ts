@@ -50,7 +50,8 @@ export class RedisLockBackend implements LockBackend {
   private readonly connection: RedisConnection;
   private readonly scripts: RedisScriptRunner;
   private readonly line: RedisWaiterLine;
-  private readonly failedReleases = new FailedReleases((keys, owner) => this.release(keys, owner));
+  // Counted from the start: a release waits for the client before its call goes out.
+  private readonly failedReleases = new FailedReleases((keys, owner) => this.connection.track(this.release(keys, owner)));
   /** The client whose 'ready' sends failed releases again. */
   private readyClient: Redis | Cluster | undefined;
   /** ACQUIRE's last argument for an owner that will wait, and for one that will not (see ACQUIRE). */
@@ -125,8 +126,7 @@ export class RedisLockBackend implements LockBackend {
         // same owner tries again (a later attempt, queued behind this one, finds the lock its own)
         // or holds the lock by now: the caller decides.
         if (typeof late !== 'number' && (late as number[])[0] !== 1) return;
-        if (options?.onLateAcquire) options.onLateAcquire();
-        else this.release(keys, owner).catch(() => undefined);
+        return options?.onLateAcquire ? options.onLateAcquire() : this.release(keys, owner).catch(() => undefined);
       },
     });
     // The usual case answers with the token alone. Otherwise the third value: on success, 1 if the
@@ -215,9 +215,7 @@ export class RedisLockBackend implements LockBackend {
         redisKeys: [lock, line],
         args: [owner],
         // Reported as failed, it found a line and did nothing: the whole call frees the lock now.
-        onLateAnswer: (late) => {
-          if (late === -1) this.releaseWhole(client, keys, owner, layouts, false).catch(() => undefined);
-        },
+        onLateAnswer: (late) => (late === -1 ? this.releaseWhole(client, keys, owner, layouts, false).catch(() => undefined) : undefined),
       });
       if (reply !== -1) return reply === 1;
     }
@@ -337,6 +335,7 @@ export class RedisLockBackend implements LockBackend {
     this.failedReleases.close();
     this.readyClient?.off('ready', this.failedReleases.sendAgain);
     await this.line.close();
+    await this.connection.requestsSettled(this.commandTimeout);
     await this.connection.closeClient();
   }
 

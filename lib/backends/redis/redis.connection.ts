@@ -5,6 +5,7 @@ import { requirePeer } from '../../peer-require.cjs';
 import { refusalFix, refusalOf } from './redis.refusals.js';
 import { CREATED_CLIENT_DEFAULTS, CREATED_SENTINEL_CLIENT_DEFAULTS, type CheckedConnection } from './redis.options.js';
 import { withTimeout } from '../bounded-wait.js';
+import { InFlight } from '../in-flight.js';
 
 const logger = new Logger('DistributedLock');
 
@@ -23,6 +24,10 @@ export class RedisConnection {
   /** Callers waiting for the client to be created: see connected(). */
   private awaitingClient = 0;
   private stopped = false;
+  /** The client was closed (closeClient()): not even a release goes out. */
+  private ended = false;
+  /** Calls under way, and the clean-up their late answers start: closeClient() comes after them. */
+  private readonly requests = new InFlight();
   /** The last connection error of a client we created, to say why an operation failed. */
   private lastError: Error | undefined;
   /**
@@ -136,7 +141,8 @@ export class RedisConnection {
    * wait to resume with the new client, later ones wait behind them instead of sending first.
    */
   async connected(op: string, keys: readonly string[]): Promise<Redis | Cluster> {
-    if (this.stopped) throw this.closedError(op, keys);
+    // Releases still go out after stop(), until the client is closed: a late answer's clean-up.
+    if (this.ended || (this.stopped && op !== 'release')) throw this.closedError(op, keys);
     const refusal = this.refusal;
     if (refusal) throw refusal;
     if (this.client && this.awaitingClient === 0) return this.client;
@@ -180,8 +186,23 @@ export class RedisConnection {
     return true;
   }
 
-  /** Closes the client if the backend created it (after stop()). */
+  /** Counts a call until it settles, and returns it (see InFlight). */
+  track<T>(request: Promise<T>): Promise<T> {
+    return this.requests.track(request);
+  }
+
+  /**
+   * Resolves once the calls under way are answered, and the releases those answers started (a
+   * late win given back, the whole release of a key someone waits for), or after `boundMs`:
+   * QUIT goes out behind what was sent, and anything sent after it is lost.
+   */
+  requestsSettled(boundMs: number): Promise<void> {
+    return this.requests.settled(boundMs);
+  }
+
+  /** Closes the client if the backend created it (after stop() and requestsSettled()). */
   async closeClient(): Promise<void> {
+    this.ended = true;
     if (!this.owned) return;
     const client = this.client ?? (await this.creating?.catch(() => undefined));
     if (!client) return;

@@ -17,8 +17,11 @@ export interface ScriptCall {
   script: RedisScript;
   redisKeys: readonly string[];
   args: readonly (string | number)[];
-  /** The answer that came after the call was reported as failed (timed out). */
-  onLateAnswer?: (reply: unknown) => void;
+  /**
+   * The answer that came after the call was reported as failed (timed out). What it returns (a
+   * promise: the clean-up it starts) counts as part of the call, which close() waits for.
+   */
+  onLateAnswer?: (reply: unknown) => unknown;
   /** Sent in one write behind a PING (see RedisLockBackend.release). */
   behindPing?: boolean;
 }
@@ -50,10 +53,10 @@ export class RedisScriptRunner {
           ),
         ),
       );
-      const answered = (reply: unknown) => {
+      const answered = (reply: unknown): unknown => {
         this.connection.answered();
-        if (this.deadlines.answered(command)) resolve(reply);
-        else call.onLateAnswer?.(reply);
+        if (this.deadlines.answered(command)) return resolve(reply);
+        return call.onLateAnswer?.(reply);
       };
       const failed = (error: unknown) => {
         if (!this.deadlines.answered(command)) return;
@@ -75,11 +78,15 @@ export class RedisScriptRunner {
               return reply;
             })
         : client.evalsha(script.sha, redisKeys.length, ...redisKeys, ...args);
-      sent.then(answered, (error: unknown) => {
-        if (error instanceof Error && error.message.startsWith('NOSCRIPT')) {
-          client.eval(script.lua, redisKeys.length, ...redisKeys, ...args).then(answered, failed);
-        } else failed(error);
-      });
+      // Until its answer is handled, and what a late one starts: close() quits the client after.
+      this.connection.track(
+        sent.then(answered, (error: unknown) => {
+          if (error instanceof Error && error.message.startsWith('NOSCRIPT')) {
+            return client.eval(script.lua, redisKeys.length, ...redisKeys, ...args).then(answered, failed);
+          }
+          failed(error);
+        }),
+      );
     });
   }
 
