@@ -62,6 +62,8 @@
  *   dropped by hand is made again, by the running backend and by one started after;
  * - `postgres-black-hole`, `mysql-black-hole`: the tests that a pool whose every connection lost an
  *   answer works again once the link heals;
+ * - `postgres-overtaken`, `mysql-overtaken`: the tests that an attempt which won after its caller's
+ *   release overtook it, its answer lost with its connection, is freed;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
  *   test that a holder of a key takes the next one while another process's caller of both waits for
  *   the first (a liveness bug, which the safety-only model and chaos runs would not count);
@@ -341,6 +343,20 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/mysql.faults.spec.ts',
     test: 'answers lost for as many statements as the pool has connections (a black hole): once the link heals, locks work again and a held lock is freed',
+    env: {},
+    seeded: false,
+  },
+  'postgres-overtaken': {
+    kind: 'jest',
+    file: 'test/backends/postgres.faults.spec.ts',
+    test: 'a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same',
+    env: {},
+    seeded: false,
+  },
+  'mysql-overtaken': {
+    kind: 'jest',
+    file: 'test/backends/mysql.faults.spec.ts',
+    test: 'a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same',
     env: {},
     seeded: false,
   },
@@ -905,6 +921,20 @@ export const MUTANTS = [
     file: 'lib/backends/mysql/mysql.connection.ts',
     replace: [['        giveUpLater(seat);\n', '']],
     detector: 'mysql-black-hole',
+  },
+  {
+    name: 'postgres-late-doubt-ignored',
+    bug: 'a PostgreSQL acquire whose connection was lost after it timed out is taken as not run: when it won after its caller gave up, the key stays held by nobody for its ttl',
+    file: 'lib/backends/postgres/postgres.connection.ts',
+    replace: [['            if (leavesDoubt(error)) return statement.onLateDoubt?.();\n', '']],
+    detector: 'postgres-overtaken',
+  },
+  {
+    name: 'mysql-late-doubt-ignored',
+    bug: 'a MySQL acquire whose connection was lost after it timed out is taken as not run: when it won after its caller gave up, the key stays held by nobody for its ttl',
+    file: 'lib/backends/mysql/mysql.connection.ts',
+    replace: [['            if (leavesDoubt(error)) return statement.onLateDoubt?.();\n', '']],
+    detector: 'mysql-overtaken',
   },
   {
     name: 'local-reader-passes-writer',

@@ -206,6 +206,31 @@ describe('MySQL backend under faults, with real processes', () => {
     await until(async () => !(await other.isLocked('black-hole')), 5_000, 'the held lock to be freed');
   }, 40_000);
 
+  it('a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same', async () => {
+    quietWarnings();
+    const link = await proxy();
+    const locks = service(through(link), { commandTimeout: 500 });
+    const other = service();
+    await locks.acquire('warm-up').then((h) => h.release());
+    // The attempt's request is slow on its way (retransmitted on its connection): 3 s.
+    link.set({ kind: 'delay', ms: 3_000, direction: 'up' });
+    const trying = locks.tryAcquire('overtaken', { ttl: 30_000 }).catch((e: unknown) => e);
+    await until(() => link.delayed > 0, 2_000, 'the attempt to be on its way');
+    link.set({ kind: 'pass' });
+    // It times out; the caller gives up, and its release goes on another connection, at once,
+    // ahead of the attempt: it frees nothing.
+    expect(await trying).toBeInstanceOf(LockBackendError);
+    await until(() => locks.footprint().requests === 0, 2_000, 'the release on giving up to be answered');
+    expect(link.delayed).toBeGreaterThan(0);
+    // The attempt reaches the server after that release and wins; its answer is lost with its connection.
+    link.set({ kind: 'blackhole-down' });
+    await until(async () => await other.isLocked('overtaken'), 5_000, 'the slow attempt to be carried out');
+    link.set({ kind: 'drop' });
+    link.set({ kind: 'pass' });
+    // Nobody holds it, and the caller gave up: it is freed well before its 30 s.
+    await until(async () => !(await other.isLocked('overtaken')), 10_000, 'the lock nobody holds to be freed');
+  });
+
   it('answers that never come (a black hole): calls fail within commandTimeout, and an acquire the server carried out is released once its caller gave up', async () => {
     quietWarnings();
     const link = await proxy();

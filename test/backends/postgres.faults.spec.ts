@@ -233,6 +233,36 @@ describe('PostgreSQL backend under faults, with real processes', () => {
     await until(async () => !(await other.isLocked('black-hole')), 5_000, 'the held lock to be freed');
   }, 40_000);
 
+  it('a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same', async () => {
+    quietWarnings();
+    const proxy = await TcpProxy.start(fixture.server.port);
+    fixture.cleanup(() => proxy.close());
+    const url = new URL(fixture.url);
+    url.port = String(proxy.port);
+    const backend = new PostgresLockBackend(url.toString(), { commandTimeout: 500 });
+    const locks = new LockService(backend, { keyPrefix: 'fault:' });
+    fixture.cleanup(() => locks.onApplicationShutdown());
+    const other = service();
+    await locks.acquire('warm-up').then((h) => h.release());
+    // The attempt's request is slow on its way (retransmitted on its connection): 3 s.
+    proxy.set({ kind: 'delay', ms: 3_000, direction: 'up' });
+    const trying = locks.tryAcquire('overtaken', { ttl: 30_000 }).catch((e: unknown) => e);
+    await until(() => proxy.delayed > 0, 2_000, 'the attempt to be on its way');
+    proxy.set({ kind: 'pass' });
+    // It times out; the caller gives up, and its release goes on another connection, at once,
+    // ahead of the attempt: it frees nothing.
+    expect(await trying).toBeInstanceOf(LockBackendError);
+    await until(() => locks.footprint().requests === 0, 2_000, 'the release on giving up to be answered');
+    expect(proxy.delayed).toBeGreaterThan(0);
+    // The attempt reaches the server after that release and wins; its answer is lost with its connection.
+    proxy.set({ kind: 'blackhole-down' });
+    await until(async () => await other.isLocked('overtaken'), 5_000, 'the slow attempt to be carried out');
+    proxy.set({ kind: 'drop' });
+    proxy.set({ kind: 'pass' });
+    // Nobody holds it, and the caller gave up: it is freed well before its 30 s.
+    await until(async () => !(await other.isLocked('overtaken')), 10_000, 'the lock nobody holds to be freed');
+  });
+
   it('an app whose PostgreSQL is unreachable at start-up fails with a clear error and exits', async () => {
     const url = `postgres://postgres@127.0.0.1:${await freePort()}/nowhere`;
     const started = Date.now();

@@ -39,6 +39,8 @@ export class TcpProxy {
   private readonly sockets = new Set<Socket>();
   /** The answer lanes of open connections, which may hold answers (`hold-down-until-up`). */
   private readonly holding = new Set<Lane>();
+  /** The request lanes of open connections, which may delay requests (`delay`). */
+  private readonly requests = new Set<Lane>();
   private readonly server: Server;
   mode: ProxyMode;
 
@@ -60,6 +62,13 @@ export class TcpProxy {
   get held(): number {
     let count = 0;
     for (const lane of this.holding) count += lane.holding;
+    return count;
+  }
+
+  /** Requests kept back now (`delay`), over every connection: one sent is on its way once this counts it. */
+  get delayed(): number {
+    let count = 0;
+    for (const lane of this.requests) count += lane.waiting;
     return count;
   }
 
@@ -102,7 +111,11 @@ export class TcpProxy {
     const down = new Lane(client);
     const frames = new Frames();
     this.holding.add(down);
-    client.on('close', () => this.holding.delete(down));
+    this.requests.add(up);
+    client.on('close', () => {
+      this.holding.delete(down);
+      this.requests.delete(up);
+    });
     client.on('data', (chunk) => {
       // What the server kept goes out as the client's next bytes reach it.
       if (this.mode.kind === 'hold-down-until-up') down.heard(this.mode.requests ?? 1);
@@ -157,6 +170,11 @@ class Lane {
 
   get holding(): number {
     return this.held.length;
+  }
+
+  /** Chunks waiting for their delay to end. */
+  get waiting(): number {
+    return this.pending;
   }
 
   /** Kept until letGo(), or until `heard` counts enough chunks the other way. */

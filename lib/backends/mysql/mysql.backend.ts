@@ -76,6 +76,10 @@ export class MysqlLockBackend implements LockBackend {
     const { list, limits, byHex } = keyArguments(keys, owner, options?.limits);
     this.failedReleases.forget(owner);
     this.sweepNowAndThen();
+    // It answered after we reported a failure, or may have run without an answer. Freeing the keys
+    // here would be wrong when the same owner tries again (its next attempt finds the lock its own)
+    // or holds the lock by now: the caller decides.
+    const lateWin = () => (options?.onLateAcquire ? options.onLateAcquire() : this.release(keys, owner).catch(() => undefined));
     const [row] = await this.connection.run({
       op: 'acquire',
       keys,
@@ -90,13 +94,11 @@ export class MysqlLockBackend implements LockBackend {
         identityBytes(options?.holder, this.name) ?? null,
       ],
       onLateAnswer: ([late]) => {
-        // It answered after we reported a failure. Freeing the keys here would be wrong when the
-        // same owner tries again (its next attempt finds the lock its own) or holds the lock by
-        // now: the caller decides.
         if (Number(late?.acquired) !== 1) return;
         this.wakeHanded(late.handed_to);
-        return options?.onLateAcquire ? options.onLateAcquire() : this.release(keys, owner).catch(() => undefined);
+        return lateWin();
       },
+      onLateDoubt: lateWin,
     });
     // A waiter leaving a later line may hand its key to the next: woken too when it failed.
     this.wakeHanded(row.handed_to);

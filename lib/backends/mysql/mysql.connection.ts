@@ -41,6 +41,12 @@ export interface MysqlStatement {
   values: readonly unknown[];
   /** The answer that came after the statement was reported as failed (timed out); what it returns (the release it starts) is waited for by close(). */
   onLateAnswer?: (rows: Record<string, unknown>[]) => unknown;
+  /**
+   * It failed after it was reported as failed, in a way that does not say whether the server ran
+   * it (its connection lost, or given up): treated as a late answer that may have won. Waited for
+   * by close() too.
+   */
+  onLateDoubt?: () => unknown;
 }
 
 /**
@@ -129,7 +135,8 @@ export class MysqlConnection {
               this.tablesReady = false;
               this.tables = undefined;
             }
-            if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+            if (this.deadlines.answered(command)) return reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+            if (leavesDoubt(error)) return statement.onLateDoubt?.();
           },
         ),
       );
@@ -385,4 +392,14 @@ function loadMysql2(): Mysql2Package {
         `you created (${error instanceof Error ? error.message : String(error)})`,
     );
   }
+}
+
+/**
+ * Whether a statement's failure leaves open whether the server ran it: its connection was lost or
+ * given up, where an error of the server's own (an errno) says the procedure rolled back.
+ */
+function leavesDoubt(error: unknown): boolean {
+  // Ours (the tables refused): the statement was never sent.
+  if (error instanceof LockBackendError) return false;
+  return typeof errnoOf(error) !== 'number';
 }

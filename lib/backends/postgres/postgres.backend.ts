@@ -91,6 +91,10 @@ export class PostgresLockBackend implements LockBackend {
     const entry = this.line.attemptStarting(owner, willWait);
     this.sweepNowAndThen();
     const sentAt = performance.now();
+    // It answered after we reported a failure, or may have run without an answer. Freeing the keys
+    // here would be wrong when the same owner tries again (its next attempt finds the lock its own)
+    // or holds the lock by now: the caller decides.
+    const lateWin = () => (options?.onLateAcquire ? options.onLateAcquire() : this.release(keys, owner).catch(() => undefined));
     const [row] = await this.connection.run({
       op: 'acquire',
       keys,
@@ -108,13 +112,8 @@ export class PostgresLockBackend implements LockBackend {
         options?.limits ?? null,
         options?.holder ? encodeIdentity(options.holder) : null,
       ],
-      onLateAnswer: ([late]) => {
-        // It answered after we reported a failure. Freeing the keys here would be wrong when the
-        // same owner tries again (its next attempt finds the lock its own) or holds the lock by
-        // now: the caller decides.
-        if (late?.acquired !== true) return;
-        return options?.onLateAcquire ? options.onLateAcquire() : this.release(keys, owner).catch(() => undefined);
-      },
+      onLateAnswer: ([late]) => (late?.acquired === true ? lateWin() : undefined),
+      onLateDoubt: lateWin,
     });
     if (row.acquired === true) {
       this.line.leave(owner);

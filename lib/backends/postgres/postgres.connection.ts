@@ -54,6 +54,12 @@ export interface Statement {
   prepared?: boolean;
   /** The answer that came after the statement was reported as failed (timed out); what it returns (the release it starts) is waited for by close(). */
   onLateAnswer?: (rows: Record<string, unknown>[]) => unknown;
+  /**
+   * It failed after it was reported as failed, in a way that does not say whether the server ran
+   * it (its connection lost, or given up): treated as a late answer that may have won. Waited for
+   * by close() too.
+   */
+  onLateDoubt?: () => unknown;
 }
 
 /**
@@ -139,7 +145,8 @@ export class PostgresConnection {
             this.onAnswer?.();
           },
           (error: unknown) => {
-            if (this.deadlines.answered(command)) reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+            if (this.deadlines.answered(command)) return reject(error instanceof LockBackendError ? error : this.failure(statement, error));
+            if (leavesDoubt(error)) return statement.onLateDoubt?.();
           },
         ),
       );
@@ -429,4 +436,15 @@ function loadPg(option: string): PgPackage {
 
 function isReadOnly(error: unknown): boolean {
   return typeof error === 'object' && error !== null && (error as { code?: unknown }).code === READ_ONLY_SQL_TRANSACTION;
+}
+
+/**
+ * Whether a statement's failure leaves open whether the server ran it: its connection was lost or
+ * given up, where an error of the server's own (a SQLSTATE code) says it did not commit.
+ */
+function leavesDoubt(error: unknown): boolean {
+  // Ours (the tables refused, a connection not to be had): the statement was never sent.
+  if (error instanceof LockBackendError) return false;
+  const code = (error as { code?: unknown } | undefined)?.code;
+  return !(typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code));
 }
