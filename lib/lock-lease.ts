@@ -66,6 +66,8 @@ export class Lease {
   private extensions = 0;
   /** Settles once the last extension asked so far has its answer: the next one goes out after it. */
   private lastExtension: Promise<unknown> = Promise.resolve();
+  /** An extension went unanswered: the store may still apply it, after requests sent later (see releaseAfterMinHold). */
+  private extensionInDoubt = false;
   /** The last extension was cut short by maxHold: the lease now ends there, and no extension follows. */
   private atMaxHold = false;
   /** Resolves when the lease ends, so an extension queued behind one that never answers gives up. */
@@ -167,7 +169,10 @@ export class Lease {
         this.tracker.track(this.resendMinHold());
         throw error instanceof LockBackendError ? error : new LockBackendError(this.backend.name, 'release failed', error);
       });
-      if (kept) return;
+      if (kept) {
+        if (this.extensionInDoubt) this.tracker.track(this.releaseAfterMinHold());
+        return;
+      }
     }
     const releasing = this.backend.release(this.keys, this.owner);
     // Out of the service's leases from now on: shutdown waits for it all the same, before it closes the backend.
@@ -206,6 +211,20 @@ export class Lease {
     if (keep <= 0) return false;
     await this.backend.extend(this.keys, this.owner, keep);
     return true;
+  }
+
+  /**
+   * The lease was shortened to the rest of minHold, but an extension sent before went unanswered:
+   * on a connection pool it may land after the shortening and keep the key a whole ttl with no
+   * holder. So the keys are released once minHold is over (a late extension cannot bring a deleted
+   * key back); at shutdown before then, the shortening is sent once more instead.
+   */
+  private async releaseAfterMinHold(): Promise<void> {
+    const until = this.holds?.minUntil ?? 0;
+    await sleep(Math.max(0, until - performance.now()), undefined, { signal: this.tracker.stopping, ref: false }).catch(ignore);
+    const keep = Math.ceil(until - performance.now());
+    if (keep > 0) await this.backend.extend(this.keys, this.owner, keep).catch(ignore);
+    else await this.backend.release(this.keys, this.owner).then(() => this.tracker.leaseFreed(this), ignore);
   }
 
   /**
@@ -273,6 +292,7 @@ export class Lease {
     try {
       result = await this.backend.extend(this.keys, this.owner, granted);
     } catch (error) {
+      this.extensionInDoubt = true;
       if (this.current === 'held') {
         this.lastError = error;
         // No answer is not "not applied": the backend may still run the request later, and then

@@ -181,6 +181,30 @@ describe('minHold', () => {
     await until(async () => !(await locks.isLocked('job:pooled')), 5_000, 'the kept lock to run out at minHold');
   });
 
+  it('is not stretched to a whole ttl by an extension that went unanswered and lands after the shortening: released at the end of minHold', async () => {
+    /** A backend whose extension, while `slow`, fails for its caller and is applied when the test says (`land`), as a late request on another pooled connection would be. */
+    class LateExtends extends MemoryLockBackend {
+      slow = false;
+      land: () => Promise<unknown> = async () => undefined;
+      override async extend(keys: readonly string[], owner: string, ttlMs: number) {
+        if (!this.slow) return super.extend(keys, owner, ttlMs);
+        this.slow = false;
+        this.land = () => super.extend(keys, owner, ttlMs);
+        throw new Error('no answer within commandTimeout');
+      }
+    }
+    const backend = new LateExtends();
+    const locks = new LockService(backend, { ttl: 5_000 });
+    const handle = await locks.acquire('job:late-extend', { minHold: 200, autoExtend: false });
+    backend.slow = true;
+    await expect(handle.extend()).rejects.toThrow(LockBackendError);
+    await handle.release();
+    expect((await locks.inspect('job:late-extend'))?.ttlMs ?? 0).toBeLessThanOrEqual(200);
+    await backend.land();
+    expect((await locks.inspect('job:late-extend'))?.ttlMs).toBeGreaterThan(4_000);
+    await until(async () => !(await locks.isLocked('job:late-extend')), 2_000, 'the lock to be released at the end of minHold');
+  });
+
   it('is kept at application shutdown too: the lock stays for the rest of minHold', async () => {
     const [a, b] = instances();
     // The store outlives this instance, as a Redis does (closing an in-memory backend empties it).

@@ -62,6 +62,8 @@
  *   dropped by hand is made again, by the running backend and by one started after;
  * - `postgres-black-hole`, `mysql-black-hole`: the tests that a pool whose every connection lost an
  *   answer works again once the link heals;
+ * - `min-hold-late-extension`: the test that a minHold lock whose unanswered extension lands after
+ *   the shortening is released at the end of minHold;
  * - `postgres-overtaken`, `mysql-overtaken`: the tests that an attempt which won after its caller's
  *   release overtook it, its answer lost with its connection, is freed;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
@@ -357,6 +359,13 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/backends/mysql.faults.spec.ts',
     test: 'a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same',
+    env: {},
+    seeded: false,
+  },
+  'min-hold-late-extension': {
+    kind: 'jest',
+    file: 'test/lock.holds.spec.ts',
+    test: 'is not stretched to a whole ttl by an extension that went unanswered and lands after the shortening: released at the end of minHold',
     env: {},
     seeded: false,
   },
@@ -935,6 +944,13 @@ export const MUTANTS = [
     file: 'lib/backends/mysql/mysql.connection.ts',
     replace: [['            if (leavesDoubt(error)) return statement.onLateDoubt?.();\n', '']],
     detector: 'mysql-overtaken',
+  },
+  {
+    name: 'min-hold-trusts-late-extension',
+    bug: 'a minHold lock shortened after an extension went unanswered is left to run out: the extension, landing after the shortening, keeps the key a whole ttl with no holder',
+    file: 'lib/lock-lease.ts',
+    replace: [['        if (this.extensionInDoubt) this.tracker.track(this.releaseAfterMinHold());\n', '']],
+    detector: 'min-hold-late-extension',
   },
   {
     name: 'local-reader-passes-writer',
