@@ -221,9 +221,11 @@ export class Lease {
    */
   private async releaseAfterMinHold(): Promise<void> {
     const until = this.holds?.minUntil ?? 0;
-    await sleep(Math.max(0, until - performance.now()), undefined, { signal: this.tracker.stopping, ref: false }).catch(ignore);
+    const stopping = this.tracker.stopping;
+    await sleep(Math.max(0, until - performance.now()), undefined, { signal: stopping, ref: false }).catch(ignore);
+    // Only shutdown wakes it early (a timer may fire a millisecond before `until` by this clock).
     const keep = Math.ceil(until - performance.now());
-    if (keep > 0) await this.backend.extend(this.keys, this.owner, keep).catch(ignore);
+    if (stopping.aborted && keep > 0) await this.backend.extend(this.keys, this.owner, keep).catch(ignore);
     else await this.backend.release(this.keys, this.owner).then(() => this.tracker.leaseFreed(this), ignore);
   }
 
@@ -242,7 +244,10 @@ export class Lease {
       await sleep(pause, undefined, { signal: stopping, ref: false }).catch(ignore);
       const keep = Math.ceil((this.holds?.minUntil ?? 0) - performance.now());
       if (keep <= 0 || performance.now() >= this.deadline) break;
-      if (await this.backend.extend(this.keys, this.owner, keep).then(() => true, ignore)) return;
+      if (await this.backend.extend(this.keys, this.owner, keep).then(() => true, ignore)) {
+        if (this.extensionInDoubt) await this.releaseAfterMinHold();
+        return;
+      }
       if (stopping.aborted) break;
     }
     await this.backend.release(this.keys, this.owner).then(() => this.tracker.leaseFreed(this), ignore);

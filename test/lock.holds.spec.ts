@@ -97,6 +97,36 @@ class TimersCreated {
   }
 }
 
+/**
+ * The in-memory store, whose extension, while `slow`, fails for its caller and is applied when the
+ * test says (`land`), as a late request on another pooled connection would be; `failNext` fails
+ * that many more outright (the store unreachable). What reaches it is in `calls`.
+ */
+class LateExtends extends MemoryLockBackend {
+  slow = false;
+  failNext = 0;
+  readonly calls: string[] = [];
+  land: () => Promise<unknown> = async () => undefined;
+  override async extend(keys: readonly string[], owner: string, ttlMs: number) {
+    if (this.slow) {
+      this.slow = false;
+      this.land = () => super.extend(keys, owner, ttlMs);
+      throw new Error('no answer within commandTimeout');
+    }
+    if (this.failNext > 0) {
+      this.failNext--;
+      this.calls.push(`extend ${ttlMs} failed`);
+      throw new Error('the store is unreachable');
+    }
+    this.calls.push(`extend ${ttlMs}`);
+    return super.extend(keys, owner, ttlMs);
+  }
+  override async release(keys: readonly string[], owner: string) {
+    this.calls.push('release');
+    return super.release(keys, owner);
+  }
+}
+
 describe('minHold', () => {
   it('sends a shortening the store did not get again: the key stays for the rest of minHold, not its old lease', async () => {
     const backend = new DroppingBackend();
@@ -182,17 +212,6 @@ describe('minHold', () => {
   });
 
   it('is not stretched to a whole ttl by an extension that went unanswered and lands after the shortening: released at the end of minHold', async () => {
-    /** A backend whose extension, while `slow`, fails for its caller and is applied when the test says (`land`), as a late request on another pooled connection would be. */
-    class LateExtends extends MemoryLockBackend {
-      slow = false;
-      land: () => Promise<unknown> = async () => undefined;
-      override async extend(keys: readonly string[], owner: string, ttlMs: number) {
-        if (!this.slow) return super.extend(keys, owner, ttlMs);
-        this.slow = false;
-        this.land = () => super.extend(keys, owner, ttlMs);
-        throw new Error('no answer within commandTimeout');
-      }
-    }
     const backend = new LateExtends();
     const locks = new LockService(backend, { ttl: 5_000 });
     const handle = await locks.acquire('job:late-extend', { minHold: 200, autoExtend: false });
@@ -203,6 +222,36 @@ describe('minHold', () => {
     await backend.land();
     expect((await locks.inspect('job:late-extend'))?.ttlMs).toBeGreaterThan(4_000);
     await until(async () => !(await locks.isLocked('job:late-extend')), 2_000, 'the lock to be released at the end of minHold');
+  });
+
+  it('sends a release at the end of minHold after an extension in doubt, never one more shortening (a timer may fire a millisecond early)', async () => {
+    const ends: string[] = [];
+    for (let i = 0; i < 40; i++) {
+      const backend = new LateExtends();
+      const locks = new LockService(backend, { ttl: 5_000 });
+      const handle = await locks.acquire(`job:end-${i}`, { minHold: 30, autoExtend: false });
+      backend.slow = true;
+      await expect(handle.extend()).rejects.toThrow(LockBackendError);
+      await handle.release();
+      // The shortening, then what goes out at the end of minHold.
+      await until(() => backend.calls.length > 1, 2_000, 'the call at the end of minHold');
+      ends.push(backend.calls[1]);
+    }
+    expect(ends.filter((call) => call !== 'release')).toEqual([]);
+  });
+
+  it('releases at the end of minHold after an extension in doubt also when the shortening first failed and was sent again', async () => {
+    const backend = new LateExtends();
+    const locks = new LockService(backend, { ttl: 5_000 });
+    // Long enough that the shortening, sent again after a pause of up to a second, lands within it.
+    const handle = await locks.acquire('job:resent', { minHold: 1_800, autoExtend: false });
+    backend.slow = true;
+    await expect(handle.extend()).rejects.toThrow(LockBackendError);
+    backend.failNext = 1;
+    await expect(handle.release()).rejects.toThrow(LockBackendError);
+    await until(() => backend.calls.some((call) => /^extend \d+$/.test(call)), 3_000, 'the shortening sent again');
+    await backend.land();
+    await until(async () => !(await locks.isLocked('job:resent')), 3_000, 'the lock to be released at the end of minHold');
   });
 
   it('is kept at application shutdown too: the lock stays for the rest of minHold', async () => {

@@ -62,8 +62,11 @@
  *   dropped by hand is made again, by the running backend and by one started after;
  * - `postgres-black-hole`, `mysql-black-hole`: the tests that a pool whose every connection lost an
  *   answer works again once the link heals;
- * - `min-hold-late-extension`: the test that a minHold lock whose unanswered extension lands after
- *   the shortening is released at the end of minHold;
+ * - `min-hold-late-extension`, `min-hold-end-release`, `min-hold-resent-late-extension`: the tests
+ *   that a minHold lock whose unanswered extension lands after the shortening is released at the
+ *   end of minHold, with a release (not one more shortening), also when the shortening was re-sent;
+ * - `postgres-pile-up`, `mysql-pile-up`: the tests that statements waiting behind a lock on the
+ *   table keep their connections: no more sessions than the pool holds;
  * - `postgres-overtaken`, `mysql-overtaken`: the tests that an attempt which won after its caller's
  *   release overtook it, its answer lost with its connection, is freed;
  * - `conformance-redis-multikey-line`, `conformance-zookeeper-multikey-line`: the conformance suite's
@@ -366,6 +369,34 @@ export const DETECTORS = {
     kind: 'jest',
     file: 'test/lock.holds.spec.ts',
     test: 'is not stretched to a whole ttl by an extension that went unanswered and lands after the shortening: released at the end of minHold',
+    env: {},
+    seeded: false,
+  },
+  'min-hold-end-release': {
+    kind: 'jest',
+    file: 'test/lock.holds.spec.ts',
+    test: 'sends a release at the end of minHold after an extension in doubt, never one more shortening (a timer may fire a millisecond early)',
+    env: {},
+    seeded: false,
+  },
+  'min-hold-resent-late-extension': {
+    kind: 'jest',
+    file: 'test/lock.holds.spec.ts',
+    test: 'releases at the end of minHold after an extension in doubt also when the shortening first failed and was sent again',
+    env: {},
+    seeded: false,
+  },
+  'postgres-pile-up': {
+    kind: 'jest',
+    file: 'test/backends/postgres.faults.spec.ts',
+    test: 'keeps the connections whose statements wait behind a lock on the table (a migration): it opens no more sessions than its pool holds',
+    env: {},
+    seeded: false,
+  },
+  'mysql-pile-up': {
+    kind: 'jest',
+    file: 'test/backends/mysql.faults.spec.ts',
+    test: 'keeps the connections whose statements wait behind a lock on the table (a migration): it opens no more sessions than its pool holds',
     env: {},
     seeded: false,
   },
@@ -932,6 +963,20 @@ export const MUTANTS = [
     detector: 'mysql-black-hole',
   },
   {
+    name: 'postgres-gives-up-busy-session',
+    bug: 'a PostgreSQL statement waiting behind a lock on the table gives up its connection like one whose answer was lost: its session stays on the server, and the pool opens more beside it every 10 s',
+    file: 'lib/backends/postgres/postgres.connection.ts',
+    replace: [['busy ? giveUpLater(seat) : giveBack(', 'false ? giveUpLater(seat) : giveBack(']],
+    detector: 'postgres-pile-up',
+  },
+  {
+    name: 'mysql-gives-up-busy-session',
+    bug: 'a MySQL statement waiting behind a lock on the table gives up its connection like one whose answer was lost: its session stays on the server, and the pool opens more beside it every 10 s',
+    file: 'lib/backends/mysql/mysql.connection.ts',
+    replace: [['            if (busy) giveUpLater(seat);', '            if (busy && false) giveUpLater(seat);']],
+    detector: 'mysql-pile-up',
+  },
+  {
     name: 'postgres-late-doubt-ignored',
     bug: 'a PostgreSQL acquire whose connection was lost after it timed out is taken as not run: when it won after its caller gave up, the key stays held by nobody for its ttl',
     file: 'lib/backends/postgres/postgres.connection.ts',
@@ -951,6 +996,20 @@ export const MUTANTS = [
     file: 'lib/lock-lease.ts',
     replace: [['        if (this.extensionInDoubt) this.tracker.track(this.releaseAfterMinHold());\n', '']],
     detector: 'min-hold-late-extension',
+  },
+  {
+    name: 'min-hold-end-shortens-again',
+    bug: 'the end of minHold after an extension in doubt sends one more shortening of a millisecond or two when its timer fires early, not a release: the late extension can still land after it',
+    file: 'lib/lock-lease.ts',
+    replace: [['    if (stopping.aborted && keep > 0) await', '    if (keep > 0) await']],
+    detector: 'min-hold-end-release',
+  },
+  {
+    name: 'min-hold-resend-trusts-late-extension',
+    bug: 'a minHold shortening that failed and was sent again ends there though an extension went unanswered before: that extension, landing later, keeps the key a whole ttl with no holder',
+    file: 'lib/lock-lease.ts',
+    replace: [['        if (this.extensionInDoubt) await this.releaseAfterMinHold();\n', '']],
+    detector: 'min-hold-resent-late-extension',
   },
   {
     name: 'local-reader-passes-writer',

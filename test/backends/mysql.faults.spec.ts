@@ -206,6 +206,40 @@ describe('MySQL backend under faults, with real processes', () => {
     await until(async () => !(await other.isLocked('black-hole')), 5_000, 'the held lock to be freed');
   }, 40_000);
 
+  it('keeps the connections whose statements wait behind a lock on the table (a migration): it opens no more sessions than its pool holds', async () => {
+    quietWarnings();
+    const backend = new MysqlLockBackend({ uri: fixture.url, connectionLimit: 2 }, { commandTimeout: 300 });
+    fixture.cleanup(() => backend.close());
+    expect(await backend.tryAcquire(['fault:pile-warm-up'], 'warm-up', 1_000, { willWait: false })).toMatchObject({ acquired: true });
+    const blocker = await fixture.admin.getConnection();
+    fixture.cleanup(async () => {
+      await blocker.query('UNLOCK TABLES');
+      blocker.release();
+    });
+    await blocker.query('LOCK TABLES distributed_locks WRITE');
+    const waiting = async () => {
+      const [[row]] = await fixture.admin.query<mysql.RowDataPacket[]>(
+        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND STATE LIKE 'Waiting for table%'",
+      );
+      return Number(row.n);
+    };
+    // Past the time a statement unanswered gives up its connection, callers keep trying.
+    let most = 0;
+    const endAt = Date.now() + 10_000 + 3_000;
+    for (let i = 0; Date.now() < endAt; i++) {
+      await backend.tryAcquire([`fault:pile-${i}`], `owner-${i}`, 60_000, { willWait: false }).catch(() => undefined);
+      most = Math.max(most, await waiting());
+    }
+    expect(most).toBe(2);
+    await blocker.query('UNLOCK TABLES');
+    await until(
+      async () =>
+        (await backend.tryAcquire(['fault:pile-after'], 'after', 1_000, { willWait: false }).catch(() => undefined))?.acquired === true,
+      5_000,
+      'a lock to be taken once the table is free',
+    );
+  }, 30_000);
+
   it('a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same', async () => {
     quietWarnings();
     const link = await proxy();

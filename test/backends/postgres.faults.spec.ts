@@ -233,6 +233,36 @@ describe('PostgreSQL backend under faults, with real processes', () => {
     await until(async () => !(await other.isLocked('black-hole')), 5_000, 'the held lock to be freed');
   }, 40_000);
 
+  it('keeps the connections whose statements wait behind a lock on the table (a migration): it opens no more sessions than its pool holds', async () => {
+    quietWarnings();
+    const backend = new PostgresLockBackend(
+      { connectionString: fixture.url, max: 2, application_name: 'pile-up' },
+      { commandTimeout: 300 },
+    );
+    fixture.cleanup(() => backend.close());
+    expect(await backend.tryAcquire(['fault:pile-warm-up'], 'warm-up', 1_000, { willWait: false })).toMatchObject({ acquired: true });
+    const blocker = await fixture.admin.connect();
+    fixture.cleanup(() => blocker.release());
+    await blocker.query('BEGIN');
+    await blocker.query('LOCK TABLE distributed_locks IN ACCESS EXCLUSIVE MODE');
+    const waiting = async () =>
+      (
+        await fixture.admin.query(
+          `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pile-up' AND wait_event_type = 'Lock'`,
+        )
+      ).rows[0].n as number;
+    // Past the time a statement unanswered gives up its connection, callers keep trying.
+    let most = 0;
+    const endAt = Date.now() + 10_000 + 3_000;
+    for (let i = 0; Date.now() < endAt; i++) {
+      await backend.tryAcquire([`fault:pile-${i}`], `owner-${i}`, 60_000, { willWait: false }).catch(() => undefined);
+      most = Math.max(most, await waiting());
+    }
+    expect(most).toBe(2);
+    await blocker.query('ROLLBACK');
+    expect(await backend.tryAcquire(['fault:pile-after'], 'after', 1_000, { willWait: false })).toMatchObject({ acquired: true });
+  }, 30_000);
+
   it('a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same', async () => {
     quietWarnings();
     const proxy = await TcpProxy.start(fixture.server.port);

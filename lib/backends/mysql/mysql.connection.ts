@@ -1,5 +1,5 @@
 import { Logger } from '@nestjs/common';
-import type { Pool, PoolOptions } from 'mysql2';
+import type { Connection, Pool, PoolOptions } from 'mysql2';
 import { InvalidLockOptionsError, LockBackendError } from '../../lock.errors.js';
 import { requirePeer } from '../../peer-require.cjs';
 import { CommandDeadlines, GIVE_UP_CONNECTION_AFTER_MS, giveUpLater, type Seat } from '../command-deadlines.js';
@@ -59,6 +59,8 @@ export class MysqlConnection {
   readonly names: MysqlLockNames;
   private readonly owned: boolean;
   private pool: Pool | undefined;
+  /** The settings of the pool the backend created: a connection of its own asks about its sessions (sessionBusy()). */
+  private probeSettings: PoolOptions | undefined;
   private readonly mysql: Mysql2Package | undefined;
   /** Resolves once the lock tables are there; reset after a failure, so the next call tries again. */
   private tables: Promise<void> | undefined;
@@ -229,8 +231,14 @@ export class MysqlConnection {
           else connection.release();
           return true;
         };
+        // Unless its session is still at work on the server (waiting behind another transaction's
+        // lock), which a client-side close would not stop, and the pool would open more beside it.
         seat.giveUp = () => {
-          if (giveBack(true)) reject(new Error(`no answer ${GIVE_UP_CONNECTION_AFTER_MS} ms after the command timeout`));
+          if (done) return;
+          void this.sessionBusy(connection.threadId).then((busy) => {
+            if (busy) giveUpLater(seat);
+            else if (giveBack(true)) reject(new Error(`no answer ${GIVE_UP_CONNECTION_AFTER_MS} ms after the command timeout`));
+          });
         };
         connection.query(
           { sql, values: values as unknown[], rowsAsArray: false, nestTables: false } as never,
@@ -245,6 +253,26 @@ export class MysqlConnection {
     });
   }
 
+  /**
+   * Whether the server session behind a pooled connection is still running a statement, asked on
+   * a connection of its own; false when that cannot be told within the command timeout (the
+   * server unreachable on that path too), or with the app's own pool, whose settings it cannot copy.
+   */
+  private async sessionBusy(threadId: number | null): Promise<boolean> {
+    // Closed: no new connection; the pool has ended or is ending.
+    if (threadId === null || this.probeSettings === undefined || this.stopped) return false;
+    const probe = this.mysql!.createConnection(this.probeSettings);
+    probe.on('error', () => undefined);
+    const asked = new Promise<boolean>((resolve) =>
+      probe.query('SELECT COMMAND AS command FROM information_schema.PROCESSLIST WHERE ID = ?', [threadId], (error, rows) =>
+        resolve(!error && (rows as { command?: string }[])[0]?.command === 'Query'),
+      ),
+    );
+    const busy = (await withTimeout(asked, this.options.commandTimeout)) ?? false;
+    probe.destroy();
+    return busy;
+  }
+
   private openPool(): Pool {
     if (this.pool) return this.pool;
     const config = (this.connection as { config: PoolOptions }).config;
@@ -256,6 +284,7 @@ export class MysqlConnection {
       ...rest,
     };
     const pool = uri === undefined ? this.mysql!.createPool(settings) : this.mysql!.createPool({ ...settings, uri });
+    this.probeSettings = uri === undefined ? settings : { ...settings, uri };
     let down = false;
     // Errors of idle connections (a server restart): without a listener they would crash the process.
     pool.on('connection', (connection) => {
@@ -371,7 +400,7 @@ interface PoolConnectionLike {
   release(): void;
 }
 
-type Mysql2Package = { createPool(config: PoolOptions): Pool };
+type Mysql2Package = { createPool(config: PoolOptions): Pool; createConnection(config: PoolOptions): Connection };
 
 /** The settings a mysql2 pool was made with (its own field; not in the typings). */
 function poolConfig(pool: Pool): PoolOptions | undefined {

@@ -291,8 +291,15 @@ export class PostgresConnection {
     };
     const onError = (error: Error) => giveBack(error);
     client.once('error', onError);
-    // Released with an error, pg-pool closes it and opens another.
-    seat.giveUp = () => giveBack(new Error(`no answer ${GIVE_UP_CONNECTION_AFTER_MS} ms after the command timeout`));
+    // Released with an error, pg-pool closes it and opens another: unless its session is still at
+    // work on the server (waiting behind a migration's lock on the table), which a client-side
+    // close would not stop, and the pool would open more beside it.
+    seat.giveUp = () => {
+      if (released) return;
+      void this.sessionBusy(client).then((busy) =>
+        busy ? giveUpLater(seat) : giveBack(new Error(`no answer ${GIVE_UP_CONNECTION_AFTER_MS} ms after the command timeout`)),
+      );
+    };
     try {
       const result = await client.query(config);
       giveBack();
@@ -301,6 +308,27 @@ export class PostgresConnection {
       giveBack(error);
       throw error;
     }
+  }
+
+  /**
+   * Whether the server session behind a pooled connection is still running a statement, asked on
+   * a connection of its own; false when that cannot be told within the command timeout (the
+   * server unreachable on that path too, or a pooler's session ids).
+   */
+  private async sessionBusy(client: Client): Promise<boolean> {
+    const pid = (client as unknown as { processID?: unknown }).processID;
+    // Closed: no new connection; the pool has ended or is ending.
+    if (typeof pid !== 'number' || this.stopped) return false;
+    const probe = this.newListenClient();
+    probe.on('error', () => undefined);
+    const asked = (async () => {
+      await probe.connect();
+      const { rows } = await probe.query<{ state: string | null }>('SELECT state FROM pg_stat_activity WHERE pid = $1', [pid]);
+      return rows[0]?.state === 'active';
+    })().catch(() => false);
+    const busy = (await withTimeout(asked, this.options.commandTimeout)) ?? false;
+    probe.end().catch(() => undefined);
+    return busy;
   }
 
   private openPool(): Pool {
