@@ -74,8 +74,11 @@ local function holding()
       return
     end
     local lease = string.format('%d', tonumber(last) - ms())
-    redis.call('SET', lock, marker, 'PX', lease)
+    -- The holder set first: Redis 7.0 counts each command's expiry from its own clock reading, so
+    -- set second, it could outlive the marker by a millisecond, dead holders and all, under a
+    -- writer that took the key meanwhile.
     redis.call('PEXPIRE', holders, lease)
+    redis.call('SET', lock, marker, 'PX', lease)
   end
 end
 `;
