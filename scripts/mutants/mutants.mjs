@@ -935,6 +935,13 @@ export const MUTANTS = [
     detector: 'redis-close-late-win',
   },
   {
+    name: 'redis-close-quits-at-once',
+    bug: 'a closed Redis backend sends QUIT without waiting for the calls under way: the release a late answer starts goes out after it, and is lost',
+    file: 'lib/backends/redis/redis.backend.ts',
+    replace: [['    await this.connection.requestsSettled(this.commandTimeout);\n', '']],
+    detector: 'redis-close-late-win',
+  },
+  {
     name: 'mysql-dropped-procedure-forgotten',
     bug: 'a MySQL backend that met a dropped procedure keeps taking its tables as ready: every later call fails until someone runs the migration',
     file: 'lib/backends/mysql/mysql.connection.ts',
