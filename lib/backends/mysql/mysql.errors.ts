@@ -22,6 +22,8 @@ const LOCK_WAIT_TIMEOUT = 1205;
 export const READ_ONLY_SERVER = 1290;
 /** The session's transactions are read-only (SET SESSION TRANSACTION READ ONLY, or the pool's setting). */
 const READ_ONLY_TRANSACTION = 1792;
+/** The server is in read-only mode (MySQL 8 super_read_only, MariaDB read_only on a demoted primary). */
+const READ_ONLY_MODE = 1836;
 /** A procedure the backend calls is missing: someone dropped it, or the tables are being made again. */
 export const NO_SUCH_PROCEDURE = 1305;
 
@@ -38,7 +40,7 @@ export function isRetryable(error: unknown): boolean {
  */
 export function isReadOnly(error: unknown): boolean {
   const errno = errnoOf(error);
-  return errno === READ_ONLY_SERVER || errno === READ_ONLY_TRANSACTION || errno === 1836;
+  return errno === READ_ONLY_SERVER || errno === READ_ONLY_TRANSACTION || errno === READ_ONLY_MODE;
 }
 
 export function errnoOf(error: unknown): unknown {
