@@ -22,7 +22,7 @@ const LOCK_WAIT_TIMEOUT = 1205;
 export const READ_ONLY_SERVER = 1290;
 /** The session's transactions are read-only (SET SESSION TRANSACTION READ ONLY, or the pool's setting). */
 const READ_ONLY_TRANSACTION = 1792;
-/** The server is in read-only mode (MySQL 8 super_read_only, MariaDB read_only on a demoted primary). */
+/** "Running in read-only mode": the server refuses every write (innodb_read_only, for one). */
 const READ_ONLY_MODE = 1836;
 /** A procedure the backend calls is missing: someone dropped it, or the tables are being made again. */
 export const NO_SUCH_PROCEDURE = 1305;
