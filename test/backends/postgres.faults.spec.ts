@@ -32,6 +32,20 @@ function service(connection: ConstructorParameters<typeof PostgresLockBackend>[0
   return locks;
 }
 
+/** A proxy in front of the file's server, closed after the test. */
+async function proxied(): Promise<TcpProxy> {
+  const proxy = await TcpProxy.start(fixture.server.port);
+  fixture.cleanup(() => proxy.close());
+  return proxy;
+}
+
+/** The file's database through `proxy`. */
+function through(proxy: TcpProxy): string {
+  const url = new URL(fixture.url);
+  url.port = String(proxy.port);
+  return url.toString();
+}
+
 function quietWarnings(): void {
   const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
   fixture.cleanup(() => warn.mockRestore());
@@ -205,11 +219,8 @@ describe('PostgreSQL backend under faults, with real processes', () => {
 
   it('answers lost for as many statements as the pool has connections (a black hole): once the link heals, locks work again and a held lock is freed', async () => {
     quietWarnings();
-    const proxy = await TcpProxy.start(fixture.server.port);
-    fixture.cleanup(() => proxy.close());
-    const url = new URL(fixture.url);
-    url.port = String(proxy.port);
-    const backend = new PostgresLockBackend({ connectionString: url.toString(), max: 4 }, { commandTimeout: 500 });
+    const proxy = await proxied();
+    const backend = new PostgresLockBackend({ connectionString: through(proxy), max: 4 }, { commandTimeout: 500 });
     const locks = new LockService(backend, { keyPrefix: 'fault:' });
     fixture.cleanup(() => locks.onApplicationShutdown());
     const other = service();
@@ -265,11 +276,8 @@ describe('PostgreSQL backend under faults, with real processes', () => {
 
   it('a release on giving up that overtakes its own slow attempt on another connection: the attempt wins later, its answer is lost with its connection, and the key is freed all the same', async () => {
     quietWarnings();
-    const proxy = await TcpProxy.start(fixture.server.port);
-    fixture.cleanup(() => proxy.close());
-    const url = new URL(fixture.url);
-    url.port = String(proxy.port);
-    const backend = new PostgresLockBackend(url.toString(), { commandTimeout: 500 });
+    const proxy = await proxied();
+    const backend = new PostgresLockBackend(through(proxy), { commandTimeout: 500 });
     const locks = new LockService(backend, { keyPrefix: 'fault:' });
     fixture.cleanup(() => locks.onApplicationShutdown());
     const other = service();
